@@ -1,0 +1,346 @@
+"""What every DiT adapter shares: the edit request, pixel-space tokens, the flow-matching loop,
+and the attention-processor seam for capture / masked runs / attention probes.
+
+The edit is masked inpainting by flow matching. The unmasked tokens follow the *template's*
+trajectory ``x_t = (1-t)·x0 + t·ε`` with a template-fixed noise ε (blended in before every
+step), so their inputs are the same for every request: that is what makes their K/V reusable
+across requests. A masked run computes only the masked tokens (+ text / reference tokens) and
+gets the reusable tokens' K/V from a *provider* callback ``provider(step, layer) -> (K, V)``,
+each ``(n, heads*head_dim)``: the seam the streaming runtime plugs into.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from sakura.kvcache import KVCache
+
+Provider = Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]
+
+
+class ModelInputError(ValueError):
+    """A request the model cannot run (wrong mask shape, empty prompt, …); the message is one line."""
+
+
+@dataclass
+class EditRequest:
+    """One edit, as the device sees it. Images are float32 HxWx3 in [0, 1]; mask is bool HxW."""
+
+    template: np.ndarray
+    mask: np.ndarray
+    task: str = "mb"
+    prompt: str = ""
+    reference: np.ndarray | None = None
+    seed: int = 0  # template noise seed: must match the seed the cache was captured with
+
+
+@dataclass
+class EditResult:
+    image: np.ndarray  # float32 HxWx3 in [0, 1]
+    seconds: float = 0.0
+    cache: KVCache | None = None
+    importance: dict[tuple[int, int], torch.Tensor] | None = None  # probe: (step, layer) -> (n,)
+    extras: dict = field(default_factory=dict)
+
+
+@dataclass
+class CodecConfig:
+    """How pixels become tokens for a pixel-space model (the embedded models)."""
+
+    resolution: int = 256
+    patch: int = 8
+    ref_size: int = 64  # reference crops are resized to this (ref_size/patch)² tokens
+    num_steps: int = 4
+
+    @property
+    def grid(self) -> int:
+        return self.resolution // self.patch
+
+    @property
+    def num_tokens(self) -> int:
+        return self.grid**2
+
+    @property
+    def patch_dim(self) -> int:
+        return self.patch * self.patch * 3
+
+
+def patchify(img: torch.Tensor, p: int) -> torch.Tensor:
+    """(H, W, C) → (H/p · W/p, p·p·C), row-major over the token grid."""
+    h, w, c = img.shape
+    return img.reshape(h // p, p, w // p, p, c).permute(0, 2, 1, 3, 4).reshape((h // p) * (w // p), p * p * c)
+
+
+def unpatchify(tokens: torch.Tensor, p: int, h: int, w: int, c: int = 3) -> torch.Tensor:
+    return tokens.reshape(h // p, w // p, p, p, c).permute(0, 2, 1, 3, 4).reshape(h, w, c)
+
+
+def resize_image(img: np.ndarray, size: int) -> np.ndarray:
+    from skimage.transform import resize
+
+    if img.shape[:2] == (size, size):
+        return img.astype(np.float32)
+    return resize(img, (size, size), anti_aliasing=True).astype(np.float32)
+
+
+def mask_bbox_crop(img: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """The template's own content of the masked region: the conditioning used to capture a cache."""
+    ys, xs = np.nonzero(mask)
+    return img[ys.min() : ys.max() + 1, xs.min() : xs.max() + 1]
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, explicit: bool = False) -> torch.Tensor:
+    """(B, H, S, D) attention. ``explicit`` writes softmax(QKᵀ)V out, which exports/delegates cleanly."""
+    if not explicit:
+        return F.scaled_dot_product_attention(q, k, v)
+    scale = q.shape[-1] ** -0.5
+    return torch.softmax((q @ k.transpose(-1, -2)) * scale, dim=-1) @ v
+
+
+def probe_scores(q_masked: torch.Tensor, k_all: torch.Tensor, n_reuse: int) -> torch.Tensor:
+    """Σ over heads and masked queries of the squared attention probability on the LAST ``n_reuse``
+    keys. q (B, H, M, D), k (B, H, S, D) → (n_reuse,). One head at a time: never the full matrix."""
+    scale = q_masked.shape[-1] ** -0.5
+    out = torch.zeros(n_reuse, dtype=torch.float32, device=q_masked.device)
+    for h in range(q_masked.shape[1]):
+        p = torch.softmax((q_masked[:, h].float() @ k_all[:, h].float().transpose(-1, -2)) * scale, dim=-1)
+        out += p[..., -n_reuse:].square().sum(dim=(0, 1))
+    return out
+
+
+class RunContext:
+    """Mutable state shared by the processors of one adapter during a run."""
+
+    def __init__(self) -> None:
+        self.mode = "off"  # off | capture | masked
+        self.step = 0
+        self.explicit = False
+        self.reuse_index: torch.Tensor | None = None  # image-token indices of reusable tokens
+        self.provider: Provider | None = None
+        self.captured: KVCache | None = None
+        self.probe: dict[tuple[int, int], torch.Tensor] | None = None
+        self.num_masked = 0  # masked image queries in the current (masked) sequence
+        self.layer_times: list[tuple[int, int, float]] = []  # (step, layer, t) when K/V were asked for
+
+
+class DiTAdapter(ABC):
+    """Masked execution with template KV reuse on an unmodified diffusers transformer."""
+
+    family: str = ""
+
+    def __init__(self, transformer: torch.nn.Module, text_encoder: torch.nn.Module, codec: CodecConfig,
+                 model_id: str = "custom"):
+        self.transformer = transformer.eval()
+        self.text_encoder = text_encoder.eval()
+        self.codec = codec
+        self.model_id = model_id
+        self.ctx = RunContext()
+        self._original_processors: dict | None = None
+
+    # -- geometry -------------------------------------------------------------------------------
+    @property
+    @abstractmethod
+    def attention_modules(self) -> list[torch.nn.Module]:
+        """The attention sites in execution order; a site's index is its cache *layer*."""
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.attention_modules)
+
+    @property
+    def num_steps(self) -> int:
+        return self.codec.num_steps
+
+    @property
+    @abstractmethod
+    def heads(self) -> int: ...
+
+    @property
+    @abstractmethod
+    def head_dim(self) -> int: ...
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.transformer.parameters()).dtype
+
+    def sigmas(self) -> torch.Tensor:
+        return torch.linspace(1.0, 0.0, self.num_steps + 1)
+
+    # -- hooks ----------------------------------------------------------------------------------
+    @abstractmethod
+    def _make_processor(self, layer: int, module: torch.nn.Module): ...
+
+    def attach(self) -> None:
+        """Install our processors (kept until ``detach``); the model's weights are untouched."""
+        if self._original_processors is not None:
+            return
+        self._original_processors = {}
+        for layer, module in enumerate(self.attention_modules):
+            self._original_processors[layer] = module.processor
+            module.set_processor(self._make_processor(layer, module))
+
+    def detach(self) -> None:
+        if self._original_processors is None:
+            return
+        for layer, module in enumerate(self.attention_modules):
+            module.set_processor(self._original_processors[layer])
+        self._original_processors = None
+
+    @contextmanager
+    def _run(self, mode: str, **state):
+        self.attach()
+        ctx = self.ctx
+        ctx.mode, ctx.step = mode, 0
+        ctx.provider = state.get("provider")
+        ctx.reuse_index = state.get("reuse_index")
+        ctx.probe = {} if state.get("probe") else None
+        ctx.explicit = state.get("explicit", False)
+        ctx.layer_times = []
+        try:
+            yield ctx
+        finally:
+            ctx.mode, ctx.provider = "off", None
+
+    # -- request → tensors ----------------------------------------------------------------------
+    def validate(self, req: EditRequest) -> None:
+        r = self.codec.resolution
+        if req.template.shape != (r, r, 3):
+            raise ModelInputError(f"template must be {r}x{r}x3, got {tuple(req.template.shape)}")
+        if req.mask.shape != (r, r):
+            raise ModelInputError(f"mask must be {r}x{r} to match the template, got {tuple(req.mask.shape)}")
+        if not req.mask.any():
+            raise ModelInputError("mask is empty: nothing to edit")
+        if req.task == "mb" and not req.prompt.strip():
+            raise ModelInputError("a text edit (mb) needs a non-empty prompt")
+        if req.task in ("fs", "vton") and req.reference is None:
+            raise ModelInputError(f"task {req.task} needs a reference image")
+
+    def token_mask(self, mask: np.ndarray) -> torch.Tensor:
+        p = self.codec.patch
+        m = torch.from_numpy(np.ascontiguousarray(mask)).float().unsqueeze(-1)
+        return patchify(m, p).amax(dim=1) > 0
+
+    def template_tokens(self, req: EditRequest) -> tuple[torch.Tensor, torch.Tensor]:
+        """Clean template tokens x0 in [-1, 1] and the template-fixed noise ε, both (N, patch_dim)."""
+        x0 = patchify(torch.from_numpy(req.template).float() * 2 - 1, self.codec.patch)
+        g = torch.Generator().manual_seed(req.seed)
+        return x0, torch.randn(x0.shape, generator=g)
+
+    def reference_tokens(self, req: EditRequest) -> torch.Tensor | None:
+        if req.task not in ("fs", "vton") or req.reference is None:
+            return None
+        ref = resize_image(req.reference, self.codec.ref_size)
+        return patchify(torch.from_numpy(ref).float() * 2 - 1, self.codec.patch)
+
+    def self_conditioned(self, req: EditRequest) -> EditRequest:
+        """The request that captures a template's cache: its own masked content / an empty edit."""
+        ref = mask_bbox_crop(req.template, req.mask) if req.task in ("fs", "vton") else None
+        return EditRequest(req.template, req.mask, req.task, prompt="keep", reference=ref, seed=req.seed)
+
+    # -- the denoising loop ---------------------------------------------------------------------
+    @abstractmethod
+    def _velocity(self, x: torch.Tensor, x0: torch.Tensor, tmask: torch.Tensor, t: float,
+                  text: tuple[torch.Tensor, torch.Tensor], ref: torch.Tensor | None,
+                  rows: torch.Tensor | None) -> torch.Tensor:
+        """Velocity for image tokens ``rows`` (all tokens when None) given the full token state x."""
+
+    def _sample(self, req: EditRequest, rows: torch.Tensor | None) -> np.ndarray:
+        self.validate(req)
+        x0, noise = self.template_tokens(req)
+        tmask = self.token_mask(req.mask)
+        text = self.text_encoder.encode(req.prompt or "")
+        ref = self.reference_tokens(req)
+        sig = self.sigmas()
+        x = noise.clone()
+        for i in range(self.num_steps):
+            t, t_next = float(sig[i]), float(sig[i + 1])
+            self.ctx.step = i
+            # unmasked tokens always sit on the template's own trajectory (request independent)
+            x = torch.where(tmask[:, None], x, (1 - t) * x0 + t * noise)
+            v = self._velocity(x, x0, tmask, t, text, ref, rows)
+            if rows is None:
+                x = x + (t_next - t) * v
+            else:
+                x[rows] = x[rows] + (t_next - t) * v
+        r = self.codec.resolution
+        img = unpatchify((x.clamp(-1, 1) + 1) / 2, self.codec.patch, r, r).numpy()
+        m = req.mask[..., None]
+        return np.where(m, img, req.template).astype(np.float32)
+
+    @torch.no_grad()
+    def full_edit(self, req: EditRequest, capture: bool = False) -> EditResult:
+        """Every token, every step (the `local` baseline); optionally capture the reusable K/V."""
+        start = time.perf_counter()
+        reuse = torch.nonzero(~self.token_mask(req.mask)).flatten()
+        if capture:
+            with self._run("capture", reuse_index=reuse) as ctx:
+                ctx.captured = KVCache(self.num_steps, self.num_layers, self.heads, self.head_dim, reuse)
+                img = self._sample(req, rows=None)
+                cache = ctx.captured
+        else:
+            self.detach()
+            img = self._sample(req, rows=None)
+            cache = None
+        return EditResult(img, time.perf_counter() - start, cache=cache)
+
+    @torch.no_grad()
+    def capture(self, req: EditRequest) -> KVCache:
+        """The template's FP32 cache, captured under its own conditioning (cast to FP16 to store/send)."""
+        return self.full_edit(self.self_conditioned(req), capture=True).cache
+
+    @torch.no_grad()
+    def masked_edit(self, req: EditRequest, provider: Provider, probe: bool = False,
+                    explicit: bool = False) -> EditResult:
+        """Compute only masked tokens; reusable K/V come from ``provider(step, layer)``."""
+        start = time.perf_counter()
+        tmask = self.token_mask(req.mask)
+        rows = torch.nonzero(tmask).flatten()
+        reuse = torch.nonzero(~tmask).flatten()
+        with self._run("masked", provider=provider, reuse_index=reuse, probe=probe, explicit=explicit) as ctx:
+            ctx.num_masked = int(rows.numel())
+            img = self._sample(req, rows=rows)
+            importance = ctx.probe
+            times = list(ctx.layer_times)
+        return EditResult(img, time.perf_counter() - start, importance=importance,
+                          extras={"layer_times": times})
+
+    # -- helpers for processors -------------------------------------------------------------------
+    def _reused_kv(self, layer: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K/V from the provider as (1, H, n, D) in the dtype of ``like``."""
+        ctx = self.ctx
+        ctx.layer_times.append((ctx.step, layer, time.perf_counter()))
+        k, v = ctx.provider(ctx.step, layer)
+        n = k.shape[0]
+        shape = (1, n, self.heads, self.head_dim)
+        return (k.to(like.dtype).reshape(shape).transpose(1, 2), v.to(like.dtype).reshape(shape).transpose(1, 2))
+
+    def _store(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store (1, H, n, D) reusable K/V of the current step (capture mode)."""
+        ctx = self.ctx
+        flat = lambda t: t[0].transpose(0, 1).reshape(t.shape[2], -1).clone()  # noqa: E731
+        ctx.captured.k[(ctx.step, layer)] = flat(k)
+        ctx.captured.v[(ctx.step, layer)] = flat(v)
+
+    def _joint_attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         reuse_pos: torch.Tensor | None, masked_pos: slice | None) -> torch.Tensor:
+        """Attention of the run's own tokens, (B, H, S, D), dispatching on the run mode.
+
+        capture: store K/V at ``reuse_pos``; masked: append the provider's K/V as extra keys and
+        optionally probe the squared attention the masked queries (``masked_pos``) give them."""
+        ctx = self.ctx
+        if ctx.mode == "capture" and reuse_pos is not None:
+            self._store(layer, k[:, :, reuse_pos], v[:, :, reuse_pos])
+        elif ctx.mode == "masked":
+            rk, rv = self._reused_kv(layer, k)
+            k, v = torch.cat([k, rk], dim=2), torch.cat([v, rv], dim=2)
+            if ctx.probe is not None and masked_pos is not None:
+                ctx.probe[(ctx.step, layer)] = probe_scores(q[:, :, masked_pos], k, rk.shape[2])
+        return attention(q, k, v, explicit=ctx.explicit)
