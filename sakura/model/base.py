@@ -110,6 +110,8 @@ def probe_scores(q_masked: torch.Tensor, k_all: torch.Tensor, n_reuse: int) -> t
     keys. q (B, H, M, D), k (B, H, S, D) → (n_reuse,). One head at a time: never the full matrix."""
     scale = q_masked.shape[-1] ** -0.5
     out = torch.zeros(n_reuse, dtype=torch.float32, device=q_masked.device)
+    if n_reuse == 0 or q_masked.shape[2] == 0:
+        return out
     for h in range(q_masked.shape[1]):
         p = torch.softmax((q_masked[:, h].float() @ k_all[:, h].float().transpose(-1, -2)) * scale, dim=-1)
         out += p[..., -n_reuse:].square().sum(dim=(0, 1))
@@ -278,6 +280,7 @@ class DiTAdapter(ABC):
     @torch.no_grad()
     def full_edit(self, req: EditRequest, capture: bool = False) -> EditResult:
         """Every token, every step (the `local` baseline); optionally capture the reusable K/V."""
+        self.validate(req)
         start = time.perf_counter()
         reuse = torch.nonzero(~self.token_mask(req.mask)).flatten()
         if capture:
@@ -300,6 +303,7 @@ class DiTAdapter(ABC):
     def masked_edit(self, req: EditRequest, provider: Provider, probe: bool = False,
                     explicit: bool = False) -> EditResult:
         """Compute only masked tokens; reusable K/V come from ``provider(step, layer)``."""
+        self.validate(req)
         start = time.perf_counter()
         tmask = self.token_mask(req.mask)
         rows = torch.nonzero(tmask).flatten()
@@ -325,7 +329,7 @@ class DiTAdapter(ABC):
     def _store(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store (1, H, n, D) reusable K/V of the current step (capture mode)."""
         ctx = self.ctx
-        flat = lambda t: t[0].transpose(0, 1).reshape(t.shape[2], -1).clone()  # noqa: E731
+        flat = lambda t: t[0].transpose(0, 1).reshape(t.shape[2], self.heads * self.head_dim).clone()  # noqa: E731
         ctx.captured.k[(ctx.step, layer)] = flat(k)
         ctx.captured.v[(ctx.step, layer)] = flat(v)
 

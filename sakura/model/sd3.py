@@ -81,6 +81,13 @@ class SD3Adapter(DiTAdapter):
     def _make_processor(self, layer, module):
         return SD3JointProcessor(self, layer)
 
+    def validate(self, req):
+        if req.task != "mb":
+            from sakura.model.base import ModelInputError
+
+            raise ModelInputError(f"the SD3-class model edits by text only (task mb), not {req.task}")
+        super().validate(req)
+
     def _velocity(self, x, x0, tmask, t, text, ref, rows):
         r, p = self.codec.resolution, self.codec.patch
         mask_px = self._mask_px
