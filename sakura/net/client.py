@@ -1,0 +1,342 @@
+"""Clients that fetch byte ranges of a pack and time the transfer.
+
+* :class:`RangeClient` -- HTTP. One multi-range request per call (``Range: bytes=a-b,c-d``);
+  parses ``multipart/byteranges`` and also copes with servers that coalesce ranges, answer a
+  single range, or ignore ``Range`` and send the whole file (200): it slices what it asked for.
+  Works against the SAKURA server and any static server with Range support (nginx, S3).
+* :class:`WsRangeClient` -- the SAKURA server's websocket stream mode (one connection per template).
+
+Both return a :class:`Transfer` with the payload and its timing (``time.monotonic()``, the base
+of :class:`sakura.net.clock.RealClock`), so the runtime monitor can use bytes / active time.
+Both can ask the server to shape the link with a :class:`RateSpec`; the trace position advances
+with wall time since the client was created (or :meth:`reset_link`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import re
+import struct
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+from websockets.sync.client import ClientConnection, connect
+
+from sakura.net.shaping import RateSpec
+
+Range = tuple[int, int]  # (offset, length)
+
+# A Range header has to fit one request-header buffer: nginx's default is 8 KiB, uvicorn/h11
+# accepts 16 KiB. Longer range lists are split over several requests.
+MAX_RANGE_HEADER = 7000
+
+
+class FetchError(RuntimeError):
+    """The server refused a request; ``status`` is the HTTP status (or the websocket error status)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{status}: {message}")
+        self.status = status
+
+
+@dataclass
+class Transfer:
+    """One request's payload and timing (monotonic seconds)."""
+
+    parts: list[bytes]  # one per requested range, in request order
+    nbytes: int  # payload bytes (sum of the requested lengths)
+    wire_bytes: int  # body bytes actually received (multipart framing, whole-file fallbacks, ...)
+    t_request: float  # request sent
+    t_first_byte: float  # first payload byte received
+    t_last_byte: float  # last byte received
+
+    @property
+    def active_s(self) -> float:
+        """Time the link was busy with this request: request sent -> last byte."""
+        return max(self.t_last_byte - self.t_request, 1e-9)
+
+    @property
+    def rate_bps(self) -> float:
+        """Effective rate, wire bytes / active time, in bit/s."""
+        return self.wire_bytes * 8 / self.active_s
+
+
+def _check_ranges(ranges: Sequence[Sequence[int]]) -> list[Range]:
+    out = [(int(o), int(n)) for o, n in ranges]
+    if any(o < 0 or n < 0 for o, n in out):
+        raise ValueError("ranges must be (offset, length) with non-negative values")
+    return out
+
+
+def _spans(ranges: list[Range]) -> list[Range]:
+    """Merge overlapping / adjacent ranges into sorted (start, end_exclusive) spans."""
+    spans: list[list[int]] = []
+    for o, n in sorted(r for r in ranges if r[1] > 0):
+        if spans and o <= spans[-1][1]:
+            spans[-1][1] = max(spans[-1][1], o + n)
+        else:
+            spans.append([o, o + n])
+    return [(a, b) for a, b in spans]
+
+
+def _range_headers(spans: list[Range], limit: int = MAX_RANGE_HEADER) -> list[str]:
+    headers, cur = [], ""
+    for a, b in spans:
+        item = f"{a}-{b - 1}"
+        if cur and len(cur) + len(item) + 1 > limit:
+            headers.append(cur)
+            cur = ""
+        cur = f"{cur},{item}" if cur else f"bytes={item}"
+    return headers + ([cur] if cur else [])
+
+
+_CONTENT_RANGE = re.compile(rb"bytes\s+(\d+)-(\d+)/(\d+|\*)", re.I)
+
+
+def parse_multipart_byteranges(body: bytes | bytearray | memoryview, content_type: str) -> list[tuple[int, memoryview]]:
+    """``(start, data)`` segments of a ``multipart/byteranges`` body (RFC 7233 appendix A).
+
+    Part lengths come from each part's Content-Range, so binary data that happens to contain
+    the boundary string cannot confuse the parser.
+    """
+    m = re.search(r'boundary="?([^";]+)"?', content_type)
+    if not m:
+        raise FetchError(502, f"multipart response without boundary: {content_type!r}")
+    delim = b"--" + m.group(1).encode("latin-1")
+    raw = body if isinstance(body, (bytes, bytearray)) else bytes(body)
+    mv = memoryview(raw)
+    segs: list[tuple[int, memoryview]] = []
+    pos = raw.find(delim)
+    if pos < 0:
+        raise FetchError(502, "multipart body has no boundary")
+    while True:
+        pos += len(delim)
+        if raw[pos : pos + 2] == b"--":
+            return segs
+        head_end = raw.find(b"\r\n\r\n", pos)
+        if head_end < 0:
+            raise FetchError(502, "truncated multipart part headers")
+        cr = _CONTENT_RANGE.search(raw, pos, head_end)
+        if not cr:
+            raise FetchError(502, "multipart part without Content-Range")
+        a, b = int(cr.group(1)), int(cr.group(2))
+        start = head_end + 4
+        segs.append((a, mv[start : start + b - a + 1]))
+        pos = raw.find(delim, start + b - a + 1)
+        if pos < 0:
+            raise FetchError(502, "multipart body ends without closing boundary")
+
+
+def _slice(segments: list[tuple[int, memoryview]], ranges: list[Range]) -> list[bytes]:
+    segments = sorted(segments, key=lambda s: s[0])
+    starts = [s for s, _ in segments]
+    out = []
+    for o, n in ranges:
+        if n == 0:
+            out.append(b"")
+            continue
+        i = bisect.bisect_right(starts, o) - 1
+        # Segments may overlap (a server may answer each range separately): look back a little.
+        for j in range(i, -1, -1):
+            s, data = segments[j]
+            if s <= o and o + n <= s + len(data):
+                out.append(bytes(data[o - s : o - s + n]))
+                break
+        else:
+            raise FetchError(502, f"server response does not cover range ({o}, {n})")
+    return out
+
+
+class RangeClient:
+    """HTTP range client for a template server or a static server holding the packs.
+
+    ``pack_path`` maps a template id to a URL path: ``/packs/{id}`` for the SAKURA server,
+    e.g. ``/{id}.pack`` for nginx serving the pack directory.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        pack_path: str = "/packs/{id}",
+        rate: RateSpec | None = None,
+        timeout: float = 60.0,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.pack_path = pack_path
+        self.rate = rate
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout)
+        self.reset_link()
+
+    def reset_link(self) -> None:
+        """Trace time ``rate.start`` corresponds to now."""
+        self._t0 = time.monotonic()
+
+    def _headers(self) -> dict[str, str]:
+        if self.rate is None:
+            return {}
+        return {"X-Sakura-Trace": self.rate.shifted(time.monotonic() - self._t0).header()}
+
+    def _raise_for(self, r: httpx.Response, what: str) -> None:
+        if r.status_code >= 400:
+            try:
+                msg = r.json().get("error") or r.text
+            except ValueError:
+                msg = r.text[:200]
+            raise FetchError(r.status_code, f"{what}: {msg}")
+
+    def templates(self) -> list[dict]:
+        r = self._http.get("/templates")
+        self._raise_for(r, "list templates")
+        return r.json()
+
+    def header(self, template_id: str) -> dict:
+        """The pack's JSON header (u64 LE length + JSON at the start of the pack)."""
+        if self.pack_path == "/packs/{id}":
+            r = self._http.get(f"/packs/{template_id}/header", headers=self._headers())
+            self._raise_for(r, f"header of {template_id!r}")
+            return r.json()
+        return header_via_ranges(lambda rs: self.fetch(template_id, rs))
+
+    def fetch(self, template_id: str, ranges: Sequence[Sequence[int]]) -> list[bytes]:
+        return self.fetch_timed(template_id, ranges).parts
+
+    def fetch_timed(self, template_id: str, ranges: Sequence[Sequence[int]]) -> Transfer:
+        """Fetch ``(offset, length)`` ranges with one multi-range request (more only if the
+        Range header would exceed :data:`MAX_RANGE_HEADER`)."""
+        want = _check_ranges(ranges)
+        url = self.pack_path.format(id=template_id)
+        segments: list[tuple[int, memoryview]] = []
+        wire = 0
+        t_req = t_first = t_last = time.monotonic()
+        for i, rh in enumerate(_range_headers(_spans(want))):
+            t = time.monotonic()
+            with self._http.stream("GET", url, headers={"Range": rh, **self._headers()}) as r:
+                if i == 0:
+                    t_req = t
+                if r.status_code >= 400:
+                    r.read()
+                    self._raise_for(r, f"ranges of {template_id!r}")
+                body = bytearray()
+                for chunk in r.iter_raw():
+                    if not body and chunk:
+                        t_first = time.monotonic() if i == 0 else t_first
+                    body += chunk
+                t_last = time.monotonic()
+            wire += len(body)
+            ctype = r.headers.get("content-type", "")
+            if r.status_code == 200:  # Range ignored: the whole file is here
+                segments = [(0, memoryview(body))]
+                break
+            if ctype.startswith("multipart/byteranges"):
+                segments += parse_multipart_byteranges(body, ctype)
+            else:
+                cr = _CONTENT_RANGE.search(r.headers.get("content-range", "").encode())
+                if r.status_code != 206 or not cr:
+                    raise FetchError(502, f"unexpected {r.status_code} response without Content-Range")
+                segments.append((int(cr.group(1)), memoryview(body)))
+        parts = _slice(segments, want)
+        return Transfer(parts, sum(n for _, n in want), wire, t_req, t_first, t_last)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> RangeClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def header_via_ranges(fetch: Callable[[list[Range]], list[bytes]]) -> dict:
+    """Read a u64-LE-length-prefixed JSON header with two range requests."""
+    (head,) = fetch([(0, 8)])
+    (n,) = struct.unpack("<Q", head)
+    (body,) = fetch([(8, n)])
+    return json.loads(body)
+
+
+class WsRangeClient:
+    """Websocket range client (sync); one connection per template, opened on first use."""
+
+    def __init__(self, base_url: str, *, rate: RateSpec | None = None, open_timeout: float = 10.0) -> None:
+        u = urlsplit(base_url.rstrip("/"))
+        scheme = {"http": "ws", "https": "wss"}.get(u.scheme, u.scheme)
+        self.base_url = urlunsplit((scheme, u.netloc, u.path, "", ""))
+        self.rate = rate
+        self.open_timeout = open_timeout
+        self._conns: dict[str, ClientConnection] = {}
+        self._next_id = 0
+        self.reset_link()
+
+    def reset_link(self) -> None:
+        self._t0 = time.monotonic()
+
+    def _conn(self, template_id: str) -> tuple[ClientConnection, bool]:
+        c = self._conns.get(template_id)
+        if c is not None:
+            return c, False
+        try:
+            # No compression: pack bytes don't compress and deflate would cap throughput.
+            c = connect(f"{self.base_url}/ws/{template_id}", compression=None, max_size=None,
+                        open_timeout=self.open_timeout)
+        except Exception as e:  # websockets.InvalidStatus carries the HTTP denial response
+            resp = getattr(e, "response", None)
+            if resp is not None:
+                raise FetchError(resp.status_code, resp.body.decode("utf-8", "replace")) from None
+            raise
+        self._conns[template_id] = c
+        return c, True
+
+    def header(self, template_id: str) -> dict:
+        return header_via_ranges(lambda rs: self.fetch(template_id, rs))
+
+    def fetch(self, template_id: str, ranges: Sequence[Sequence[int]]) -> list[bytes]:
+        return self.fetch_timed(template_id, ranges).parts
+
+    def fetch_timed(self, template_id: str, ranges: Sequence[Sequence[int]]) -> Transfer:
+        want = _check_ranges(ranges)
+        conn, new = self._conn(template_id)
+        self._next_id += 1
+        msg: dict[str, object] = {"id": self._next_id, "ranges": [list(r) for r in want]}
+        if new and self.rate is not None:  # the server keeps the connection's shaping afterwards
+            msg["rate"] = self.rate.shifted(time.monotonic() - self._t0).to_json()
+        conn.send(json.dumps(msg))
+        t_req = time.monotonic()
+        head = json.loads(conn.recv())
+        if "error" in head:
+            raise FetchError(int(head.get("status", 400)), head["error"])
+        total = int(head["nbytes"])
+        buf = bytearray()
+        t_first = t_last = t_req
+        while len(buf) < total:
+            frame = conn.recv()
+            if isinstance(frame, str):
+                raise FetchError(502, f"text frame before all {total} bytes arrived: {frame[:100]}")
+            if not buf:
+                t_first = time.monotonic()
+            buf += frame
+        t_last = time.monotonic() if total else t_req
+        done = json.loads(conn.recv())
+        if not done.get("done") or done.get("id") != self._next_id:
+            raise FetchError(502, f"unexpected end-of-request message {done}")
+        parts, off, mv = [], 0, memoryview(buf)
+        for _, n in want:
+            parts.append(bytes(mv[off : off + n]))
+            off += n
+        return Transfer(parts, total, total, t_req, t_first, t_last)
+
+    def close(self) -> None:
+        for c in self._conns.values():
+            c.close()
+        self._conns.clear()
+
+    def __enter__(self) -> WsRangeClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
