@@ -1,0 +1,220 @@
+"""The file container shared by every stored cache format (SAKURA packs, IntQ, CacheGen).
+
+Layout (safetensors style, so a plain HTTP server or object store can serve it with ranges)::
+
+    [8 bytes: N, little-endian u64][N bytes: UTF-8 JSON header, space padded][data: chunks back to back]
+
+The header names the format (``"format"``, the magic) and its ``"version"``. The chunk index is
+``"chunk_lengths"``, run-length encoded as ``[[length, count], ...]`` (regular layouts collapse to a
+few runs), and ``"chunk_crc32"``, a base64 string of little-endian u32 CRC32s, one per chunk in file
+order. Chunk ``i`` starts at ``data_start + sum(lengths[:i])`` where ``data_start = 8 + N``. Each format
+defines what its chunks mean and in which order they come; this module only frames, indexes and
+checks them. A client needs only the header bytes to compute every byte range and to verify each
+chunk it receives against its CRC32.
+"""
+
+from __future__ import annotations
+
+import base64
+import bisect
+import json
+import os
+import zlib
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+MAX_HEADER_BYTES = 16 << 20  # a sane bound so a corrupt length never makes a reader allocate GBs
+
+
+class PackFormatError(ValueError):
+    """A stored cache file (or the bytes of one of its ranges) is malformed, or a request is invalid."""
+
+
+def encode_u32(values: Sequence[int] | np.ndarray) -> str:
+    return base64.b64encode(np.asarray(values, dtype="<u4").tobytes()).decode("ascii")
+
+
+def decode_u32(text: str) -> np.ndarray:
+    try:
+        raw = base64.b64decode(text.encode("ascii"), validate=True)
+    except Exception as e:  # binascii.Error, UnicodeError
+        raise PackFormatError(f"bad base64 in index: {e}") from None
+    if len(raw) % 4:
+        raise PackFormatError("index array length is not a multiple of 4 bytes")
+    return np.frombuffer(raw, dtype="<u4").astype(np.int64)
+
+
+def run_lengths(values: Sequence[int]) -> list[list[int]]:
+    runs: list[list[int]] = []
+    for v in values:
+        if runs and runs[-1][0] == v:
+            runs[-1][1] += 1
+        else:
+            runs.append([int(v), 1])
+    return runs
+
+
+def expand_runs(runs: Any) -> np.ndarray:
+    try:
+        pairs = [(int(v), int(c)) for v, c in runs]
+    except (TypeError, ValueError):
+        raise PackFormatError("chunk_lengths is not a list of [length, count] pairs") from None
+    if any(v < 0 or c < 0 for v, c in pairs):
+        raise PackFormatError("negative chunk length or count")
+    return np.repeat(np.array([v for v, _ in pairs], dtype=np.int64), np.array([c for _, c in pairs], dtype=np.int64))
+
+
+def crc32(data: bytes | memoryview | np.ndarray) -> int:
+    return zlib.crc32(data) & 0xFFFFFFFF
+
+
+def write_container(path: str | Path, header: dict[str, Any], chunks: Sequence[bytes]) -> int:
+    """Write ``header`` + ``chunks`` atomically (temp file + rename). Returns the file size."""
+    header = dict(header)
+    header["chunk_lengths"] = run_lengths([len(c) for c in chunks])
+    header["chunk_crc32"] = encode_u32([crc32(c) for c in chunks])
+    header["data_length"] = int(sum(len(c) for c in chunks))
+    text = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    text += b" " * (-len(text) % 8)  # keep the data 8-byte aligned, as safetensors does
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(len(text).to_bytes(8, "little"))
+        f.write(text)
+        for c in chunks:
+            f.write(c)
+    os.replace(tmp, path)
+    return 8 + len(text) + header["data_length"]
+
+
+def header_size(first8: bytes) -> int:
+    """Total bytes (8 + N) a client must fetch to hold the whole header, from the first 8 bytes."""
+    if len(first8) < 8:
+        raise PackFormatError("truncated: fewer than 8 bytes")
+    n = int.from_bytes(first8[:8], "little")
+    if n <= 1 or n > MAX_HEADER_BYTES:
+        raise PackFormatError(f"bad magic: implausible header length {n}")
+    return 8 + n
+
+
+class ChunkIndex:
+    """Absolute offsets, lengths and CRC32s of every chunk of one container, from its header."""
+
+    def __init__(self, header: Mapping[str, Any], data_start: int):
+        try:
+            self.lengths = expand_runs(header["chunk_lengths"])
+            self.crcs = decode_u32(header["chunk_crc32"])
+            self.data_length = int(header["data_length"])
+        except (KeyError, TypeError, ValueError) as e:
+            if isinstance(e, PackFormatError):
+                raise
+            raise PackFormatError(f"header has no valid chunk index: {e}") from None
+        if len(self.lengths) != len(self.crcs):
+            raise PackFormatError("chunk_lengths and chunk_crc32 differ in length")
+        if int(self.lengths.sum()) != self.data_length:
+            raise PackFormatError("chunk lengths do not add up to data_length")
+        self.data_start = data_start
+        self.offsets = data_start + np.concatenate([[0], np.cumsum(self.lengths)[:-1]]).astype(np.int64)
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def file_size(self) -> int:
+        return self.data_start + self.data_length
+
+    def span(self, i: int) -> tuple[int, int]:
+        return int(self.offsets[i]), int(self.lengths[i])
+
+    def check(self, i: int, data: bytes | memoryview | np.ndarray) -> None:
+        if len(data) != self.lengths[i]:
+            raise PackFormatError(f"chunk {i}: got {len(data)} bytes, expected {int(self.lengths[i])}")
+        if crc32(data) != self.crcs[i]:
+            raise PackFormatError(f"checksum mismatch in chunk {i} (offset {int(self.offsets[i])})")
+
+
+def parse_header(buf: bytes, fmt: str, versions: Sequence[int]) -> tuple[dict[str, Any], ChunkIndex]:
+    """Parse and validate a header from the file's first bytes (at least :func:`header_size`)."""
+    size = header_size(buf)
+    if len(buf) < size:
+        raise PackFormatError(f"truncated: header needs {size} bytes, have {len(buf)}")
+    try:
+        header = json.loads(bytes(buf[8:size]).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise PackFormatError("bad magic: header is not JSON") from None
+    if not isinstance(header, dict) or header.get("format") != fmt:
+        got = header.get("format") if isinstance(header, dict) else None
+        raise PackFormatError(f"bad magic: expected format {fmt!r}, got {got!r}")
+    if header.get("version") not in versions:
+        raise PackFormatError(f"unsupported {fmt} version {header.get('version')!r} (supported: {list(versions)})")
+    return header, ChunkIndex(header, size)
+
+
+class ContainerFile:
+    """A container on disk, memory-mapped read-only and validated against its header."""
+
+    def __init__(self, path: str | Path, fmt: str, versions: Sequence[int]):
+        self.path = Path(path)
+        size = self.path.stat().st_size
+        with open(self.path, "rb") as f:
+            hsize = header_size(f.read(8))
+            if hsize > size:
+                raise PackFormatError(f"truncated: header needs {hsize} bytes, file has {size}")
+            f.seek(0)
+            self.header_bytes = f.read(hsize)
+        self.header, self.index = parse_header(self.header_bytes, fmt, versions)
+        if size < self.index.file_size:
+            raise PackFormatError(f"truncated: file has {size} bytes, header promises {self.index.file_size}")
+        if size > self.index.file_size:
+            raise PackFormatError(f"{size - self.index.file_size} trailing bytes after the last chunk")
+        # numpy.memmap cannot map an empty data section; such a file is still valid (no chunks).
+        self._mm = np.memmap(self.path, dtype=np.uint8, mode="r") if size else np.zeros(0, np.uint8)
+
+    @property
+    def size(self) -> int:
+        return self.index.file_size
+
+    def read(self, offset: int, length: int) -> bytes:
+        if offset < 0 or offset + length > self.size:
+            raise PackFormatError(f"range {offset}+{length} outside the file ({self.size} bytes)")
+        return self._mm[offset:offset + length].tobytes()
+
+    def read_ranges(self, ranges: Sequence[tuple[int, int]]) -> dict[tuple[int, int], bytes]:
+        return {(o, n): self.read(o, n) for o, n in ranges}
+
+    def verify(self) -> None:
+        """Check every chunk's CRC32 (a full scan; readers otherwise check what they decode)."""
+        for i in range(len(self.index)):
+            o, n = self.index.span(i)
+            self.index.check(i, self._mm[o:o + n])
+
+
+class ByteSource:
+    """Bytes received for some ranges, looked up by absolute offset (any covering blob will do)."""
+
+    def __init__(self, blobs: Mapping[tuple[int, int], bytes]):
+        self._blobs = sorted((o, bytes(b) if not isinstance(b, bytes) else b) for (o, _), b in blobs.items())
+        self._starts = [o for o, _ in self._blobs]
+
+    def get(self, offset: int, length: int) -> bytes:
+        # Blobs that start at or before ``offset``, nearest first; the first that covers the span wins.
+        for i in range(bisect.bisect_right(self._starts, offset) - 1, -1, -1):
+            start, blob = self._blobs[i]
+            if start + len(blob) >= offset + length:
+                return blob[offset - start: offset - start + length]
+        raise PackFormatError(f"bytes {offset}+{length} were not supplied")
+
+
+def coalesce(ranges: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Sort ranges and merge the touching/overlapping ones (fewer parts in a multi-range request)."""
+    out: list[list[int]] = []
+    for o, n in sorted(ranges):
+        if n <= 0:
+            continue
+        if out and o <= out[-1][0] + out[-1][1]:
+            out[-1][1] = max(out[-1][1], o + n - out[-1][0])
+        else:
+            out.append([o, n])
+    return [(o, n) for o, n in out]

@@ -1,0 +1,86 @@
+"""Importance-weighted low-rank factorisation of one cache unit (paper §4.2.1–4.2.2).
+
+For a unit ``X`` (n tokens × d channels) and token importance ``s`` (n,):
+
+    μ = mean_j X_j                      (row mean, a d-vector)
+    ω_j = max(s_j / mean(s), floor)^q   (q = 0 ⇒ ω ≡ 1 ⇒ plain SVD)
+    U Σ Vᵀ = svd(diag(√ω) (X − μ))
+    A = diag(1/√ω) U Σ,  B = Vᵀ         so  X̂ = A[:, :r] B[:r] + μ
+
+Minimising ‖diag(√ω)(X − μ − A_r B_r)‖_F makes the leading components spend their rank on the rows
+that masked queries attend to. Components come out ordered by weighted singular value, so every
+rank prefix is the best weighted rank-r approximation. The weights shape A and B but are never
+stored: the device rebuilds every unit with the same dense ``A @ B + μ``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# Zero-importance tokens get this fraction of the mean importance: keeps 1/√ω finite (those rows are
+# still reconstructed, just with little say in which directions the rank is spent on).
+IMPORTANCE_FLOOR = 1e-3
+# Above this many rows *and* columns an exact float64 SVD costs seconds per unit; the randomized
+# range finder (with power iterations) gets the leading components to within float32 noise.
+EXACT_SVD_MAX = 1536
+
+
+@dataclass
+class Factors:
+    """Low-rank factors of one unit: ``X̂ = A[:, :r] @ B[:r] + mean``. All float32."""
+
+    a: torch.Tensor  # (n, R) coefficients, 1/√ω folded in
+    b: torch.Tensor  # (R, d) shared basis, unit-norm rows
+    mean: torch.Tensor  # (d,)
+    sv: torch.Tensor  # (R,) weighted singular values, descending
+
+    @property
+    def rank(self) -> int:
+        return int(self.b.shape[0])
+
+    def reconstruct(self, r: int | None = None) -> torch.Tensor:
+        r = self.rank if r is None else r
+        return self.a[:, :r] @ self.b[:r] + self.mean
+
+
+def normalized_importance(importance: torch.Tensor | None, n: int) -> torch.Tensor:
+    """Importance scaled to mean 1 and floored (uniform when missing or all zero), float64."""
+    if importance is None:
+        return torch.ones(n, dtype=torch.float64)
+    s = importance.detach().to(torch.float64).flatten().clamp_min(0)
+    if s.numel() != n:
+        raise ValueError(f"importance has {s.numel()} entries, unit has {n} rows")
+    m = s.mean()
+    if not torch.isfinite(m) or m <= 0:
+        return torch.ones(n, dtype=torch.float64)
+    return (s / m).clamp_min(IMPORTANCE_FLOOR)
+
+
+def row_weights(importance: torch.Tensor | None, n: int, q: float) -> torch.Tensor:
+    """ω_j = (s_j / mean s)^q with the zero-importance floor; float64, shape (n,)."""
+    return normalized_importance(importance, n) ** q
+
+
+def weighted_lowrank(x: torch.Tensor, importance: torch.Tensor | None = None, *, q: float = 0.5,
+                     max_rank: int = 64, exact: bool | None = None) -> Factors:
+    """Factorise one unit ``x`` (n, d) in float64 (fp16 caches with outlier rows need the headroom).
+
+    ``exact``: full SVD (default when min(n, d) <= EXACT_SVD_MAX) or randomized truncated SVD.
+    """
+    if x.ndim != 2:
+        raise ValueError(f"expected an (n, d) unit, got shape {tuple(x.shape)}")
+    n, d = x.shape
+    xd = x.detach().to(torch.float64)
+    mean = xd.mean(dim=0)
+    sw = row_weights(importance, n, q).sqrt()
+    y = sw[:, None] * (xd - mean)
+    r = min(max_rank, n, d)
+    if exact if exact is not None else min(n, d) <= EXACT_SVD_MAX:
+        u, s, vh = torch.linalg.svd(y, full_matrices=False)
+    else:
+        u, s, v = torch.svd_lowrank(y, q=min(r + 32, n, d), niter=6)
+        vh = v.T
+    a = u[:, :r] * s[:r] / sw[:, None]
+    return Factors(a.float(), vh[:r].float().contiguous(), mean.float(), s[:r].float())

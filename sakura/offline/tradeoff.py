@@ -1,0 +1,130 @@
+"""The rank–precision trade-off profile (paper Fig. 8): which (r, b_A, b_B) is best for its bytes.
+
+For each shard we score every candidate configuration on a grid (ranks × b_A × b_B) by the
+importance-weighted, normalised reconstruction error of the *decoded* shard
+
+    err_unit = Σ_j s_j ‖x̂_j − x_j‖² / Σ_j s_j ‖x_j − x̄‖²       (s = importance, mean 1, floored)
+    err      = mean over the shard's units,
+
+and keep the Pareto frontier: sorted by bytes, each entry strictly better than every cheaper one.
+The runtime's allocator then picks the largest frontier entry that fits its byte budget.
+
+Quality uses plain importance (not ω = s^q), so frontiers of packs built with different q are
+comparable. Scoring is exact and cheap: with Y = √s (X − μ̂), P = Â_R √s and the dequantised B̂,
+
+    ‖√s (Â_r B̂_r + μ̂ − X)‖² = ‖Y‖² − 2 Σ_{i<r} (PᵀY ∘ B̂)_i + Σ_{i,k<r} (PᵀP ∘ B̂B̂ᵀ)_{ik}
+
+so one pass per b_A (Gram PᵀP and PᵀY) and per b_B (B̂B̂ᵀ) scores every rank at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from sakura.offline.lowrank import normalized_importance
+from sakura.offline.quant import QuantizedFactors, dequantize, truncate
+
+DEFAULT_BITS = (2, 3, 4, 5, 6, 8)
+
+
+@dataclass(frozen=True)
+class Config:
+    """One stored configuration of a shard: ``bytes`` on the wire, ``error`` as defined above."""
+
+    r: int
+    b_a: int
+    b_b: int
+    bytes: int
+    error: float
+
+    @property
+    def key(self) -> tuple[int, int, int]:
+        return self.r, self.b_a, self.b_b
+
+    def to_list(self) -> list:
+        return [self.r, self.b_a, self.b_b, self.bytes, float(f"{self.error:.4g}")]
+
+    @classmethod
+    def from_list(cls, row: Sequence[Any]) -> "Config":
+        r, ba, bb, nbytes, err = row
+        return cls(int(r), int(ba), int(bb), int(nbytes), float(err))
+
+
+def unit_errors(x: torch.Tensor, importance: torch.Tensor | None, qf: QuantizedFactors,
+                ranks: Sequence[int], bits: Sequence[int]) -> np.ndarray:
+    """Normalised weighted error of one unit for every (b_A, b_B, r): shape (len(bits), len(bits), len(ranks))."""
+    xd = x.detach().to(torch.float64).numpy()
+    n = xd.shape[0]
+    sw = normalized_importance(importance, n).sqrt().numpy()
+    y = sw[:, None] * (xd - qf.mean.astype(np.float64))
+    energy = float((y * y).sum())
+    centred = sw[:, None] * (xd - xd.mean(axis=0))
+    denom = max(float((centred * centred).sum()), 1e-30)
+    idx = np.asarray(ranks, dtype=np.int64) - 1  # rank r reads prefix sums at r-1; r=0 reads nothing
+
+    b_hat = {bb: dequantize(truncate(qf.b_codes, bb), qf.b_scales, bb).astype(np.float64) for bb in bits}
+    b_gram = {bb: b @ b.T for bb, b in b_hat.items()}
+    out = np.empty((len(bits), len(bits), len(ranks)))
+    for i, ba in enumerate(bits):
+        p = dequantize(truncate(qf.a_codes, ba), qf.a_scales, ba).astype(np.float64) * sw[None, :]  # (R, n)
+        gram, proj = p @ p.T, p @ y
+        for k, bb in enumerate(bits):
+            cross = np.concatenate([[0.0], np.cumsum((proj * b_hat[bb]).sum(axis=1))])
+            quad = np.concatenate([[0.0], np.diagonal((gram * b_gram[bb]).cumsum(0).cumsum(1))])
+            out[i, k] = energy - 2 * cross[idx + 1] + quad[idx + 1]
+    return np.clip(out, 0.0, None) / denom
+
+
+def rank_grid(rank: int, group: int) -> list[int]:
+    """Candidate ranks: every multiple of the component group up to the stored rank (and the rank)."""
+    return sorted({*range(group, rank + 1, group), rank} - {0})
+
+
+def profile_shard(units: Sequence[tuple[torch.Tensor, torch.Tensor | None, QuantizedFactors]],
+                  nbytes: Callable[[int, int, int], int], ranks: Sequence[int],
+                  bits: Sequence[int] = DEFAULT_BITS) -> list[Config]:
+    """Score every grid configuration of one shard. ``units`` = (original X, importance, factors)."""
+    err = np.mean([unit_errors(x, s, qf, ranks, bits) for x, s, qf in units], axis=0)
+    return [Config(r, ba, bb, nbytes(r, ba, bb), float(err[i, k, j]))
+            for i, ba in enumerate(bits) for k, bb in enumerate(bits) for j, r in enumerate(ranks)]
+
+
+def pareto(configs: Sequence[Config]) -> list[Config]:
+    """Configurations no cheaper-or-equal one beats: bytes strictly up, error strictly down."""
+    out: list[Config] = []
+    for c in sorted(configs, key=lambda c: (c.bytes, c.error)):
+        if not out or c.error < out[-1].error:  # the first of equal-byte configs is their best one
+            out.append(c)
+    return out
+
+
+def frontier(source: Any, shard: int) -> list[Config]:
+    """The stored frontier of ``shard`` from a :class:`~sakura.offline.pack.PackReader` or ``PackInfo``,
+    or one computed from a :class:`ShardInputs` (factors + originals, before a pack exists)."""
+    if isinstance(source, ShardInputs):
+        return pareto(profile_shard(source.units[shard], source.nbytes[shard], source.ranks, source.bits))
+    info = getattr(source, "info", source)
+    return info.frontier(shard)
+
+
+@dataclass
+class ShardInputs:
+    """What is needed to profile shards before writing: per shard its units and its byte counter."""
+
+    units: Sequence[Sequence[tuple[torch.Tensor, torch.Tensor | None, QuantizedFactors]]]
+    nbytes: Sequence[Callable[[int, int, int], int]]
+    ranks: Sequence[int]
+    bits: Sequence[int] = DEFAULT_BITS
+
+
+def best_config(front: Sequence[Config], byte_budget: float) -> Config | None:
+    """The best-quality frontier entry within ``byte_budget`` bytes; None if even the smallest is over."""
+    best = None
+    for c in front:
+        if c.bytes <= byte_budget and (best is None or c.error < best.error):
+            best = c
+    return best
