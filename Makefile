@@ -1,0 +1,42 @@
+# SAKURA — set-up and everyday commands. `make demo` and `make test` work from a fresh clone:
+# both create .venv and install the project (editable, with test extras) when needed.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.DEFAULT_GOAL := help
+.PHONY: help venv test demo lint catalog-sheet clean
+
+help:
+	@echo "make demo           run the demo on the embedded default catalog"
+	@echo "make test           run the test suite"
+	@echo "make venv           create .venv and install (re-installs when pyproject.toml changes)"
+	@echo "make lint           ruff, if installed in .venv"
+	@echo "make catalog-sheet  redraw docs/catalog.png (every template with its mask)"
+
+# (Re)install only when pyproject.toml is newer than the stamp. torch is pinned in pyproject.toml;
+# never install an unpinned torch (it resolves to a multi-GB CUDA build).
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -e '.[test]'
+	@touch $(STAMP)
+
+test: venv
+	$(BIN)/python -m pytest -q
+
+demo: venv
+	$(BIN)/sakura demo
+
+lint: venv
+	@if $(BIN)/python -m ruff --version >/dev/null 2>&1; then $(BIN)/python -m ruff check sakura app device_bridge tests; \
+	else echo "ruff is not installed in $(VENV) (pip install ruff) - skipping lint"; fi
+
+catalog-sheet: venv
+	$(BIN)/python -m sakura.catalog.contact_sheet docs/catalog.png
+
+clean:
+	rm -rf .pytest_cache build dist *.egg-info
