@@ -7,4 +7,13 @@ import os as _os
 _os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
 _os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+# torchao (pulled in by executorch) logs warnings about CUDA-only kernels when diffusers imports it,
+# and torch warns about its pytree registrations: noise on a CPU device.
+import logging as _logging
+import warnings as _warnings
+
+_logging.getLogger("torchao").setLevel(_logging.ERROR)
+_logging.getLogger("torch.utils._pytree").setLevel(_logging.ERROR)
+_warnings.filterwarnings("ignore", message=".*is an Enum subclass.*")
+
 __version__ = "0.1.0"

@@ -1,0 +1,171 @@
+"""The ``sakura`` command. Each area keeps its commands in its own ``cli.py``; this file wires them.
+
+Heavy imports (torch, diffusers) happen inside commands so ``sakura --help`` stays fast. Every
+expected failure (bad template id, unreadable image, malformed pack, …) exits with status 2 and
+one line on stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  help="SAKURA: private image editing on phones by streaming reusable attention state.")
+catalog_app = typer.Typer(no_args_is_help=True, help="The template catalog.")
+app.add_typer(catalog_app, name="catalog")
+
+
+class UserError(Exception):
+    """An error the user can fix; printed as one line."""
+
+
+def _expected_errors() -> tuple[type[BaseException], ...]:
+    errors: list[type[BaseException]] = [UserError, FileNotFoundError, PermissionError, IsADirectoryError]
+    from sakura.catalog import CatalogError
+    from sakura.model import ModelInputError, ModelLoadError
+
+    errors += [CatalogError, ModelInputError, ModelLoadError, KeyError]
+    for mod, name in [("sakura.offline.pack", "PackFormatError"), ("sakura.net.traces", "TraceError")]:
+        try:
+            errors.append(getattr(__import__(mod, fromlist=[name]), name))
+        except (ImportError, AttributeError):
+            pass
+    return tuple(errors)
+
+
+def friendly(fn):
+    """Turn expected errors into ``error: <one line>`` and exit status 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except typer.Exit:
+            raise
+        except Exception as e:  # noqa: BLE001 - filtered just below
+            if isinstance(e, _expected_errors()):
+                msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+                typer.echo(f"error: {str(msg).splitlines()[0] if str(msg) else type(e).__name__}", err=True)
+                raise typer.Exit(2)
+            raise
+
+    return wrapper
+
+
+CatalogOpt = typer.Option(None, "--catalog", help="Catalog manifest (TOML); default: the embedded one.")
+
+
+@catalog_app.command("list")
+@friendly
+def catalog_list(catalog: Optional[Path] = CatalogOpt, as_json: bool = typer.Option(False, "--json")):
+    """List the templates: id, task, model, mask ratio, requests."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from sakura.catalog import load_catalog
+
+    cat = load_catalog(catalog)
+    rows = [t.summary() for t in cat]
+    if as_json:
+        typer.echo(json.dumps(rows, indent=1))
+        return
+    table = Table(title=f"catalog: {cat.path}")
+    for col in ("id", "task", "model", "mask %", "profile", "eval"):
+        table.add_column(col)
+    for t in cat:
+        table.add_row(t.id, t.task, t.model, f"{100 * t.mask_ratio:.1f}", str(len(t.profile_requests)),
+                      str(len(t.eval_requests)))
+    Console().print(table)
+
+
+def _load_reference(spec: str) -> "object":
+    from sakura.catalog import load_image_spec
+
+    try:
+        return load_image_spec(spec, Path.cwd())
+    except FileNotFoundError:
+        raise UserError(f"reference image not found: {spec}")
+
+
+@app.command()
+@friendly
+def edit(
+    template: str = typer.Option(..., "--template", "-t", help="Template id (see `sakura catalog list`)."),
+    reference: Optional[str] = typer.Option(None, "--reference", "-r", help="Reference image (fs, vton)."),
+    prompt: Optional[str] = typer.Option(None, "--prompt", "-p", help="Instruction (mb)."),
+    mode: str = typer.Option("reuse", "--mode", help="full: every token; reuse: masked run on the exact FP16 cache."),
+    out: Path = typer.Option(Path("edit.png"), "--out", "-o"),
+    as_json: bool = typer.Option(False, "--json", help="Run both modes and print timings and reuse-vs-full quality."),
+    catalog: Optional[Path] = CatalogOpt,
+    model_path: Optional[Path] = typer.Option(None, "--model-path", help="Local model folder instead of the embedded model."),
+    stream: bool = typer.Option(False, "--stream", help="Stream the cache from a template server (see `sakura serve`)."),
+):
+    """Edit a template locally: full recomputation or masked execution with template KV reuse."""
+    if stream:
+        from sakura.runtime.cli import stream_edit  # the streaming runtime owns this path
+
+        return stream_edit(template=template, reference=reference, prompt=prompt, out=out, as_json=as_json,
+                           catalog=catalog)
+    if mode not in ("full", "reuse"):
+        raise UserError(f"--mode must be full or reuse, not {mode!r}")
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    from sakura.catalog import load_catalog
+    from sakura.editing import edit_request, model_for
+    from sakura.eval.metrics import quality
+
+    tpl = load_catalog(catalog).get(template)
+    if tpl.task in ("fs", "vton") and not reference:
+        raise UserError(f"template {tpl.id} is a {tpl.task} template: pass --reference IMAGE")
+    if tpl.task == "mb" and not (prompt and prompt.strip()):
+        raise UserError(f"template {tpl.id} is a text edit: pass a non-empty --prompt")
+    ref = _load_reference(reference) if reference and tpl.task in ("fs", "vton") else None
+    model = model_for(tpl, model_path)
+    req = edit_request(tpl, prompt=prompt, reference=ref, resolution=model.codec.resolution,
+                       ref_size=model.codec.ref_size)
+    model.validate(req)
+    report: dict = {"template": tpl.id, "task": tpl.task, "model": model.model_id, "mode": mode}
+    image = cache = None
+    if mode == "reuse" or as_json:
+        # capture first: it is offline work (timed apart) and warms the model up for both timings
+        t0 = time.perf_counter()
+        cache = model.capture(req).to(torch.float16)
+        report["capture_s"] = time.perf_counter() - t0
+        report["cache_fp16_bytes"] = cache.nbytes()
+    if mode == "full" or as_json:
+        res = model.full_edit(req)
+        report["full_s"] = res.seconds
+        full_image = image = res.image
+    if cache is not None:
+        res = model.masked_edit(req, cache.provider())
+        report["reuse_s"] = res.seconds
+        if mode == "reuse":
+            image = res.image
+        if as_json:
+            report["speedup"] = report["full_s"] / report["reuse_s"]
+            report["reuse_vs_full"] = quality(res.image, full_image, req.mask)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray((np.clip(image, 0, 1) * 255).round().astype("uint8")).save(out)
+    report["out"] = str(out)
+    typer.echo(json.dumps(report, indent=1) if as_json else f"wrote {out} ({mode}, {report.get(mode + '_s', 0):.2f} s)")
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        typer.echo("interrupted", err=True)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()
