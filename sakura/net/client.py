@@ -20,6 +20,7 @@ import re
 import struct
 import time
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
@@ -270,6 +271,7 @@ class WsRangeClient:
         self.rate = rate
         self.open_timeout = open_timeout
         self._conns: dict[str, ClientConnection] = {}
+        self._stack = ExitStack()  # websockets wants connections used as context managers
         self._next_id = 0
         self.reset_link()
 
@@ -282,8 +284,10 @@ class WsRangeClient:
             return c, False
         try:
             # No compression: pack bytes don't compress and deflate would cap throughput.
-            c = connect(f"{self.base_url}/ws/{template_id}", compression=None, max_size=None,
-                        open_timeout=self.open_timeout)
+            c = self._stack.enter_context(connect(
+                f"{self.base_url}/ws/{template_id}", compression=None, max_size=None,
+                open_timeout=self.open_timeout,
+            ))
         except Exception as e:  # websockets.InvalidStatus carries the HTTP denial response
             resp = getattr(e, "response", None)
             if resp is not None:
@@ -331,9 +335,8 @@ class WsRangeClient:
         return Transfer(parts, total, total, t_req, t_first, t_last)
 
     def close(self) -> None:
-        for c in self._conns.values():
-            c.close()
         self._conns.clear()
+        self._stack.close()
 
     def __enter__(self) -> WsRangeClient:
         return self
