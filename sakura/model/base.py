@@ -313,8 +313,9 @@ class DiTAdapter(ABC):
             img = self._sample(req, rows=rows)
             importance = ctx.probe
             times = list(ctx.layer_times)
-        return EditResult(img, time.perf_counter() - start, importance=importance,
-                          extras={"layer_times": times})
+        end = time.perf_counter()
+        return EditResult(img, end - start, importance=importance,
+                          extras={"layer_times": times, "t0": start, "t1": end})
 
     # -- helpers for processors -------------------------------------------------------------------
     def _reused_kv(self, layer: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,161 @@
+"""Transfer policies: SAKURA and every baseline, as plug-ins over the same runtime and link.
+
+Every adaptive policy sees the same monitor (rate R̂ from bytes / active receive time) and the
+same deadline (when execution will need the unit, predicted from measured shard compute times
+and current progress). The transfer window is ``γ · (deadline − now)``, which is the paper's
+``γ · (T_ovlp + H_{p−1})``: the compute left before the unit is needed plus the lead carried over
+from earlier early arrivals.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+from sakura.online.encoding import FetchUnit, Level
+from sakura.online.monitor import RuntimeMonitor
+
+DEFAULT_GAMMA = 0.8
+
+
+@dataclass
+class Decision:
+    level: Level
+    rate_bps: float
+    window_s: float
+    budget_bytes: float  # what the policy allowed itself; inf for non-adaptive policies
+    fits: bool  # the chosen level is within the budget
+
+
+class Policy(ABC):
+    name: str = ""
+    streams = True  # False: nothing is fetched (local generation, or the cache already on device)
+    encoding: str = ""  # which stored file this policy streams
+
+    def begin(self, units: list[FetchUnit], compute_s: float, initial_bps: float) -> None:
+        """Called once per edit before the first request; ``compute_s`` = predicted masked compute."""
+        self.units = units
+
+    @abstractmethod
+    def choose(self, unit: FetchUnit, now: float, deadline: float, monitor: RuntimeMonitor) -> Decision: ...
+
+
+def _best_within(levels: tuple[Level, ...], budget: float) -> tuple[Level, bool]:
+    """Lowest error among levels that fit; the smallest level if none fits (stall rather than skip)."""
+    fitting = [lv for lv in levels if lv.nbytes <= budget]
+    if not fitting:
+        return min(levels, key=lambda lv: lv.nbytes), False
+    return min(fitting, key=lambda lv: (lv.error, lv.nbytes)), True
+
+
+class SakuraPolicy(Policy):
+    """Per-shard budget = R̂ · γ(T_ovlp + H); best profiled (r, b_A, b_B) within it."""
+
+    name, encoding = "sakura", "sakura"
+
+    def __init__(self, gamma: float = DEFAULT_GAMMA):
+        self.gamma = gamma
+
+    def choose(self, unit, now, deadline, monitor):
+        window = self.gamma * max(0.0, deadline - now)
+        rate = monitor.rate_bps
+        budget = rate / 8 * window
+        level, fits = _best_within(unit.levels, budget)
+        return Decision(level, rate, window, budget, fits)
+
+
+class FixedLevelPolicy(SakuraPolicy):
+    """SAKURA's runtime with one fixed level per unit (the Fig. 21 'fixed 8-bit' ablation, and the
+    Fig. 20 coarse-adaptation ablation when units are whole steps)."""
+
+    def __init__(self, label_prefix: str, gamma: float = DEFAULT_GAMMA, name: str = "sakura-fixed"):
+        super().__init__(gamma)
+        self.name, self.prefix = name, label_prefix
+
+    def choose(self, unit, now, deadline, monitor):
+        levels = tuple(lv for lv in unit.levels if lv.label.startswith(self.prefix)) or unit.levels
+        window = self.gamma * max(0.0, deadline - now)
+        budget = monitor.rate_bps / 8 * window
+        level, fits = _best_within(levels, budget)
+        return Decision(level, monitor.rate_bps, window, budget, fits)
+
+
+class Fp16Policy(Policy):
+    """The uncompressed FP16 cache, shard by shard."""
+
+    name, encoding = "fp16", "fp16"
+
+    def choose(self, unit, now, deadline, monitor):
+        return Decision(unit.levels[0], monitor.rate_bps, deadline - now, float("inf"), True)
+
+
+class IntQPolicy(Policy):
+    """One bit width for the whole edit, chosen from the initial bandwidth: the most bits whose whole
+    cache transfers within the edit's compute time; INT2 at minimum (paper §6.1)."""
+
+    name, encoding = "intq", "intq"
+
+    def __init__(self, gamma: float = DEFAULT_GAMMA):
+        self.gamma = gamma
+        self.bits: str | None = None
+
+    def begin(self, units, compute_s, initial_bps):
+        super().begin(units, compute_s, initial_bps)
+        budget = initial_bps / 8 * self.gamma * compute_s
+        labels = sorted({lv.label for u in units for lv in u.levels},
+                        key=lambda lab: sum(lv.nbytes for u in units for lv in u.levels if lv.label == lab))
+        total = {lab: sum(lv.nbytes for u in units for lv in u.levels if lv.label == lab) for lab in labels}
+        fitting = [lab for lab in labels if total[lab] <= budget]
+        self.bits = fitting[-1] if fitting else labels[0]
+
+    def choose(self, unit, now, deadline, monitor):
+        level = next(lv for lv in unit.levels if lv.label == self.bits)
+        return Decision(level, monitor.rate_bps, deadline - now, float("inf"), True)
+
+
+class CacheGenPolicy(Policy):
+    """CacheGen's adaptation: per token chunk, the best stored level such that the chunks still to be
+    sent before the same deadline arrive in time at the measured throughput."""
+
+    name, encoding = "cachegen", "cachegen"
+
+    def __init__(self, gamma: float = DEFAULT_GAMMA):
+        self.gamma = gamma
+
+    def choose(self, unit, now, deadline, monitor):
+        window = self.gamma * max(0.0, deadline - now)
+        rate = monitor.rate_bps
+        budget = rate / 8 * window
+        same = [u for u in self.units if u.needed_by == unit.needed_by and u.index >= unit.index]
+        by_quality = sorted(unit.levels, key=lambda lv: lv.error)
+        for level in by_quality:  # best first
+            rest = sum(next(lv.nbytes for lv in u.levels if lv.label == level.label) for u in same)
+            if rest <= budget:
+                return Decision(level, rate, window, budget, True)
+        return Decision(min(unit.levels, key=lambda lv: lv.nbytes), rate, window, budget, False)
+
+
+class LocalPolicy(Policy):
+    """No cache: the whole model runs on the device."""
+
+    name, streams = "local", False
+
+    def choose(self, unit, now, deadline, monitor):  # pragma: no cover - never asked
+        raise RuntimeError("local generation fetches nothing")
+
+
+class OraclePolicy(LocalPolicy):
+    """The FP16 cache is already on the device: masked compute only, no transfer (the floor)."""
+
+    name = "oracle"
+
+
+POLICIES = {"sakura": SakuraPolicy, "fp16": Fp16Policy, "intq": IntQPolicy, "cachegen": CacheGenPolicy,
+            "local": LocalPolicy, "oracle": OraclePolicy}
+
+
+def get_policy(name: str, **kw) -> Policy:
+    if name not in POLICIES:
+        raise KeyError(f"unknown system {name!r}; choose from {', '.join(POLICIES)}")
+    cls = POLICIES[name]
+    return cls(**kw) if kw and "gamma" in cls.__init__.__code__.co_varnames else cls()

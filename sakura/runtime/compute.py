@@ -1,0 +1,58 @@
+"""Measured device compute: per-shard execution times of a masked run, and local full generation.
+
+The simulated clock replays these measurements; it never assumes compute times.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass
+
+from sakura.kvcache import KVCache, shard_plan
+from sakura.model import DiTAdapter, EditRequest
+
+
+@dataclass
+class ComputeProfile:
+    shards: list[tuple[int, int, int]]  # (step, layer_start, layer_end) in execution order
+    shard_s: list[float]  # execution time of each shard (the last one includes the final decode)
+    prelude_s: float  # text encoding, embeddings: before the first shard can start
+    local_full_s: float  # the whole model on every token (the `local` baseline)
+
+    @property
+    def masked_s(self) -> float:
+        return self.prelude_s + sum(self.shard_s)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def scaled(self, factor: float) -> "ComputeProfile":
+        """The same edit on a device ``factor`` times slower (paper-scale projections)."""
+        return ComputeProfile(self.shards, [s * factor for s in self.shard_s], self.prelude_s * factor,
+                              self.local_full_s * factor)
+
+
+def shard_times(layer_times: list[tuple[int, int, float]], t0: float, t1: float,
+                shards: list[tuple[int, int, int]]) -> tuple[float, list[float]]:
+    """Split a masked run into shard execution times from when each layer asked for its K/V."""
+    first = {(s, l): t for s, l, t in layer_times}
+    starts = [first[(s, a)] for s, a, _ in shards]
+    ends = starts[1:] + [t1]
+    return starts[0] - t0, [e - s for s, e in zip(starts, ends)]
+
+
+def measure_compute(adapter: DiTAdapter, req: EditRequest, cache: KVCache, shard_size: int,
+                    repeats: int = 3) -> ComputeProfile:
+    """Median over ``repeats`` runs (after one warm-up) of masked-run shard times and full-run time."""
+    shards = shard_plan(adapter.num_steps, adapter.num_layers, shard_size)
+    provider = cache.provider()
+    adapter.masked_edit(req, provider)  # warm-up
+    preludes, per_shard = [], []
+    for _ in range(repeats):
+        res = adapter.masked_edit(req, provider)
+        pre, times = shard_times(res.extras["layer_times"], res.extras["t0"], res.extras["t1"], shards)
+        preludes.append(pre)
+        per_shard.append(times)
+    full = [adapter.full_edit(req).seconds for _ in range(max(1, repeats - 1))]
+    return ComputeProfile(shards, [statistics.median(col) for col in zip(*per_shard)],
+                          statistics.median(preludes), statistics.median(full))
