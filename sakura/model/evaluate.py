@@ -1,0 +1,185 @@
+"""Evaluate the embedded models: edit quality on held-out synthetic edits and attention structure.
+
+    python -m sakura.model.evaluate [--out docs] [--n-per-task 6] [--heldout 4]
+
+1. **Edit quality.** On held-out images, faces, textures and masks (``edit_data.heldout_examples``),
+   masked-region PSNR against the synthesized ground truth of: copying the template, the seeded
+   (untrained) model, and the trained model (the shipped weights, or ``--weights DIR``).
+2. **Attention structure** (the paper's Fig. 2 observation) on the embedded catalog: for each
+   template, capture its cache, run the masked edit with the attention probe for the 5 profiling
+   requests and ``--heldout`` evaluation requests. Per cache unit (step, layer) the probe gives the
+   squared attention mass each reusable token receives from the masked queries. Reported: the
+   share of mass held by the top 10 % tokens (per request, averaged), and the overlap of the top-10 %
+   set of the summed profiling importance with each held-out request's top-10 % set.
+
+Writes ``model_eval.json``, ``samples.png`` (sakura-tiny) and ``samples_sd3.png`` to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from sakura.model.base import EditRequest
+from sakura.model.edit_data import TASKS, heldout_examples
+from sakura.model.embedded import WEIGHTS_DIR, load_model, load_model_folder, seeded_model
+
+TOP = 0.10
+
+
+def masked_psnr(a: np.ndarray, b: np.ndarray, mask: np.ndarray) -> float:
+    mse = float(np.mean((a[mask].astype(np.float64) - b[mask].astype(np.float64)) ** 2))
+    return 100.0 if mse == 0 else min(100.0, 10 * math.log10(1.0 / mse))
+
+
+def _request(e) -> EditRequest:
+    return EditRequest(e.template, e.mask, e.task, e.prompt or "", e.reference, seed=0)
+
+
+def edit_quality(models: dict, examples) -> dict:
+    """Per task: mean masked PSNR of copy-the-template and of each model's full edit."""
+    rows: dict[str, dict[str, list[float]]] = {}
+    for e in examples:
+        r = rows.setdefault(e.task, {"copy": []} | {k: [] for k in models})
+        r["copy"].append(masked_psnr(e.template, e.target, e.mask))
+        for name, adapter in models.items():
+            r[name].append(masked_psnr(adapter.full_edit(_request(e)).image, e.target, e.mask))
+    out = {task: {k: round(float(np.mean(v)), 3) for k, v in r.items()} | {"n": len(r["copy"])}
+           for task, r in rows.items()}
+    allv = {k: [x for r in rows.values() for x in r[k]] for k in next(iter(rows.values()))}
+    out["all"] = {k: round(float(np.mean(v)), 3) for k, v in allv.items()} | {"n": len(allv["copy"])}
+    return out
+
+
+def _top(v: torch.Tensor, k: int) -> set[int]:
+    return set(torch.topk(v, k).indices.tolist())
+
+
+def catalog_requests(template, heldout: int):
+    img, mask = template.image(), template.mask()
+
+    def req(r):
+        ref = r.reference_image() if r.reference is not None else None
+        return EditRequest(img, mask, template.task, r.prompt or "", ref, seed=template.seed)
+
+    return (EditRequest(img, mask, template.task, "", None, seed=template.seed),
+            [req(r) for r in template.profile_requests], [req(r) for r in template.eval_requests[:heldout]])
+
+
+def attention_structure(adapter, base: EditRequest, profile: list[EditRequest], held: list[EditRequest]) -> dict:
+    """Top-10 % mass share and profiling/held-out top-10 % overlap, averaged over cache units."""
+    cache = adapter.capture(base)
+    imp_p = [adapter.masked_edit(r, cache.provider(), probe=True).importance for r in profile]
+    imp_h = [adapter.masked_edit(r, cache.provider(), probe=True).importance for r in held]
+    units = sorted(imp_p[0])
+    n = imp_p[0][units[0]].numel()
+    k = max(1, int(math.ceil(TOP * n)))
+    share, overlap, share_by_step = [], [], {}
+    for u in units:
+        for imp in imp_p + imp_h:
+            v = imp[u].float()
+            s = float(torch.topk(v, k).values.sum() / v.sum().clamp(min=1e-30))
+            share.append(s)
+            share_by_step.setdefault(u[0], []).append(s)
+        prof = _top(sum(imp[u].float() for imp in imp_p), k)
+        for imp in imp_h:
+            overlap.append(len(prof & _top(imp[u].float(), k)) / k)
+    return {"top10_share": float(np.mean(share)), "top10_overlap": float(np.mean(overlap)),
+            "top10_share_by_step": {str(s): round(float(np.mean(v)), 4) for s, v in sorted(share_by_step.items())},
+            "reusable_tokens": n, "units": len(units), "profile": len(profile), "heldout": len(held)}
+
+
+def synthetic_templates(name: str, heldout: int):
+    """Fallback when no catalog is installed: held-out synthetic templates with random requests."""
+    from sakura.model.edit_data import EditSynth
+
+    synth = EditSynth("heldout")
+    tasks = ("mb",) if name.endswith("sd3") else TASKS
+    for ti, task in enumerate(tasks):
+        rng = np.random.default_rng([99, ti])
+        exs = [synth.sample(rng, task, keep_prob=0.0) for _ in range(5 + heldout)]
+        tpl, mask = exs[0].template, exs[0].mask
+        reqs = [EditRequest(tpl, mask, task, e.prompt or "", e.reference) for e in exs]
+        yield f"synthetic-{task}", EditRequest(tpl, mask, task, "", None), reqs[:5], reqs[5:]
+
+
+def catalog_templates(name: str, heldout: int):
+    try:
+        from sakura.catalog import load_catalog
+    except ImportError:
+        yield from synthetic_templates(name, heldout)
+        return
+    for t in load_catalog():
+        if t.model == name:
+            yield (t.id, *catalog_requests(t, heldout))
+
+
+def trained_adapter(name: str, weights: str | None):
+    if weights:
+        return load_model_folder(weights)
+    if not (WEIGHTS_DIR / name / "sakura.json").is_file():
+        raise SystemExit(f"no trained weights for {name} in {WEIGHTS_DIR / name}: train and ship them first "
+                         f"(python -m sakura.model.train --model {name} ... then --ship)")
+    return load_model(name)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m sakura.model.evaluate", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default="sakura-tiny,sakura-tiny-sd3")
+    ap.add_argument("--weights", default=None, help="a model folder to evaluate instead of the shipped weights "
+                                                     "(only with a single --models entry)")
+    ap.add_argument("--n-per-task", type=int, default=6, help="held-out synthetic edits per task")
+    ap.add_argument("--heldout", type=int, default=4, help="held-out catalog requests per template (>= 3)")
+    ap.add_argument("--out", default="docs")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--skip-attention", action="store_true")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    from tqdm import tqdm
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    names = [m.strip() for m in args.models.split(",") if m.strip()]
+    report: dict = {"top_fraction": TOP, "n_per_task": args.n_per_task, "models": {}}
+    for name in names:
+        t0 = time.perf_counter()
+        trained = trained_adapter(name, args.weights)
+        seeded = seeded_model(name)
+        tasks = ("mb",) if name.endswith("sd3") else TASKS
+        examples = [e for e in heldout_examples(args.n_per_task) if e.task in tasks]
+        print(f"[{name}] edit quality on {len(examples)} held-out synthetic edits …", flush=True)
+        quality = edit_quality({"seeded": seeded, "trained": trained}, tqdm(examples, leave=False))
+        rep = {"psnr_masked": quality, "attention": {}}
+        if not args.skip_attention:
+            for tid, base, prof, held in tqdm(list(catalog_templates(name, args.heldout)), desc="attention", leave=False):
+                rep["attention"][tid] = {w: attention_structure(a, base, prof, held)
+                                         for w, a in (("trained", trained), ("seeded", seeded))}
+            att = rep["attention"]
+            if att:
+                rep["attention_mean"] = {w: {m: round(float(np.mean([v[w][m] for v in att.values()])), 4)
+                                             for m in ("top10_share", "top10_overlap")} for w in ("trained", "seeded")}
+        from sakura.model.train import render_grid
+
+        grid_ex = [e for e in heldout_examples(2) if e.task in tasks]
+        fname = "samples.png" if name == "sakura-tiny" else f"samples_{name.split('-')[-1]}.png"
+        render_grid(trained, grid_ex, out / fname, title=f"{name}: held-out synthetic edits (trained weights)",
+                    extra={"seeded model": lambda e, s=seeded: s.full_edit(_request(e)).image})
+        rep["seconds"] = round(time.perf_counter() - t0, 1)
+        report["models"][name] = rep
+        print(json.dumps({name: {"psnr_masked": quality["all"], "attention_mean": rep.get("attention_mean")}}), flush=True)
+    path = out / "model_eval.json"
+    if path.exists() and set(names) != {"sakura-tiny", "sakura-tiny-sd3"}:  # keep the other model's numbers
+        old = json.loads(path.read_text())
+        report["models"] = old.get("models", {}) | report["models"]
+    path.write_text(json.dumps(report, indent=1))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

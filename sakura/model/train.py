@@ -1,0 +1,406 @@
+"""Train the embedded models on synthetic edit tasks (flow matching, masked-token loss).
+
+    python -m sakura.model.train --model sakura-tiny --out runs/tiny --minutes 65 [--resume]
+    python -m sakura.model.train --model sakura-tiny --out runs/tiny --ship   # EMA weights → sakura/weights
+
+The formulation is exactly the sampler's (``sakura.model.base``): x_t = (1-t)·x0 + t·ε, target
+velocity v = ε − x0 (x0 = the *edited* image, equal to the template outside the mask), the
+template image and mask as extra input features. The loss is on masked tokens with a small
+weight elsewhere. Times t are half from the 4-step sampler's grid {1, .75, .5, .25} (6-step grid
+for SD3) and half logit-normal.
+
+To fit a 2-core CPU, a batch sees a *window* of the 32×32 token grid that holds every sample's
+mask with context (tokens keep their real positions: RoPE ids for Flux2, the matching crop of
+the absolute position embedding for SD3); a fraction of batches use the whole grid. The same
+script runs on a GPU (device auto-detected).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from sakura.model.base import EditRequest, patchify
+from sakura.model.edit_data import TASKS, EditExample, EditSynth, heldout_examples
+from sakura.model.embedded import WEIGHTS_DIR, save_model, seeded_model
+from sakura.model.text_encoder import tokenize
+
+UNMASKED_WEIGHT = 0.05
+TASK_PROBS = {"sakura-tiny": {"fs": 0.33, "vton": 0.27, "mb": 0.40}, "sakura-tiny-sd3": {"mb": 1.0}}
+WINDOW_MIN = {"fs": 16, "vton": 20, "mb": 18}  # tokens per side that always hold the task's mask
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+class Trainer:
+    def __init__(self, model: str = "sakura-tiny", out: str | Path = "runs/tiny", batch: int = 4,
+                 lr: float = 3e-4, schedule: str = "cosine", ema: float = 0.999, seed: int = 0,
+                 t_sampling: str = "mixed", full_prob: float = 0.03, device: torch.device | None = None,
+                 warmup: int = 50):
+        self.model_name, self.out = model, Path(out)
+        self.batch, self.lr, self.schedule, self.ema_decay = batch, lr, schedule, ema
+        self.seed, self.t_sampling, self.full_prob, self.warmup = seed, t_sampling, full_prob, warmup
+        self.device = device or default_device()
+        self.adapter = seeded_model(model)
+        self.adapter.detach()
+        self.sd3 = self.adapter.family == "sd3"
+        self.codec = self.adapter.codec
+        self.transformer = self.adapter.transformer.to(self.device).train()
+        self.text_encoder = self.adapter.text_encoder.to(self.device).train()
+        params = list(self.transformer.parameters()) + list(self.text_encoder.parameters())
+        self.opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.99), weight_decay=0.01)
+        self.ema_tr = copy.deepcopy(self.transformer).eval().requires_grad_(False) if ema > 0 else None
+        self.ema_te = copy.deepcopy(self.text_encoder).eval().requires_grad_(False) if ema > 0 else None
+        self.synth = EditSynth("train")
+        self.step, self.elapsed = 0, 0.0
+        self.history: list[tuple[int, float, float]] = []  # (step, seconds, loss)
+        self.t_grid = torch.linspace(1.0, 0.0, self.codec.num_steps + 1)[:-1]
+
+    # ------------------------------------------------------------------ data
+    def _window(self, rng: np.random.Generator, task: str) -> tuple[int, int, int]:
+        g = self.codec.grid
+        if rng.random() < self.full_prob:
+            return 0, 0, g
+        side = WINDOW_MIN[task] if rng.random() < 0.8 else int(rng.integers(WINDOW_MIN[task], g + 1))
+        side = min(side, g)
+        return int(rng.integers(0, g - side + 1)), int(rng.integers(0, g - side + 1)), side
+
+    def make_batch(self, step: int) -> dict:
+        rng = np.random.default_rng([self.seed, step])
+        probs = TASK_PROBS[self.model_name]
+        task = str(rng.choice(list(probs), p=list(probs.values())))
+        ty, tx, side = self._window(rng, task)
+        p = self.codec.patch
+        region = (ty * p, tx * p, (ty + side) * p, (tx + side) * p)
+        examples = [self.synth.sample(rng, task, region=region) for _ in range(self.batch)]
+        return self.tensors(examples, (ty, tx, side), rng)
+
+    def tensors(self, examples: list[EditExample], window: tuple[int, int, int], rng: np.random.Generator,
+                t: torch.Tensor | None = None) -> dict:
+        p = self.codec.patch
+        to = lambda a: torch.from_numpy(np.ascontiguousarray(a)).float()  # noqa: E731
+        x0 = torch.stack([patchify(to(e.template) * 2 - 1, p) for e in examples])
+        tgt = torch.stack([patchify(to(e.target) * 2 - 1, p) for e in examples])
+        mpx = torch.stack([patchify(to(e.mask)[..., None], p) for e in examples])
+        tmask = mpx.amax(-1) > 0
+        text = torch.stack([tokenize(e.prompt, self.text_encoder.cfg) for e in examples])
+        ref = None
+        if examples[0].task in ("fs", "vton") and not self.sd3:
+            ref = torch.stack([self.adapter.reference_tokens(EditRequest(e.template, e.mask, e.task, e.prompt,
+                                                                         e.reference)) for e in examples])
+        B = len(examples)
+        if t is None:
+            t = self.sample_t(B, rng)
+        g = torch.Generator().manual_seed(int(rng.integers(0, 2**31)))
+        eps = torch.randn(x0.shape, generator=g)
+        return {"x0": x0, "tgt": tgt, "mpx": mpx, "tmask": tmask, "text": text, "ref": ref, "t": t, "eps": eps,
+                "window": window}
+
+    def sample_t(self, B: int, rng: np.random.Generator) -> torch.Tensor:
+        u = torch.from_numpy(rng.random(B)).float()
+        logit = torch.sigmoid(torch.from_numpy(rng.standard_normal(B)).float())
+        grid = self.t_grid[torch.from_numpy(rng.integers(0, len(self.t_grid), B))]
+        if self.t_sampling == "uniform":
+            return u
+        if self.t_sampling == "logit":
+            return logit
+        return torch.where(torch.from_numpy(rng.random(B) < 0.5), grid, logit)
+
+    # ------------------------------------------------------------------ model
+    def predict(self, b: dict, transformer=None, text_encoder=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(prediction, target velocity, weights) on the window's image tokens."""
+        tr = transformer or self.transformer
+        te = text_encoder or self.text_encoder
+        d = self.device
+        x0, tgt, eps, t = b["x0"].to(d), b["tgt"].to(d), b["eps"].to(d), b["t"].to(d)
+        xt = (1 - t)[:, None, None] * tgt + t[:, None, None] * eps
+        v = eps - tgt
+        ty, tx, side = b["window"]
+        g = self.codec.grid
+        rr, cc = torch.meshgrid(torch.arange(ty, ty + side), torch.arange(tx, tx + side), indexing="ij")
+        rows = (rr * g + cc).flatten()
+        tokens, pooled = te(b["text"].to(d))
+        if self.sd3:
+            pred = self._sd3_forward(tr, xt, x0, b["mpx"].to(d), t, tokens, pooled, (ty, tx, side))
+        else:
+            pred = self._flux2_forward(tr, xt, x0, b["mpx"].to(d), t, tokens, b["ref"], rows)
+        return pred, v[:, rows], b["tmask"][:, rows].to(d)
+
+    def _flux2_forward(self, tr, xt, x0, mpx, t, tokens, ref, rows):
+        feats = torch.cat([xt[:, rows], x0[:, rows], mpx[:, rows]], -1)
+        nref = 0
+        if ref is not None:
+            ref = ref.to(self.device)
+            nref = ref.shape[1]
+            feats = torch.cat([feats, torch.cat([ref, ref.new_zeros(*ref.shape[:2], feats.shape[-1] - ref.shape[-1])], -1)], 1)
+        img_ids, _ = self.adapter._ids(rows, nref)
+        L = tokens.shape[1]
+        txt_ids = torch.zeros(L, 4, dtype=torch.long)
+        txt_ids[:, 3] = torch.arange(L)
+        out = tr(hidden_states=feats, encoder_hidden_states=tokens, timestep=t, img_ids=img_ids.to(self.device),
+                 txt_ids=txt_ids.to(self.device), guidance=None, return_dict=False)[0]
+        return out[:, : len(rows)]
+
+    def _sd3_forward(self, tr, xt, x0, mpx, t, tokens, pooled, window):
+        from sakura.model.base import unpatchify
+
+        p, r = self.codec.patch, self.codec.resolution
+        ty, tx, side = window
+        B = xt.shape[0]
+
+        def spatial(tok, c=3):
+            return torch.stack([unpatchify(tok[i], p, r, r, c) for i in range(B)]).permute(0, 3, 1, 2)
+
+        m = spatial(mpx, 1) * 2 - 1
+        x = torch.cat([spatial(xt), spatial(x0), m], 1)[:, :, ty * p : (ty + side) * p, tx * p : (tx + side) * p]
+        pe = tr.pos_embed
+        full = pe.pos_embed.reshape(1, pe.pos_embed_max_size, pe.pos_embed_max_size, -1)
+
+        def window_pos(height, width):
+            h, w = height // pe.patch_size, width // pe.patch_size
+            return full[:, ty : ty + h, tx : tx + w].reshape(1, h * w, -1)
+
+        pe.cropped_pos_embed = window_pos  # real positions of the window (instance override)
+        try:
+            out = tr(hidden_states=x, encoder_hidden_states=tokens, pooled_projections=pooled,
+                     timestep=t * 1000.0, return_dict=False)[0]
+        finally:
+            del pe.cropped_pos_embed
+        out = out.permute(0, 2, 3, 1)  # (B, side*p, side*p, 3) → tokens in window order
+        return torch.stack([patchify(out[i], p) for i in range(B)])
+
+    def loss(self, b: dict, **kw) -> torch.Tensor:
+        pred, v, tm = self.predict(b, **kw)
+        per_tok = (pred.float() - v).square().mean(-1)
+        w = torch.where(tm, 1.0, UNMASKED_WEIGHT)
+        return (per_tok * w).sum() / w.sum()
+
+    def lr_at(self, progress: float) -> float:
+        warm = min(1.0, (self.step + 1) / max(1, self.warmup))
+        if self.schedule == "const":
+            return self.lr * warm
+        return self.lr * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+    def train_step(self, b: dict, progress: float = 0.0) -> float:
+        for group in self.opt.param_groups:
+            group["lr"] = self.lr_at(progress)
+        loss = self.loss(b)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(list(self.transformer.parameters()) + list(self.text_encoder.parameters()), 1.0)
+        self.opt.step()
+        self.step += 1
+        if self.ema_tr is not None:
+            decay = min(self.ema_decay, (1 + self.step) / (10 + self.step))
+            with torch.no_grad():
+                for src, dst in ((self.transformer, self.ema_tr), (self.text_encoder, self.ema_te)):
+                    for ps, pd in zip(src.parameters(), dst.parameters()):
+                        pd.lerp_(ps, 1 - decay)
+        return float(loss.detach())
+
+    # ------------------------------------------------------------------ checkpoints
+    def state(self) -> dict:
+        s = {"model": self.model_name, "step": self.step, "elapsed": self.elapsed, "history": self.history,
+             "transformer": self.transformer.state_dict(), "text_encoder": self.text_encoder.state_dict(),
+             "opt": self.opt.state_dict(), "config": self.config()}
+        if self.ema_tr is not None:
+            s["ema_transformer"] = self.ema_tr.state_dict()
+            s["ema_text_encoder"] = self.ema_te.state_dict()
+        return s
+
+    def config(self) -> dict:
+        return {"model": self.model_name, "batch": self.batch, "lr": self.lr, "schedule": self.schedule,
+                "ema": self.ema_decay, "seed": self.seed, "t_sampling": self.t_sampling,
+                "full_prob": self.full_prob, "warmup": self.warmup, "unmasked_weight": UNMASKED_WEIGHT}
+
+    def save(self, path: Path | None = None) -> Path:
+        path = path or self.out / "ckpt.pt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        torch.save(self.state(), tmp)
+        tmp.replace(path)
+        return path
+
+    def load(self, path: Path | None = None) -> None:
+        s = torch.load(path or self.out / "ckpt.pt", map_location=self.device, weights_only=False)
+        if s["model"] != self.model_name:
+            raise ValueError(f"checkpoint is for {s['model']}, not {self.model_name}")
+        self.transformer.load_state_dict(s["transformer"])
+        self.text_encoder.load_state_dict(s["text_encoder"])
+        self.opt.load_state_dict(s["opt"])
+        if self.ema_tr is not None and "ema_transformer" in s:
+            self.ema_tr.load_state_dict(s["ema_transformer"])
+            self.ema_te.load_state_dict(s["ema_text_encoder"])
+        self.step, self.elapsed, self.history = s["step"], s["elapsed"], [tuple(h) for h in s["history"]]
+
+    def inference_adapter(self, ema: bool = True):
+        """A CPU fp32 adapter holding the (EMA) weights, for sampling / evaluation / shipping."""
+        from sakura.model.embedded import _adapter_for
+
+        tr = self.ema_tr if (ema and self.ema_tr is not None) else self.transformer
+        te = self.ema_te if (ema and self.ema_te is not None) else self.text_encoder
+        tr2, te2 = copy.deepcopy(tr).float().cpu().eval(), copy.deepcopy(te).float().cpu().eval()
+        return _adapter_for(self.adapter.family)(tr2, te2, self.codec, self.model_name)
+
+    # ------------------------------------------------------------------ reports
+    def plot_loss(self) -> None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        if not self.history:
+            return
+        steps = np.array([h[0] for h in self.history])
+        loss = np.array([h[2] for h in self.history])
+        k = max(1, len(loss) // 50)
+        smooth = np.convolve(loss, np.ones(k) / k, mode="valid")
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        ax.plot(steps, loss, alpha=0.25, lw=0.6, label="batch")
+        ax.plot(steps[k - 1 :], smooth, lw=1.5, label=f"mean of {k}")
+        ax.set_yscale("log")
+        ax.set_xlabel("step")
+        ax.set_ylabel("masked flow-matching loss")
+        ax.set_title(f"{self.model_name}: {self.step} steps, {self.elapsed / 60:.1f} min")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(self.out / "loss.png", dpi=110)
+        plt.close(fig)
+        (self.out / "history.json").write_text(json.dumps(self.history))
+
+    def sample_grid(self, path: Path, examples: list[EditExample] | None = None) -> None:
+        tasks = ("mb",) if self.sd3 else TASKS
+        examples = examples or [e for e in heldout_examples(2) if e.task in tasks]
+        render_grid(self.inference_adapter(), examples, path, title=f"{self.model_name} step {self.step}")
+
+
+def render_grid(adapter, examples: list[EditExample], path: Path, title: str = "", extra=None) -> None:
+    """Rows: template | mask | reference or prompt | ground truth | model edit (| extra columns)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    extra = extra or {}
+    cols = ["template", "mask", "reference / prompt", "ground truth", "model edit"] + list(extra)
+    fig, axes = plt.subplots(len(examples), len(cols), figsize=(2.0 * len(cols), 2.0 * len(examples)), squeeze=False)
+    for i, e in enumerate(examples):
+        req = EditRequest(e.template, e.mask, e.task, e.prompt or "", e.reference, seed=0)
+        out = adapter.full_edit(req).image
+        panels = [e.template, e.mask, e.reference, e.target, out] + [f(e) for f in extra.values()]
+        for j, (ax, im) in enumerate(zip(axes[i], panels)):
+            ax.axis("off")
+            if i == 0:
+                ax.set_title(cols[j], fontsize=8)
+            if j == 2 and im is None:
+                ax.text(0.5, 0.5, f"{e.task}:\n\"{e.prompt}\"", ha="center", va="center", fontsize=8, wrap=True)
+            elif im is not None:
+                ax.imshow(np.clip(im, 0, 1), cmap="gray" if im.ndim == 2 else None, vmin=0, vmax=1)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def ship(trainer: Trainer, folder: Path | None = None, ema: bool = True) -> Path:
+    """Save the (EMA) weights as fp16 safetensors in the embedded model folder (loaded back as fp32)."""
+    folder = folder or WEIGHTS_DIR / trainer.model_name
+    adapter = trainer.inference_adapter(ema)
+    adapter.transformer.half()
+    adapter.text_encoder.half()
+    save_model(adapter, folder)
+    return folder
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m sakura.model.train", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="sakura-tiny", choices=["sakura-tiny", "sakura-tiny-sd3"])
+    ap.add_argument("--out", default=None, help="run folder (default runs/<model>)")
+    ap.add_argument("--minutes", type=float, default=60.0, help="training time budget (total over resumes)")
+    ap.add_argument("--steps", type=int, default=0, help="stop after this many steps (overrides the LR horizon)")
+    ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--lr", type=float, default=3e-4)
+    ap.add_argument("--schedule", choices=["cosine", "const"], default="cosine")
+    ap.add_argument("--ema", type=float, default=0.999, help="EMA decay (0 = off)")
+    ap.add_argument("--t-sampling", choices=["mixed", "logit", "uniform"], default="mixed")
+    ap.add_argument("--full-prob", type=float, default=0.03, help="share of batches on the whole token grid")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--ckpt-minutes", type=float, default=5.0)
+    ap.add_argument("--sample-minutes", type=float, default=15.0)
+    ap.add_argument("--ship", action="store_true", help="save the run's EMA weights to sakura/weights/<model> and exit")
+    ap.add_argument("--ship-to", default=None, help="folder for --ship (default sakura/weights/<model>)")
+    ap.add_argument("--device", default=None)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    out = Path(args.out or f"runs/{args.model}")
+    device = torch.device(args.device) if args.device else default_device()
+    tr = Trainer(args.model, out, args.batch, args.lr, args.schedule, args.ema, args.seed, args.t_sampling,
+                 args.full_prob, device)
+    if args.resume or args.ship:
+        if (out / "ckpt.pt").exists():
+            tr.load()
+            print(f"resumed {out / 'ckpt.pt'} at step {tr.step} ({tr.elapsed / 60:.1f} min)")
+        elif args.ship:
+            raise SystemExit(f"no checkpoint in {out}")
+    if args.ship:
+        folder = ship(tr, Path(args.ship_to) if args.ship_to else None)
+        print(f"shipped {args.model} step {tr.step} → {folder}")
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(tr.config() | {"minutes": args.minutes, "steps": args.steps,
+                                                               "threads": args.threads, "device": str(device)}, indent=1))
+    from tqdm import tqdm
+
+    budget = args.minutes * 60
+    bar = tqdm(total=int(budget), initial=int(min(tr.elapsed, budget)), unit="s", dynamic_ncols=True,
+               desc=args.model, mininterval=5)
+    last_ckpt = last_sample = time.perf_counter()
+    start_elapsed, t0 = tr.elapsed, time.perf_counter()
+    recent: list[float] = []
+    while True:
+        progress = tr.elapsed / budget
+        if args.steps:
+            progress = max(progress, tr.step / args.steps)
+        if progress >= 1.0:
+            break
+        b = tr.make_batch(tr.step)
+        loss = tr.train_step(b, progress)
+        now = time.perf_counter()
+        tr.elapsed = start_elapsed + (now - t0)
+        tr.history.append((tr.step, round(tr.elapsed, 2), round(loss, 5)))
+        recent = (recent + [loss])[-50:]
+        bar.n = int(min(tr.elapsed, budget))
+        bar.set_postfix(step=tr.step, loss=f"{np.mean(recent):.4f}", lr=f"{tr.lr_at(progress):.1e}",
+                        spb=f"{tr.elapsed / max(1, tr.step):.2f}", refresh=False)
+        bar.update(0)
+        if now - last_ckpt > args.ckpt_minutes * 60:
+            tr.save()
+            tr.plot_loss()
+            last_ckpt = time.perf_counter()
+        if now - last_sample > args.sample_minutes * 60:
+            tr.sample_grid(out / f"samples_{tr.step:06d}.png")
+            last_sample = time.perf_counter()
+            t0, start_elapsed = time.perf_counter(), tr.elapsed  # sampling time is not training time
+    bar.close()
+    tr.save()
+    tr.plot_loss()
+    tr.sample_grid(out / "samples_final.png")
+    print(json.dumps({"model": args.model, "steps": tr.step, "minutes": round(tr.elapsed / 60, 2),
+                      "final_loss_mean50": float(np.mean(recent)) if recent else None}))
+
+
+if __name__ == "__main__":
+    main()
