@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
 import socket
 import struct
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -215,34 +212,16 @@ def test_access_log_records_exactly_what_was_received(packs: Path, http: httpx.C
     assert "private" not in log.read_text()
 
 
-def test_python_m_sakura_server(packs: Path, tmp_path: Path) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+def test_server_as_child_process(packs: Path, tmp_path: Path) -> None:
     log = tmp_path / "acc.log"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "sakura.server", "--packs", str(packs), "--port", str(port), "--access-log", str(log)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 15
-        while True:
-            try:
-                httpx.get(f"{url}/healthz")
-                break
-            except httpx.TransportError:
-                assert proc.poll() is None and time.monotonic() < deadline, "server did not start"
-                time.sleep(0.05)
-        with httpx.Client(base_url=url) as c:
-            c.get("/healthz")
-            took = []
-            for _ in range(5):  # keep-alive requests must not pay Nagle/delayed-ACK (~40 ms each)
-                t = time.monotonic()
-                assert c.get("/packs/tpl-a", headers={"Range": "bytes=0-9"}).status_code == 206
-                took.append(time.monotonic() - t)
-            assert min(took) < 0.03
-        assert '"range": "bytes=0-9"' in log.read_text()
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    with start_server(packs, access_log=log, process=True) as srv, httpx.Client(base_url=srv.url) as c:
+        assert srv._proc is not None and srv.port > 0
+        c.get("/healthz")
+        took = []
+        for _ in range(5):  # keep-alive requests must not pay Nagle/delayed-ACK (~40 ms each)
+            t = time.monotonic()
+            assert c.get("/packs/tpl-a", headers={"Range": "bytes=0-9"}).status_code == 206
+            took.append(time.monotonic() - t)
+        assert min(took) < 0.03
+    assert srv._proc.poll() is not None  # stopped
+    assert '"range": "bytes=0-9"' in log.read_text()

@@ -152,6 +152,30 @@ def _slice(segments: list[tuple[int, memoryview]], ranges: list[Range]) -> list[
     return out
 
 
+def _read_body(r: httpx.Response) -> tuple[bytearray, float]:
+    """The raw body and the time its first bytes arrived; preallocated when the length is known
+    (growing a bytearray chunk by chunk halves throughput on 100 MB bodies)."""
+    t_first = time.monotonic()
+    n = int(r.headers.get("content-length", -1))
+    body, pos, first = bytearray(max(n, 0)), 0, True
+    view = memoryview(body)
+    for chunk in r.iter_raw():
+        if first and chunk:
+            t_first, first = time.monotonic(), False
+        end = pos + len(chunk)
+        if end <= n:
+            view[pos:end] = chunk
+        else:  # no or wrong Content-Length: append
+            view.release()
+            del body[pos:]
+            body += chunk
+            view, n = memoryview(body), -1
+        pos = end
+    view.release()
+    del body[pos:]
+    return body, t_first
+
+
 class RangeClient:
     """HTTP range client for a template server or a static server holding the packs.
 
@@ -170,7 +194,9 @@ class RangeClient:
         self.base_url = base_url.rstrip("/")
         self.pack_path = pack_path
         self.rate = rate
-        self._http = httpx.Client(base_url=self.base_url, timeout=timeout)
+        # identity: byte offsets refer to the stored file, never to a compressed rendition of it.
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout,
+                                  headers={"Accept-Encoding": "identity"})
         self.reset_link()
 
     def reset_link(self) -> None:
@@ -215,18 +241,12 @@ class RangeClient:
         wire = 0
         t_req = t_first = t_last = time.monotonic()
         for i, rh in enumerate(_range_headers(_spans(want))):
-            t = time.monotonic()
             with self._http.stream("GET", url, headers={"Range": rh, **self._headers()}) as r:
-                if i == 0:
-                    t_req = t
                 if r.status_code >= 400:
                     r.read()
                     self._raise_for(r, f"ranges of {template_id!r}")
-                body = bytearray()
-                for chunk in r.iter_raw():
-                    if not body and chunk:
-                        t_first = time.monotonic() if i == 0 else t_first
-                    body += chunk
+                body, t_got = _read_body(r)
+                t_first = t_got if i == 0 else t_first
                 t_last = time.monotonic()
             wire += len(body)
             ctype = r.headers.get("content-type", "")

@@ -1,9 +1,12 @@
-"""Running the template server: blocking (``serve``) or in a background thread (``start_server``)."""
+"""Running the template server: blocking (``serve``), or in the background (``start_server``)."""
 
 from __future__ import annotations
 
 import logging
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -12,13 +15,30 @@ import uvicorn
 
 from sakura.server.app import create_app
 
+READY_PREFIX = "sakura server listening on "
 
-def _config(app: object, host: str, port: int, log_level: str) -> uvicorn.Config:
+
+def _config(app: object, log_level: str) -> uvicorn.Config:
     # Pack bytes do not compress; per-message deflate would only burn CPU on both ends.
     return uvicorn.Config(
-        app, host=host, port=port, log_level=log_level, access_log=False,
-        ws_per_message_deflate=False, ws_max_size=1 << 20, lifespan="off",
+        app, log_level=log_level, access_log=False, ws_per_message_deflate=False,
+        ws_max_size=1 << 20, lifespan="off",
     )
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    # proto=IPPROTO_TCP matters: asyncio sets TCP_NODELAY only on sockets that say so, and without
+    # it Nagle + delayed ACK add ~40 ms to every keep-alive response (headers and body are 2 writes).
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.bind((host, port))  # bound here so that the real port is known when port == 0
+    return sock
+
+
+def _url(host: str, sock: socket.socket) -> str:
+    return f"http://{f'[{host}]' if ':' in host else host}:{sock.getsockname()[1]}"
 
 
 def serve(
@@ -30,22 +50,37 @@ def serve(
     trace_dir: str | Path | None = None,
     log_level: str = "warning",
 ) -> None:
-    """Serve ``packs_dir`` until interrupted (``sakura serve --packs DIR --port P`` calls this)."""
+    """Serve ``packs_dir`` until interrupted (``sakura serve --packs DIR --port P`` calls this).
+
+    Prints one line ``sakura server listening on http://HOST:PORT`` once bound (port 0 = any free).
+    """
     app = create_app(packs_dir, access_log=access_log, trace_dir=trace_dir)
-    uvicorn.Server(_config(app, host, port, log_level)).run()
+    sock = _bind(host, port)
+    print(f"{READY_PREFIX}{_url(host, sock)}", flush=True)
+    uvicorn.Server(_config(app, log_level)).run(sockets=[sock])
 
 
 class RunningServer:
-    """A server on a background thread; ``url`` is ``http://host:port``. Use as a context manager."""
+    """A server in a background thread or child process. Use as a context manager."""
 
-    def __init__(self, server: uvicorn.Server, thread: threading.Thread, host: str, port: int) -> None:
-        self._server, self._thread = server, thread
-        self.host, self.port = host, port
-        self.url = f"http://{host}:{port}"
+    def __init__(self, url: str, *, server: uvicorn.Server | None = None,
+                 thread: threading.Thread | None = None, proc: subprocess.Popen | None = None) -> None:
+        self.url = url
+        hostport = url.split("//", 1)[1]
+        self.host, self.port = hostport.rsplit(":", 1)[0].strip("[]"), int(hostport.rsplit(":", 1)[1])
+        self._server, self._thread, self._proc = server, thread, proc
 
     def stop(self, timeout: float = 5.0) -> None:
-        self._server.should_exit = True
-        self._thread.join(timeout)
+        if self._server is not None and self._thread is not None:
+            self._server.should_exit = True
+            self._thread.join(timeout)
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
 
     def __enter__(self) -> RunningServer:
         return self
@@ -59,26 +94,56 @@ def start_server(
     host: str = "127.0.0.1",
     port: int = 0,
     *,
-    access_log: str | Path | logging.Handler | None = None,
+    access_log: str | Path | None = None,
     trace_dir: str | Path | None = None,
     log_level: str = "warning",
-    timeout: float = 10.0,
+    process: bool = False,
+    timeout: float = 20.0,
 ) -> RunningServer:
-    """Start a server in a daemon thread and wait until it accepts connections (port 0 = free)."""
+    """Start a server and wait until it accepts connections (port 0 = a free port).
+
+    ``process=True`` runs it as ``python -m sakura.server`` in a child process: use that for
+    timing measurements, since a server thread shares the GIL with the client and adds
+    milliseconds of jitter to every response.
+    """
+    if process:
+        return _start_process(packs_dir, host, port, access_log, trace_dir, log_level, timeout)
     app = create_app(packs_dir, access_log=access_log, trace_dir=trace_dir)
-    # proto=IPPROTO_TCP matters: asyncio sets TCP_NODELAY only on sockets that say so, and without
-    # it Nagle + delayed ACK add ~40 ms to every keep-alive response (headers and body are 2 writes).
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.bind((host, port))  # bound here so that the real port is known before uvicorn starts
-    server = uvicorn.Server(_config(app, host, port, log_level))
+    sock = _bind(host, port)
+    server = uvicorn.Server(_config(app, log_level))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name="sakura-server")
     thread.start()
     deadline = time.monotonic() + timeout
     while not server.started:
         if not thread.is_alive() or time.monotonic() > deadline:
             server.should_exit = True
-            raise RuntimeError(f"template server did not start on {host}:{sock.getsockname()[1]}")
+            raise RuntimeError(f"template server did not start on {_url(host, sock)}")
         time.sleep(0.01)
-    return RunningServer(server, thread, host, sock.getsockname()[1])
+    return RunningServer(_url(host, sock), server=server, thread=thread)
+
+
+def _start_process(packs_dir: str | Path, host: str, port: int, access_log: str | Path | None,
+                   trace_dir: str | Path | None, log_level: str, timeout: float) -> RunningServer:
+    cmd = [sys.executable, "-m", "sakura.server", "--packs", str(packs_dir), "--host", host,
+           "--port", str(port), "--log-level", log_level]
+    cmd += ["--access-log", str(access_log)] if access_log else []
+    cmd += ["--trace-dir", str(trace_dir)] if trace_dir else []
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert proc.stdout is not None
+    line = proc.stdout.readline()  # the ready line, or "" if the child died
+    if not line.startswith(READY_PREFIX):
+        proc.kill()
+        raise RuntimeError(f"template server process did not start: {line.strip() or 'exit ' + str(proc.wait())}")
+    url = line[len(READY_PREFIX):].strip()
+    threading.Thread(target=proc.stdout.read, daemon=True).start()  # keep draining: a full pipe blocks
+    running = RunningServer(url, proc=proc)
+    deadline = time.monotonic() + timeout
+    while True:  # bound is not yet accepting: wait for uvicorn to start serving
+        try:
+            with socket.create_connection((running.host, running.port), timeout=0.5):
+                return running
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                running.stop()
+                raise RuntimeError(f"template server process at {url} never accepted connections") from None
+            time.sleep(0.02)
