@@ -14,7 +14,9 @@ import pytest
 
 from sakura.net.client import RangeClient
 
-NGINX = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx") if Path(p).exists()), None)
+NGINX = shutil.which("nginx") or next(
+    (p for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx") if Path(p).exists()), None
+)  # /usr/sbin is not on every user's PATH
 pytestmark = pytest.mark.skipif(NGINX is None, reason="nginx not installed (Debian: apt-get install -y nginx)")
 
 SIZE = 1_500_000
