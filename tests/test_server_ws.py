@@ -105,6 +105,10 @@ def test_ws_shaped_transfer_follows_trace(server: RunningServer, data: bytes) ->
         tr2 = c.fetch_timed("tpl", [(n, 300_000)])
         assert tr2.parts[0] == data[n : n + 300_000]
         assert tr2.active_s == pytest.approx(trace.time_to_send(300_000 - BUCKET_BYTES, pos), rel=0.2)
+        # reset_link restarts the link at rate.start, on the server too.
+        c.reset_link()
+        tr3 = c.fetch_timed("tpl", [(0, n)])
+        assert tr3.active_s == pytest.approx(trace.time_to_send(n - BUCKET_BYTES, spec.start), rel=0.15)
 
 
 def test_ws_fixed_rate_pacing(server: RunningServer) -> None:

@@ -296,12 +296,14 @@ class WsRangeClient:
         self.reset_link()
 
     def reset_link(self) -> None:
+        """Trace time ``rate.start`` corresponds to now (re-sent on each connection's next request)."""
         self._t0 = time.monotonic()
+        self._rate_sent: set[str] = set()
 
-    def _conn(self, template_id: str) -> tuple[ClientConnection, bool]:
+    def _conn(self, template_id: str) -> ClientConnection:
         c = self._conns.get(template_id)
         if c is not None:
-            return c, False
+            return c
         try:
             # No compression: pack bytes don't compress and deflate would cap throughput.
             c = self._stack.enter_context(connect(
@@ -314,7 +316,7 @@ class WsRangeClient:
                 raise FetchError(resp.status_code, resp.body.decode("utf-8", "replace")) from None
             raise
         self._conns[template_id] = c
-        return c, True
+        return c
 
     def header(self, template_id: str) -> dict:
         return header_via_ranges(lambda rs: self.fetch(template_id, rs))
@@ -324,11 +326,13 @@ class WsRangeClient:
 
     def fetch_timed(self, template_id: str, ranges: Sequence[Sequence[int]]) -> Transfer:
         want = _check_ranges(ranges)
-        conn, new = self._conn(template_id)
+        conn = self._conn(template_id)
         self._next_id += 1
         msg: dict[str, object] = {"id": self._next_id, "ranges": [list(r) for r in want]}
-        if new and self.rate is not None:  # the server keeps the connection's shaping afterwards
+        if self.rate is not None and template_id not in self._rate_sent:
+            # Sent once per connection (and after reset_link): the server keeps shaping it.
             msg["rate"] = self.rate.shifted(time.monotonic() - self._t0).to_json()
+            self._rate_sent.add(template_id)
         conn.send(json.dumps(msg))
         t_req = time.monotonic()
         head = json.loads(conn.recv())
