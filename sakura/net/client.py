@@ -282,7 +282,10 @@ def header_via_ranges(fetch: Callable[[list[Range]], list[bytes]]) -> dict:
 
 
 class WsRangeClient:
-    """Websocket range client (sync); one connection per template, opened on first use."""
+    """Websocket range client (sync); one connection per template, opened on first use.
+
+    Requests on a connection are answered in order; use one instance from one thread.
+    """
 
     def __init__(self, base_url: str, *, rate: RateSpec | None = None, open_timeout: float = 10.0) -> None:
         u = urlsplit(base_url.rstrip("/"))
