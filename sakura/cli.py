@@ -106,13 +106,22 @@ def edit(
     catalog: Optional[Path] = CatalogOpt,
     model_path: Optional[Path] = typer.Option(None, "--model-path", help="Local model folder instead of the embedded model."),
     stream: bool = typer.Option(False, "--stream", help="Stream the cache from a template server (see `sakura serve`)."),
+    policy: str = typer.Option("sakura", "--policy", help="With --stream: sakura, fp16, intq, cachegen, local, oracle."),
+    trace: str = typer.Option("5g", "--trace", help="With --stream: 5g, 4g5g, wifi, fixed:MBPS or a trace file."),
+    start: float = typer.Option(0.0, "--start", help="With --stream: offset into the trace (s)."),
+    trace_scale: Optional[float] = typer.Option(None, "--trace-scale", help="Multiply the trace's bandwidth."),
+    regime: str = typer.Option("paper", "--regime", help="paper: scale the trace to the paper's 23 s / 13 s regime; none."),
+    server: Optional[str] = typer.Option(None, "--server", help="Template server URL (default: start one on --packs)."),
+    packs: Path = typer.Option(Path("packs"), "--packs", help="Pack folder (built if missing)."),
 ):
     """Edit a template locally: full recomputation or masked execution with template KV reuse."""
     if stream:
         from sakura.runtime.cli import stream_edit  # the streaming runtime owns this path
 
-        return stream_edit(template=template, reference=reference, prompt=prompt, out=out, as_json=as_json,
-                           catalog=catalog)
+        stream_edit(template=template, reference=reference, prompt=prompt, out=out, as_json=as_json,
+                    catalog=catalog, policy=policy, trace=trace, start=start, trace_scale=trace_scale,
+                    regime=regime, server=server, packs=packs)
+        return
     if mode not in ("full", "reuse"):
         raise UserError(f"--mode must be full or reuse, not {mode!r}")
     import numpy as np
@@ -157,6 +166,76 @@ def edit(
     Image.fromarray((np.clip(image, 0, 1) * 255).round().astype("uint8")).save(out)
     report["out"] = str(out)
     typer.echo(json.dumps(report, indent=1) if as_json else f"wrote {out} ({mode}, {report.get(mode + '_s', 0):.2f} s)")
+
+
+@app.command()
+@friendly
+def build(
+    out: Path = typer.Option(Path("packs"), "--out", help="Pack folder."),
+    catalog: Optional[Path] = CatalogOpt,
+    templates: Optional[str] = typer.Option(None, "--templates", help="Comma-separated ids (default: all)."),
+    q: float = typer.Option(0.5, "--q", help="Importance-weighting exponent (0 = plain SVD)."),
+    max_rank: int = typer.Option(128, "--max-rank"),
+    shard_size: int = typer.Option(2, "--shard-size", help="Consecutive layers per shard."),
+    model_path: Optional[Path] = typer.Option(None, "--model-path"),
+):
+    """Offline: capture, profile importance, write the progressive pack and the baselines' files."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from sakura.catalog import load_catalog
+    from sakura.offline.builder import build_template
+
+    cat = load_catalog(catalog)
+    chosen = [cat.get(t.strip()) for t in templates.split(",")] if templates else list(cat)
+    steps = ("capture", "importance", "sakura", "fp16", "intq", "cachegen")
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn()) as bar:
+        task = bar.add_task("build", total=len(chosen) * len(steps))
+        for tpl in chosen:
+            def say(stage: str, tpl=tpl) -> None:
+                bar.update(task, description=f"{tpl.id}: {stage}", advance=0 if stage == "capture" else 1)
+
+            report = build_template(tpl, out, q=q, max_rank=max_rank, shard_size=shard_size, model_path=model_path,
+                                    progress=say)
+            bar.advance(task)
+            bar.console.print(f"{tpl.id}: FP16 {report.fp16_bytes / 1e6:.1f} MB, SAKURA {report.storage['sakura'] / 1e6:.1f} MB "
+                              f"({report.fp16_bytes / report.storage['sakura']:.2f}x smaller)")
+
+
+@app.command("pack-info")
+@friendly
+def pack_info(path: Path = typer.Argument(..., help="PACKDIR/ID (the template's files in PACKDIR)."),
+              as_json: bool = typer.Option(False, "--json")):
+    """Sizes of a template's stored formats and its SAKURA pack's frontier."""
+    from sakura.offline.inspect import pack_summary
+
+    info = pack_summary(path.parent, path.name)
+    if as_json:
+        typer.echo(json.dumps(info, indent=1))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{info['template_id']} ({info['model_id']})")
+    for col in ("format", "bytes", "vs FP16"):
+        table.add_column(col)
+    for name, nbytes in info["storage"].items():
+        table.add_row(name, f"{nbytes:,}", f"{nbytes / info['fp16_bytes']:.3f}")
+    Console().print(table)
+    typer.echo(f"shards {info['shards']}, frontier sizes {info['frontier_sizes'][:4]}…, header {info['header_bytes']:,} B")
+
+
+@app.command()
+@friendly
+def serve(packs: Path = typer.Option(Path("packs"), "--packs"), host: str = typer.Option("127.0.0.1", "--host"),
+          port: int = typer.Option(8600, "--port"), access_log: Optional[Path] = typer.Option(None, "--access-log"),
+          trace_dir: Optional[Path] = typer.Option(None, "--trace-dir", help="Folder of trace files clients may name.")):
+    """Run the stateless template server over a pack folder."""
+    from sakura.server.run import serve as run_server
+
+    if not packs.is_dir():
+        raise UserError(f"pack folder {packs} does not exist (run `sakura build --out {packs}`)")
+    run_server(packs, host=host, port=port, access_log=access_log, trace_dir=trace_dir)
 
 
 def main() -> None:

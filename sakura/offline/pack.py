@@ -4,9 +4,9 @@ Chunk order (see docs/pack-format.md for the byte-level spec). For each shard, w
 (layer-major, K then V) and components in groups of G (``group``):
 
     mean                           U × d float16 — always sent
-    A plane 0, group 0 .. ng−1     per component j, per unit u: scale (f32) + ⌈n/8⌉ bytes of bits
+    A plane 0, group 0 .. ng−1     per component j, per unit u: scale (f32), zero (u8), ⌈n/8⌉ bytes
     A plane 1 .. 7, group 0 .. ng−1  per component j, per unit u: ⌈n/8⌉ bytes
-    B plane 0 .. 7, group 0 .. ng−1  same with d (plane 0 again carries the scales)
+    B plane 0 .. 7, group 0 .. ng−1  same with d (plane 0 again carries scale and zero)
 
 Components are contiguous inside a plane, so configuration (r, b_A, b_B) is the mean plus, for each
 of the first b planes of a factor, the first ⌈r/G⌉ group chunks — one contiguous byte range per
@@ -37,7 +37,7 @@ FORMAT = "sakura-pack"
 VERSION = 1
 SUPPORTED_VERSIONS = (1,)
 DEFAULT_GROUP = 8
-SCALE_BYTES = 4  # float32 scale per (component, unit, factor), stored in plane 0
+HEAD_BYTES = 5  # per (component, unit, factor) in plane 0: float32 scale + u8 dead-zone bits
 KINDS = ("k", "v")
 QUALITY_METRIC = "mean over units of sum_j s_j*|xhat_j-x_j|^2 / sum_j s_j*|x_j-mean(x)|^2, s = importance (mean 1)"
 
@@ -76,7 +76,7 @@ class Geometry:
         out = [units * self.d * 2]
         for length in (self.n, self.d):
             for p in range(self.planes):
-                rec = plane_bytes(length) + (SCALE_BYTES if p == 0 else 0)
+                rec = plane_bytes(length) + (HEAD_BYTES if p == 0 else 0)
                 out += [self.group_size(g) * units * rec for g in range(self.num_groups)]
         return out
 
@@ -84,8 +84,8 @@ class Geometry:
         """Bytes on the wire for a configuration of a shard of ``units`` units (formula, any r)."""
         if r == 0:
             return units * self.d * 2
-        a = r * units * (b_a * plane_bytes(self.n) + SCALE_BYTES)
-        b = r * units * (b_b * plane_bytes(self.d) + SCALE_BYTES)
+        a = r * units * (b_a * plane_bytes(self.n) + HEAD_BYTES)
+        b = r * units * (b_b * plane_bytes(self.d) + HEAD_BYTES)
         return units * self.d * 2 + a + b
 
 
@@ -180,12 +180,13 @@ class PackInfo:
 def _encode_shard(qfs: Sequence[QuantizedFactors], geo: Geometry) -> list[bytes]:
     """One shard's chunks in file order from its units' quantised factors."""
     chunks = [np.stack([qf.mean for qf in qfs]).astype("<f2").tobytes()]
-    for codes, scales in (([qf.a_codes for qf in qfs], [qf.a_scales for qf in qfs]),
-                          ([qf.b_codes for qf in qfs], [qf.b_scales for qf in qfs])):
+    for codes, scales, zero in (([qf.a_codes for qf in qfs], [qf.a_scales for qf in qfs], [qf.a_zero for qf in qfs]),
+                                ([qf.b_codes for qf in qfs], [qf.b_scales for qf in qfs], [qf.b_zero for qf in qfs])):
         planes = to_planes(np.stack(codes, axis=1))  # (8, R, U, ⌈L/8⌉): component-major, then unit
-        scale_bytes = np.stack(scales, axis=1).astype("<f4")[..., None].view(np.uint8)  # (R, U, 4)
+        head = np.concatenate([np.stack(scales, axis=1).astype("<f4")[..., None].view(np.uint8),
+                               np.stack(zero, axis=1)[..., None]], axis=-1)  # (R, U, 5)
         for p in range(geo.planes):
-            recs = np.concatenate([scale_bytes, planes[0]], axis=-1) if p == 0 else planes[p]
+            recs = np.concatenate([head, planes[0]], axis=-1) if p == 0 else planes[p]
             for g in range(geo.num_groups):
                 chunks.append(np.ascontiguousarray(recs[g * geo.group:(g + 1) * geo.group]).tobytes())
     return chunks
@@ -219,7 +220,7 @@ def write_pack(path: str | Path, cache: KVCache, importance: Mapping[tuple[int, 
         for s, layer, kind in shard_units(step, l0, l1):
             x = (cache.k if kind == "k" else cache.v)[(s, layer)]
             imp = importance.get((s, layer))
-            qf = quantize_factors(weighted_lowrank(x, imp, q=q, max_rank=max_rank))
+            qf = quantize_factors(weighted_lowrank(x, imp, q=q, max_rank=max_rank), imp)
             units.append((x, imp, qf))
             qfs.append(qf)
         chunks += _encode_shard(qfs, geo)
@@ -312,18 +313,19 @@ def decode_factors(info: PackInfo, shard: int, r: int, b_a: int, b_b: int,
     factors = []
     for length, bits in ((geo.n, b_a), (geo.d, b_b)):
         pb = plane_bytes(length)
-        planes, scales = [], None
+        planes = []
         for p in range(bits):
             raw = np.frombuffer(b"".join(data[pos:pos + groups]), dtype=np.uint8)
             pos += groups
             if p == 0:
-                recs = raw.reshape(r, nu, SCALE_BYTES + pb)
-                scales = np.ascontiguousarray(recs[..., :SCALE_BYTES]).view("<f4")[..., 0]  # (r, U)
-                planes.append(recs[..., SCALE_BYTES:])
+                recs = raw.reshape(r, nu, HEAD_BYTES + pb)
+                scales = np.ascontiguousarray(recs[..., :4]).view("<f4")[..., 0]  # (r, U)
+                zero = recs[..., 4]  # (r, U)
+                planes.append(recs[..., HEAD_BYTES:])
             else:
                 planes.append(raw.reshape(r, nu, pb))
         codes = from_planes(np.stack(planes), length)  # (r, U, L)
-        factors.append([dequantize(codes[:, k], scales[:, k], bits) for k in range(nu)])  # (r, L) each
+        factors.append([dequantize(codes[:, k], scales[:, k], bits, zero[:, k]) for k in range(nu)])  # (r, L)
     return {u: (np.ascontiguousarray(factors[0][k].T), factors[1][k], means[k]) for k, u in enumerate(units)}
 
 

@@ -12,6 +12,14 @@ reconstruct at the centre of that cell, not its floor, which halves the worst-ca
 
     x̂_b = s · ((k_b + ½) · 2^(1−b) − 1),   |x − x̂_b| ≤ s / 2^b.
 
+Dead zone. Importance-weighted factorisation makes some components *spiky*: a few important,
+outlier rows set the max-abs scale and everything else sits near zero. At low ``b`` the centre
+rule puts those small values at ±s/2^b, which costs more than the component is worth (adding it
+would *raise* the error). So each component also stores one ``zero`` byte: if bit ``b−1`` is set,
+a ``b``-bit prefix reconstructs the two cells touching zero at 0 — the centre of their union
+(−Δ, Δ), i.e. a dead-zone quantiser — instead of ±Δ/2. The bit is chosen offline per (component,
+b) by whichever gives the lower (row-weighted) squared error; the codes and cells are unchanged.
+
 Planes are packed with ``np.packbits`` (MSB-first within each byte), one byte row per component.
 """
 
@@ -21,34 +29,50 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sakura.offline.lowrank import Factors
+from sakura.offline.lowrank import Factors, normalized_importance
 
 PLANES = 8  # bits of a full code; every stored factor has this many planes
 
 
-def quantize(m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Rows of ``m`` (R, L) → (codes uint8 (R, L), scales float32 (R,)). A zero row gets scale 0."""
+def dequantize(prefix: np.ndarray, scales: np.ndarray, bits: int, zero: np.ndarray | None = None) -> np.ndarray:
+    """Reconstruct ``bits``-bit prefixes (r, L) with ``scales`` (r,) and dead-zone bytes ``zero`` (r,)."""
+    if not 1 <= bits <= PLANES:
+        raise ValueError(f"bits must be in 1..{PLANES}, got {bits}")
+    step = np.float32(2.0 ** (1 - bits))
+    u = (prefix.astype(np.float32) + np.float32(0.5)) * step - np.float32(1.0)
+    if zero is not None:
+        half = 1 << (bits - 1)
+        dead = ((np.asarray(zero) >> (bits - 1)) & 1).astype(bool)[:, None]
+        u = np.where(dead & ((prefix == half) | (prefix == half - 1)), np.float32(0.0), u)
+    return (u * np.asarray(scales, dtype=np.float32)[:, None]).astype(np.float32)
+
+
+def quantize(m: np.ndarray, weights: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rows of ``m`` (R, L) → codes uint8 (R, L), scales float32 (R,), dead-zone bytes uint8 (R,).
+
+    ``weights`` (L,) weigh the squared error used to pick the dead-zone bits (None = uniform).
+    A zero row gets scale 0 (reconstructs to exactly 0).
+    """
     m = np.asarray(m, dtype=np.float64)
     scales = np.abs(m).max(axis=1).astype(np.float32)
     s = scales.astype(np.float64)[:, None]
     with np.errstate(divide="ignore", invalid="ignore"):
         u = np.where(s > 0, m / np.where(s > 0, s, 1.0), 0.0)
-    codes = np.clip(np.floor((u + 1.0) * (1 << (PLANES - 1))), 0, (1 << PLANES) - 1)
-    return codes.astype(np.uint8), scales
+    codes = np.clip(np.floor((u + 1.0) * (1 << (PLANES - 1))), 0, (1 << PLANES) - 1).astype(np.uint8)
+    w = np.ones(m.shape[1]) if weights is None else np.asarray(weights, dtype=np.float64)
+    zero = np.zeros(len(scales), dtype=np.uint8)
+    all_dead = np.full(len(scales), 0xFF, dtype=np.uint8)
+    for b in range(1, PLANES + 1):
+        p = truncate(codes, b)
+        centre = ((dequantize(p, scales, b) - m) ** 2 @ w)
+        dead = ((dequantize(p, scales, b, all_dead) - m) ** 2 @ w)
+        zero |= (dead < centre).astype(np.uint8) << (b - 1)
+    return codes, scales, zero
 
 
 def truncate(codes: np.ndarray, bits: int) -> np.ndarray:
     """The ``bits``-bit prefix of full codes (what a client holding ``bits`` planes knows)."""
     return codes >> (PLANES - bits)
-
-
-def dequantize(prefix: np.ndarray, scales: np.ndarray, bits: int) -> np.ndarray:
-    """Centre of the ``bits``-bit cell: ``prefix`` (r, L) in [0, 2^bits), ``scales`` (r,) → float32."""
-    if not 1 <= bits <= PLANES:
-        raise ValueError(f"bits must be in 1..{PLANES}, got {bits}")
-    step = 2.0 ** (1 - bits)
-    u = (prefix.astype(np.float32) + 0.5) * np.float32(step) - 1.0
-    return (u * np.asarray(scales, dtype=np.float32)[:, None]).astype(np.float32)
 
 
 def to_planes(codes: np.ndarray) -> np.ndarray:
@@ -74,26 +98,38 @@ def plane_bytes(length: int) -> int:
 
 @dataclass
 class QuantizedFactors:
-    """One unit's factors as stored: full 8-bit codes per component (component-major) + scales."""
+    """One unit's factors as stored: full 8-bit codes per component (component-major), scales, dead-zone bytes."""
 
     a_codes: np.ndarray  # (R, n) uint8, row j = column j of A
     a_scales: np.ndarray  # (R,) float32
+    a_zero: np.ndarray  # (R,) uint8
     b_codes: np.ndarray  # (R, d) uint8
     b_scales: np.ndarray  # (R,) float32
+    b_zero: np.ndarray  # (R,) uint8
     mean: np.ndarray  # (d,) float16, sent with every configuration
 
     @property
     def rank(self) -> int:
         return int(self.a_codes.shape[0])
 
+    def a_hat(self, bits: int, r: int | None = None) -> np.ndarray:
+        """Dequantised A prefix, component-major (r, n)."""
+        r = self.rank if r is None else r
+        return dequantize(truncate(self.a_codes[:r], bits), self.a_scales[:r], bits, self.a_zero[:r])
+
+    def b_hat(self, bits: int, r: int | None = None) -> np.ndarray:
+        r = self.rank if r is None else r
+        return dequantize(truncate(self.b_codes[:r], bits), self.b_scales[:r], bits, self.b_zero[:r])
+
     def dequantize(self, r: int, bits_a: int, bits_b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(A (n, r), B (r, d), mean (d,)) as float32, exactly what a client holding the prefix rebuilds."""
-        a = dequantize(truncate(self.a_codes[:r], bits_a), self.a_scales[:r], bits_a).T
-        b = dequantize(truncate(self.b_codes[:r], bits_b), self.b_scales[:r], bits_b)
-        return np.ascontiguousarray(a), b, self.mean.astype(np.float32)
+        return np.ascontiguousarray(self.a_hat(bits_a, r).T), self.b_hat(bits_b, r), self.mean.astype(np.float32)
 
 
-def quantize_factors(f: Factors) -> QuantizedFactors:
-    a_codes, a_scales = quantize(f.a.T.numpy())
-    b_codes, b_scales = quantize(f.b.numpy())
-    return QuantizedFactors(a_codes, a_scales, b_codes, b_scales, f.mean.numpy().astype(np.float16))
+def quantize_factors(f: Factors, importance=None) -> QuantizedFactors:
+    """Quantise A and B independently. ``importance`` (n,) weighs A's dead-zone choice the way the
+    quality metric weighs rows (B's channels are unweighted); it is not stored."""
+    w = normalized_importance(importance, f.a.shape[0]).numpy() if importance is not None else None
+    a = quantize(f.a.T.numpy(), w)
+    b = quantize(f.b.numpy())
+    return QuantizedFactors(*a, *b, f.mean.numpy().astype(np.float16))

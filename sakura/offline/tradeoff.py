@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from sakura.offline.lowrank import normalized_importance
-from sakura.offline.quant import QuantizedFactors, dequantize, truncate
+from sakura.offline.quant import QuantizedFactors
 
 DEFAULT_BITS = (2, 3, 4, 5, 6, 8)
 
@@ -46,7 +46,7 @@ class Config:
         return self.r, self.b_a, self.b_b
 
     def to_list(self) -> list:
-        return [self.r, self.b_a, self.b_b, self.bytes, float(f"{self.error:.4g}")]
+        return [self.r, self.b_a, self.b_b, self.bytes, self.error]
 
     @classmethod
     def from_list(cls, row: Sequence[Any]) -> "Config":
@@ -57,7 +57,7 @@ class Config:
 def unit_errors(x: torch.Tensor, importance: torch.Tensor | None, qf: QuantizedFactors,
                 ranks: Sequence[int], bits: Sequence[int]) -> np.ndarray:
     """Normalised weighted error of one unit for every (b_A, b_B, r): shape (len(bits), len(bits), len(ranks))."""
-    xd = x.detach().to(torch.float64).numpy()
+    xd = x.detach().float().numpy().astype(np.float64)
     n = xd.shape[0]
     sw = normalized_importance(importance, n).sqrt().numpy()
     y = sw[:, None] * (xd - qf.mean.astype(np.float64))
@@ -66,11 +66,11 @@ def unit_errors(x: torch.Tensor, importance: torch.Tensor | None, qf: QuantizedF
     denom = max(float((centred * centred).sum()), 1e-30)
     idx = np.asarray(ranks, dtype=np.int64) - 1  # rank r reads prefix sums at r-1; r=0 reads nothing
 
-    b_hat = {bb: dequantize(truncate(qf.b_codes, bb), qf.b_scales, bb).astype(np.float64) for bb in bits}
+    b_hat = {bb: qf.b_hat(bb).astype(np.float64) for bb in bits}
     b_gram = {bb: b @ b.T for bb, b in b_hat.items()}
     out = np.empty((len(bits), len(bits), len(ranks)))
     for i, ba in enumerate(bits):
-        p = dequantize(truncate(qf.a_codes, ba), qf.a_scales, ba).astype(np.float64) * sw[None, :]  # (R, n)
+        p = qf.a_hat(ba).astype(np.float64) * sw[None, :]  # (R, n)
         gram, proj = p @ p.T, p @ y
         for k, bb in enumerate(bits):
             cross = np.concatenate([[0.0], np.cumsum((proj * b_hat[bb]).sum(axis=1))])
@@ -89,7 +89,8 @@ def profile_shard(units: Sequence[tuple[torch.Tensor, torch.Tensor | None, Quant
                   bits: Sequence[int] = DEFAULT_BITS) -> list[Config]:
     """Score every grid configuration of one shard. ``units`` = (original X, importance, factors)."""
     err = np.mean([unit_errors(x, s, qf, ranks, bits) for x, s, qf in units], axis=0)
-    return [Config(r, ba, bb, nbytes(r, ba, bb), float(err[i, k, j]))
+    # errors rounded as stored (4 significant digits) so the frontier stays strictly monotone in the header
+    return [Config(r, ba, bb, nbytes(r, ba, bb), float(f"{err[i, k, j]:.4g}"))
             for i, ba in enumerate(bits) for k, bb in enumerate(bits) for j, r in enumerate(ranks)]
 
 

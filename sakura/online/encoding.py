@@ -55,6 +55,18 @@ class StreamEncoding(ABC):
     def fresh(self) -> "StreamEncoding":
         return self
 
+    def preamble_ranges(self) -> list[Range]:
+        """Bytes every edit fetches once before the first unit (CacheGen's entropy models)."""
+        return []
+
+    def set_preamble(self, blobs: list[bytes]) -> None:
+        pass
+
     @property
     def storage_bytes(self) -> int:
         return 0
+
+    @property
+    def shards(self) -> list[tuple[int, int, int]]:
+        """Execution shards ``(step, layer_start, layer_end)`` the stored file was cut into."""
+        return [tuple(s) for s in self.info.shards]  # type: ignore[attr-defined]

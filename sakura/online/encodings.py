@@ -1,15 +1,26 @@
-"""The stream encodings (plug-ins) and a factory that picks one by name from a template's header."""
+"""The stream encodings (plug-ins) and a factory that builds one by name from its stored header."""
 
 from __future__ import annotations
 
-from sakura.offline.pack import PackInfo, decode_shard
+import torch
+
+from sakura.offline.cachegen import CacheGenInfo, decode_cachegen_chunk
+from sakura.offline.container import PackFormatError
+from sakura.offline.fp16 import Fp16Info, decode_fp16_shard
+from sakura.offline.intq import IntQInfo, decode_intq_shard
+from sakura.offline.pack import PackInfo, decode_shard, shard_units
 from sakura.online.encoding import KV, FetchUnit, Level, StreamEncoding
+
+
+def _shard_label(shard: tuple[int, int, int]) -> str:
+    step, l0, l1 = shard
+    return f"step {step} layers {l0}-{l1 - 1}"
 
 
 class SakuraPackEncoding(StreamEncoding):
     """One progressive pack; fetch unit = shard; levels = its rank–precision frontier."""
 
-    name, file_suffix = "sakura", ".pack"
+    name = "sakura"
 
     def __init__(self, info: PackInfo):
         self.info = info
@@ -17,34 +28,164 @@ class SakuraPackEncoding(StreamEncoding):
         for s in range(info.num_shards):
             frontier = info.frontier(s)
             if not frontier:
-                raise ValueError(f"pack for {info.template_id} has no trade-off profile for shard {s}")
+                raise PackFormatError(f"pack for {info.template_id} has no trade-off profile for shard {s}")
             levels = tuple(Level(f"r{c.r}/a{c.b_a}/b{c.b_b}", c.bytes, c.error, c.key) for c in frontier)
-            step, l0, l1 = info.shards[s]
-            self._units.append(FetchUnit(s, s, f"step {step} layers {l0}-{l1 - 1}", levels))
+            self._units.append(FetchUnit(s, s, _shard_label(info.shards[s]), levels))
+
+    @classmethod
+    def from_header(cls, header: bytes) -> "SakuraPackEncoding":
+        return cls(PackInfo.from_bytes(header))
 
     @property
-    def units(self) -> list[FetchUnit]:
+    def units(self):
         return self._units
 
-    def ranges(self, unit: FetchUnit, level: Level):
+    def ranges(self, unit, level):
         return self.info.ranges(unit.index, *level.key)
 
-    def decode(self, unit: FetchUnit, level: Level, blobs: list[bytes]) -> KV:
-        ranges = self.ranges(unit, level)
-        return decode_shard(self.info, unit.index, *level.key, dict(zip(ranges, blobs)))
+    def decode(self, unit, level, blobs):
+        return decode_shard(self.info, unit.index, *level.key, dict(zip(self.ranges(unit, level), blobs)))
 
     @property
-    def storage_bytes(self) -> int:
+    def storage_bytes(self):
         return self.info.file_size
 
 
-ENCODINGS: dict[str, type[StreamEncoding]] = {"sakura": SakuraPackEncoding}
+class Fp16Encoding(StreamEncoding):
+    name = "fp16"
+
+    def __init__(self, info: Fp16Info):
+        self.info = info
+        self._units = [FetchUnit(s, s, _shard_label(sh), (Level("fp16", info.ranges(s)[0][1], 0.0, ()),))
+                       for s, sh in enumerate(info.shards)]
+
+    @classmethod
+    def from_header(cls, header: bytes) -> "Fp16Encoding":
+        return cls(Fp16Info.from_bytes(header))
+
+    @property
+    def units(self):
+        return self._units
+
+    def ranges(self, unit, level):
+        return self.info.ranges(unit.index)
+
+    def decode(self, unit, level, blobs):
+        return decode_fp16_shard(self.info, unit.index, dict(zip(self.ranges(unit, level), blobs)))
+
+    @property
+    def storage_bytes(self):
+        return self.info.storage_bytes
+
+
+class IntQEncoding(StreamEncoding):
+    """Every stored width is a level; the IntQ policy picks one for the whole edit."""
+
+    name = "intq"
+
+    def __init__(self, info: IntQInfo):
+        self.info = info
+        self._units = []
+        for s, sh in enumerate(info.shards):
+            levels = tuple(Level(f"int{b}", info.config_bytes(s, b), 1.0 / 2**b, (b,)) for b in sorted(info.bits))
+            self._units.append(FetchUnit(s, s, _shard_label(sh), levels))
+
+    @classmethod
+    def from_header(cls, header: bytes) -> "IntQEncoding":
+        return cls(IntQInfo.from_bytes(header))
+
+    @property
+    def units(self):
+        return self._units
+
+    def ranges(self, unit, level):
+        return self.info.ranges(unit.index, *level.key)
+
+    def decode(self, unit, level, blobs):
+        return decode_intq_shard(self.info, unit.index, *level.key, dict(zip(self.ranges(unit, level), blobs)))
+
+    @property
+    def storage_bytes(self):
+        return self.info.storage_bytes()
+
+
+class CacheGenEncoding(StreamEncoding):
+    """Fetch unit = one token chunk of one shard, at one of the stored levels; the entropy models of
+    every level come first (the preamble). A shard is complete when all its chunks are decoded."""
+
+    name = "cachegen"
+
+    def __init__(self, info: CacheGenInfo):
+        self.info = info
+        self._units = []
+        chunks = info.geometry.token_chunks()
+        for s, sh in enumerate(info.shards):
+            for c, (t0, t1) in enumerate(chunks):
+                levels = tuple(Level(f"L{lv}", info.chunk_bytes(s, c, lv), float(info.num_levels - lv), (lv,))
+                               for lv in range(info.num_levels))
+                self._units.append(FetchUnit(len(self._units), s, f"{_shard_label(sh)} tokens {t0}-{t1 - 1}",
+                                             levels))
+        self._models: dict[int, bytes] = {}
+        self._partial: dict = {}
+
+    @classmethod
+    def from_header(cls, header: bytes) -> "CacheGenEncoding":
+        return cls(CacheGenInfo.from_bytes(header))
+
+    def fresh(self) -> "CacheGenEncoding":
+        return CacheGenEncoding(self.info)
+
+    @property
+    def units(self):
+        return self._units
+
+    def preamble_ranges(self):
+        return [r for lv in range(self.info.num_levels) for r in self.info.model_ranges(lv)]
+
+    def set_preamble(self, blobs):
+        for lv, blob in enumerate(blobs):
+            i = lv
+            self.info.index.check(i, blob)
+            self._models[lv] = blob
+
+    def ranges(self, unit, level):
+        shard, chunk = self._locate(unit)
+        return self.info.ranges(shard, chunk, *level.key)
+
+    def _locate(self, unit: FetchUnit) -> tuple[int, int]:
+        return unit.needed_by, unit.index % self.info.num_chunks
+
+    def decode(self, unit, level, blobs) -> KV:
+        shard, chunk = self._locate(unit)
+        (lv,) = level.key
+        cid = self.info.chunk_id(shard, chunk, lv)
+        self.info.index.check(cid, blobs[0])
+        rows = decode_cachegen_chunk(self.info, shard, chunk, lv, blobs[0], self._models[lv])
+        geo = self.info.geometry
+        t0, t1 = geo.token_chunks()[chunk]
+        parts = self._partial.setdefault(shard, {"left": self.info.num_chunks, "units": {}})
+        for u, x in rows.items():
+            parts["units"].setdefault(u, torch.empty(geo.n, geo.d))[t0:t1] = torch.from_numpy(x)
+        parts["left"] -= 1
+        if parts["left"]:
+            return {}
+        done = self._partial.pop(shard)["units"]
+        out: dict = {}
+        for (s, layer, kind) in shard_units(*self.info.shards[shard]):
+            out.setdefault((s, layer), {})[kind] = done[(s, layer, kind)]
+        return {key: (kv["k"], kv["v"]) for key, kv in out.items()}
+
+    @property
+    def storage_bytes(self):
+        return self.info.storage_bytes()
+
+
+ENCODINGS: dict[str, type[StreamEncoding]] = {
+    "sakura": SakuraPackEncoding, "fp16": Fp16Encoding, "intq": IntQEncoding, "cachegen": CacheGenEncoding}
 
 
 def encoding_from_header(name: str, header: bytes) -> StreamEncoding:
-    """Build the named encoding from the raw header bytes of its stored file."""
-    if name == "sakura":
-        return SakuraPackEncoding(PackInfo.from_bytes(header))
+    """Build the named encoding from the raw header bytes (``8 + N``) of its stored file."""
     if name not in ENCODINGS:
         raise KeyError(f"unknown encoding {name!r}; known: {', '.join(ENCODINGS)}")
     return ENCODINGS[name].from_header(header)  # type: ignore[attr-defined]

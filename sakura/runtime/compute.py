@@ -41,6 +41,20 @@ def shard_times(layer_times: list[tuple[int, int, float]], t0: float, t1: float,
     return starts[0] - t0, [e - s for s, e in zip(starts, ends)]
 
 
+def zero_cache(adapter: DiTAdapter, req: EditRequest) -> KVCache:
+    """A cache of zeros with the template's geometry: compute time does not depend on K/V values, so
+    a device can calibrate its shard times before it holds any cache."""
+    import torch
+
+    reuse = torch.nonzero(~adapter.token_mask(req.mask)).flatten()
+    cache = KVCache(adapter.num_steps, adapter.num_layers, adapter.heads, adapter.head_dim, reuse)
+    zeros = torch.zeros(len(reuse), cache.dim)
+    for s in range(adapter.num_steps):
+        for layer in range(adapter.num_layers):
+            cache.k[(s, layer)] = cache.v[(s, layer)] = zeros
+    return cache
+
+
 def measure_compute(adapter: DiTAdapter, req: EditRequest, cache: KVCache, shard_size: int,
                     repeats: int = 3) -> ComputeProfile:
     """Median over ``repeats`` runs (after one warm-up) of masked-run shard times and full-run time."""

@@ -52,6 +52,7 @@ def predict_need(shard: int, now: float, compute: ComputeProfile, starts: list[f
 def simulate(encoding: StreamEncoding, policy: Policy, compute: ComputeProfile, link: LinkModel,
              fetch: Fetch, ahead: int = 2, keep: bool = True) -> tuple[Timeline, KV]:
     """Run one edit on the simulated clock. Returns its timeline and the rebuilt cache (for quality)."""
+    encoding = encoding.fresh()
     units: list[FetchUnit] = encoding.units
     nshards = len(compute.shards)
     starts: list[float | None] = [None] * nshards
@@ -73,6 +74,13 @@ def simulate(encoding: StreamEncoding, policy: Policy, compute: ComputeProfile, 
     monitor = RuntimeMonitor(initial_bps=link.rate_bps_at(0.0))
     policy.begin(units, compute.masked_s, monitor.initial_bps)
     recv_free = rebuild_free = 0.0
+    pre = encoding.preamble_ranges()
+    if pre:  # fetched once before the first unit (CacheGen's entropy models)
+        nbytes = sum(n for _, n in pre)
+        recv_free = link.transfer_s(nbytes, 0.0)
+        monitor.record_transfer(nbytes, recv_free)
+        encoding.set_preamble(fetch(pre))
+        tl.extras["preamble_bytes"] = nbytes
     held: list[tuple[float, float, int]] = []  # (from, to, bytes) device memory intervals
     for u in units:
         run_until(u.needed_by - 1)
@@ -106,7 +114,7 @@ def simulate(encoding: StreamEncoding, policy: Policy, compute: ComputeProfile, 
     intervals = [(a, ends[int(-b) - 1] if b < 0 else b, n) for a, b, n in held]
     tl.peak_cache_bytes = peak_concurrent(intervals)
     tl.latency_s = ends[-1]
-    tl.bytes_total = sum(r.nbytes for r in tl.units)
+    tl.bytes_total = sum(r.nbytes for r in tl.units) + tl.extras.get("preamble_bytes", 0)
     return tl, cache
 
 

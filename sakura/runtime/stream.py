@@ -101,10 +101,11 @@ class StreamedEdit:
         end = time.perf_counter() - sh.t0
         if tl.shards:
             tl.shards[-1].exec_end_t = end
+            self.on_event("shard_end", {"shard": len(tl.shards) - 1, "t": end})
         for rec in tl.units:
             rec.needed_t = sh.starts[rec.needed_by] or 0.0
         tl.latency_s = end
-        tl.bytes_total = sum(u.nbytes for u in tl.units)
+        tl.bytes_total = sum(u.nbytes for u in tl.units) + tl.extras.get("preamble_bytes", 0)
         tl.peak_cache_bytes = sh.peak_bytes
         receiver.join(timeout=5)
         rebuilder.join(timeout=5)
@@ -116,6 +117,7 @@ class StreamedEdit:
             now = time.perf_counter() - sh.t0
             if j > 0:
                 tl.shards[j - 1].exec_end_t = now
+                self.on_event("shard_end", {"shard": j - 1, "t": now})
             if not sh.ready[j].wait(self.timeout_s):
                 sh.fail(StreamError(f"cache shard {j} did not arrive within {self.timeout_s:.0f} s"))
             if sh.pending_units[j] != 0:  # woken by a failure, not by the shard
@@ -133,6 +135,12 @@ class StreamedEdit:
     # -- receiver ----------------------------------------------------------------------------------
     def _receive(self, sh: _Shared, tl: Timeline, out: queue.Queue) -> None:
         try:
+            pre = self.encoding.preamble_ranges()
+            if pre:
+                tr = self.link.fetch_timed(self.file_id, pre)
+                self.monitor.record_transfer(tr.nbytes, tr.active_s)
+                self.encoding.set_preamble(tr.parts)
+                tl.extras["preamble_bytes"] = tr.nbytes
             for u in self.encoding.units:
                 gate = u.needed_by - self.ahead
                 if gate >= 0:
@@ -143,6 +151,10 @@ class StreamedEdit:
                 deadline = predict_need(u.needed_by, now, self.compute, sh.starts)
                 d = self.policy.choose(u, now, deadline, self.monitor)
                 ranges = self.encoding.ranges(u, d.level)
+                self.on_event("request", {"unit": u.index, "shard": u.needed_by, "label": u.label,
+                                          "level": d.level.label, "bytes": d.level.nbytes, "t": now,
+                                          "deadline": deadline, "budget_bytes": d.budget_bytes,
+                                          "window_s": d.window_s, "rate_mbps": d.rate_bps / 1e6, "fits": d.fits})
                 tr = self.link.fetch_timed(self.file_id, ranges)
                 self.monitor.record_transfer(tr.nbytes, tr.active_s)
                 arrival = time.perf_counter() - sh.t0
@@ -151,8 +163,9 @@ class StreamedEdit:
                                  d.window_s, d.rate_bps / 1e6, d.fits, now, arrival, 0.0, deadline,
                                  ranges=len(ranges))
                 tl.units.append(rec)
-                self.on_event("arrival", {"unit": u.index, "level": d.level.label, "bytes": d.level.nbytes,
-                                          "t": arrival, "deadline": deadline})
+                self.on_event("arrival", {"unit": u.index, "shard": u.needed_by, "level": d.level.label,
+                                          "bytes": d.level.nbytes, "t": arrival, "deadline": deadline,
+                                          "active_s": tr.active_s, "ranges": [list(r) for r in ranges]})
                 out.put((u, d.level, tr.parts, rec))
         except BaseException as e:  # noqa: BLE001 - handed to the executor, which raises it
             sh.fail(StreamError(f"receiving the cache failed: {e}"))
@@ -173,6 +186,7 @@ class StreamedEdit:
             sh.hold(sum(k.nbytes + v.nbytes for k, v in kv.values()) - sum(len(p) for p in parts))
             sh.kv.update(kv)
             rec.rebuild_done_t = time.perf_counter() - sh.t0
+            self.on_event("rebuilt", {"unit": u.index, "shard": u.needed_by, "t": rec.rebuild_done_t})
             sh.pending_units[u.needed_by] -= 1
             if sh.pending_units[u.needed_by] == 0:
                 sh.ready[u.needed_by].set()

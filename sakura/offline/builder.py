@@ -1,0 +1,118 @@
+"""Offline, per template (server side): capture, profile importance, write every stored format.
+
+``PACKDIR/<id>.pack`` is SAKURA's progressive pack; ``<id>.fp16.pack``, ``<id>.intq.pack`` and
+``<id>.cachegen.pack`` hold the baselines in the same container; ``<id>.build.json`` records what
+was built. Token importance goes to ``<id>.importance.safetensors`` for reports only: it is never
+in a served file (the server serves ``*.pack`` files only).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from sakura.editing import edit_request, model_for
+from sakura.kvcache import KVCache
+from sakura.model import DiTAdapter, EditRequest
+
+DEFAULT_SHARD_SIZE = 2
+DEFAULT_MAX_RANK = 128
+ENCODING_SUFFIX = {"sakura": "", "fp16": ".fp16", "intq": ".intq", "cachegen": ".cachegen"}
+
+
+def file_id(template_id: str, encoding: str) -> str:
+    """The id a server knows a stored file by (``<file_id>.pack`` on disk)."""
+    return template_id + ENCODING_SUFFIX[encoding]
+
+
+@dataclass
+class BuildReport:
+    template_id: str
+    model_id: str
+    q: float
+    max_rank: int
+    shard_size: int
+    fp16_bytes: int
+    storage: dict[str, int]  # encoding -> bytes on disk
+    seconds: dict[str, float]
+    num_reused: int
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+
+def capture_request(template, model: DiTAdapter) -> EditRequest:
+    """The template's own conditioning: what its cache is captured under."""
+    first = template.profile_requests[0] if template.profile_requests else None
+    req = edit_request(template, first, resolution=model.codec.resolution, ref_size=model.codec.ref_size)
+    return model.self_conditioned(req)
+
+
+def profile_importance(model: DiTAdapter, template, cache: KVCache, requests=None) -> dict[tuple[int, int], torch.Tensor]:
+    """s_j = Σ_requests Σ_heads Σ_masked-queries a_ij² per (step, layer), from masked runs on the exact cache."""
+    total: dict[tuple[int, int], torch.Tensor] = {}
+    for r in requests if requests is not None else template.profile_requests:
+        req = edit_request(template, r, resolution=model.codec.resolution, ref_size=model.codec.ref_size)
+        probe = model.masked_edit(req, cache.provider(), probe=True).importance
+        for key, s in probe.items():
+            total[key] = total.get(key, 0) + s
+    return total
+
+
+def build_template(template, out_dir: str | Path, *, q: float = 0.5, max_rank: int = DEFAULT_MAX_RANK,
+                   shard_size: int = DEFAULT_SHARD_SIZE, model_path: str | Path | None = None,
+                   encodings: tuple[str, ...] = ("sakura", "fp16", "intq", "cachegen"),
+                   progress: Callable[[str], None] | None = None) -> BuildReport:
+    from sakura.offline.cachegen import write_cachegen
+    from sakura.offline.fp16 import write_fp16
+    from sakura.offline.intq import write_intq
+    from sakura.offline.pack import write_pack
+
+    say = progress or (lambda msg: None)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model = model_for(template, model_path)
+    ids = {"model_id": model.model_id, "template_id": template.id}
+    seconds: dict[str, float] = {}
+
+    t0 = time.perf_counter()
+    say("capture")
+    cache = model.capture(capture_request(template, model)).to(torch.float16)
+    seconds["capture"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    say("importance")
+    importance = profile_importance(model, template, cache)
+    save_file({f"{s}.{l}": v.contiguous() for (s, l), v in importance.items()},
+              str(out / f"{template.id}.importance.safetensors"))
+    seconds["importance"] = time.perf_counter() - t0
+
+    writers = {
+        "sakura": lambda p: write_pack(p, cache, importance, q=q, max_rank=max_rank, shard_size=shard_size, **ids),
+        "fp16": lambda p: write_fp16(p, cache, shard_size=shard_size, **ids),
+        "intq": lambda p: write_intq(p, cache, shard_size=shard_size, **ids),
+        "cachegen": lambda p: write_cachegen(p, cache, shard_size=shard_size, **ids),
+    }
+    storage = {}
+    for enc in encodings:
+        t0 = time.perf_counter()
+        say(enc)
+        path = out / f"{file_id(template.id, enc)}.pack"
+        writers[enc](path)
+        storage[enc] = path.stat().st_size
+        seconds[enc] = time.perf_counter() - t0
+    report = BuildReport(template.id, model.model_id, q, max_rank, shard_size, cache.nbytes(), storage,
+                         {k: round(v, 3) for k, v in seconds.items()}, cache.num_reused)
+    (out / f"{template.id}.build.json").write_text(report.to_json())
+    return report
+
+
+def load_importance(pack_dir: str | Path, template_id: str) -> dict[tuple[int, int], torch.Tensor]:
+    raw = load_file(str(Path(pack_dir) / f"{template_id}.importance.safetensors"))
+    return {tuple(int(x) for x in k.split(".")): v for k, v in raw.items()}

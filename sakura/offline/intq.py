@@ -1,0 +1,145 @@
+"""IntQ baseline: uniform integer quantisation of the K/V cache, one bit width for the whole edit.
+
+Per unit (step, layer, K|V) and per channel, asymmetric min/max quantisation (the standard
+KV-cache scheme: channels differ in range and offset, tokens within a channel much less):
+
+    scale_c = (max_c − min_c) / (2^b − 1),  q = round((x − min_c) / scale_c),  x̂ = min_c + q · scale_c
+
+with min and scale stored as float16 (codes are computed against the rounded values so encode and
+decode agree). Codes are bit-packed densely (b bits per value, MSB first), so b = 3 really costs 3
+bits. The stored file holds every bit width of {2, 3, 4, 8}; the client fetches, per shard, the one
+chunk of the width chosen for the edit (the same shard granularity as SAKURA).
+
+Chunk order: for each bit width, for each shard: [per unit: min (d × f2), scale (d × f2), codes].
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from sakura.kvcache import KVCache, shard_plan
+from sakura.offline.container import ByteSource, ContainerFile, PackFormatError, header_size, parse_header, write_container
+from sakura.offline.pack import shard_units
+
+FORMAT = "sakura-intq"
+VERSION = 1
+DEFAULT_BITS = (2, 3, 4, 8)
+
+
+def unit_bytes(n: int, d: int, bits: int) -> int:
+    """Bytes of one encoded (n, d) unit at ``bits``: 2 × d float16 + ⌈n·d·bits / 8⌉ packed codes."""
+    return 4 * d + (n * d * bits + 7) // 8
+
+
+def encode_unit(x: torch.Tensor, bits: int) -> bytes:
+    """Quantise one (n, d) unit per channel to ``bits`` and pack it (see :func:`unit_bytes`)."""
+    if not 1 <= bits <= 8:
+        raise ValueError(f"bits must be 1..8, got {bits}")
+    xd = x.detach().float().numpy().astype(np.float64)  # (torch's fp16→fp64 cast is slow on CPU)
+    lo = xd.min(axis=0).astype(np.float16)
+    scale = ((xd.max(axis=0) - lo.astype(np.float64)) / ((1 << bits) - 1)).astype(np.float16)
+    s = scale.astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.where(s > 0, np.round((xd - lo.astype(np.float64)) / np.where(s > 0, s, 1.0)), 0.0)
+    q = np.clip(q, 0, (1 << bits) - 1).astype(np.uint8)
+    packed = np.packbits(np.unpackbits(q.reshape(-1, 1), axis=1)[:, 8 - bits:])
+    return lo.astype("<f2").tobytes() + scale.astype("<f2").tobytes() + packed.tobytes()
+
+
+def decode_unit(buf: bytes, n: int, d: int, bits: int) -> torch.Tensor:
+    """Inverse of :func:`encode_unit` → float32 (n, d)."""
+    if len(buf) != unit_bytes(n, d, bits):
+        raise PackFormatError(f"IntQ unit: {len(buf)} bytes, expected {unit_bytes(n, d, bits)}")
+    raw = np.frombuffer(buf, dtype=np.uint8)
+    lo = raw[:2 * d].view("<f2").astype(np.float32)
+    scale = raw[2 * d:4 * d].view("<f2").astype(np.float32)
+    bitarr = np.unpackbits(raw[4 * d:], count=n * d * bits).reshape(n * d, bits)
+    q = (bitarr.astype(np.uint32) << np.arange(bits - 1, -1, -1, dtype=np.uint32)).sum(axis=1)
+    return torch.from_numpy(lo + q.reshape(n, d).astype(np.float32) * scale)
+
+
+class IntQInfo:
+    """Parsed IntQ header: geometry, shards, stored widths, ranges."""
+
+    def __init__(self, header: dict[str, Any], index):
+        self.header, self.index = header, index
+        g = header["geometry"]
+        self.n, self.d, self.bits = int(g["n"]), int(g["heads"]) * int(g["head_dim"]), [int(b) for b in header["bits"]]
+        self.shards = [tuple(s) for s in header["shards"]]
+        if self.shards != shard_plan(g["num_steps"], g["num_layers"], g["shard_size"]):
+            raise PackFormatError("shard list does not match the geometry")
+        if len(self.index) != len(self.bits) * len(self.shards):
+            raise PackFormatError("IntQ index has the wrong number of chunks")
+
+    @classmethod
+    def from_bytes(cls, buf: bytes) -> "IntQInfo":
+        return cls(*parse_header(buf, FORMAT, (VERSION,)))
+
+    header_size = staticmethod(header_size)
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.shards)
+
+    def chunk(self, shard: int, bits: int) -> int:
+        if bits not in self.bits or not 0 <= shard < len(self.shards):
+            raise PackFormatError(f"IntQ has no (shard {shard}, {bits} bits); widths {self.bits}")
+        return self.bits.index(bits) * len(self.shards) + shard
+
+    def ranges(self, shard: int, bits: int) -> list[tuple[int, int]]:
+        return [self.index.span(self.chunk(shard, bits))]
+
+    def config_bytes(self, shard: int, bits: int) -> int:
+        return self.index.span(self.chunk(shard, bits))[1]
+
+    def storage_bytes(self, bits: int | None = None) -> int:
+        """Bytes on disk of one width (or the whole file)."""
+        if bits is None:
+            return self.index.file_size
+        return sum(self.config_bytes(s, bits) for s in range(self.num_shards))
+
+
+def write_intq(path: str | Path, cache: KVCache, *, bits: Sequence[int] = DEFAULT_BITS, shard_size: int = 1,
+               model_id: str = "", template_id: str = "") -> IntQInfo:
+    chunks = []
+    plan = shard_plan(cache.num_steps, cache.num_layers, shard_size)
+    for b in bits:
+        for shard in plan:
+            chunks.append(b"".join(encode_unit((cache.k if kind == "k" else cache.v)[(s, layer)], b)
+                                   for s, layer, kind in shard_units(*shard)))
+    header = {"format": FORMAT, "version": VERSION, "model_id": model_id, "template_id": template_id,
+              "geometry": {"num_steps": cache.num_steps, "num_layers": cache.num_layers, "heads": cache.heads,
+                           "head_dim": cache.head_dim, "n": cache.num_reused, "shard_size": shard_size},
+              "scheme": "per-channel asymmetric min/max, f2 min+scale, dense MSB-first bit packing",
+              "bits": list(bits), "shards": [list(s) for s in plan]}
+    write_container(path, header, chunks)
+    return IntQReader(path).info
+
+
+class IntQReader:
+    def __init__(self, path: str | Path):
+        self.file = ContainerFile(path, FORMAT, (VERSION,))
+        self.info = IntQInfo(self.file.header, self.file.index)
+
+    def read(self, shard: int, bits: int) -> dict[tuple[int, int], bytes]:
+        return self.file.read_ranges(self.info.ranges(shard, bits))
+
+    def decode(self, shard: int, bits: int, **kw) -> dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]]:
+        return decode_intq_shard(self.info, shard, bits, self.read(shard, bits), **kw)
+
+
+def decode_intq_shard(info: IntQInfo, shard: int, bits: int, blobs: Mapping[tuple[int, int], bytes], *,
+                      verify: bool = True) -> dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]]:
+    i = info.chunk(shard, bits)
+    buf = ByteSource(blobs).get(*info.index.span(i))
+    if verify:
+        info.index.check(i, buf)
+    size = unit_bytes(info.n, info.d, bits)
+    out: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
+    for k, (s, layer, kind) in enumerate(shard_units(*info.shards[shard])):
+        out.setdefault((s, layer), {})[kind] = decode_unit(buf[k * size:(k + 1) * size], info.n, info.d, bits)
+    return {key: (kv["k"], kv["v"]) for key, kv in out.items()}

@@ -1,0 +1,206 @@
+"""OpenCL reconstruction (pyopencl; here the PoCL CPU device, on a phone its GPU).
+
+Kernels unpack the received bit planes and dequantise A and B to the centre of each value's
+remaining interval (or 0 in a component's dead zone) — the same float32 arithmetic as
+:func:`sakura.offline.quant.dequantize`, ``x̂ = ((k_b + ½)·2^(1−b) − 1)·s``, so the factors are
+bit-identical to the torch decoder's (docs/pack-format.md §4). The
+``A·B + μ`` product runs in torch (BLAS) by default: on this CPU a tiled OpenCL matmul is slower
+(``matmul="opencl"`` selects it; see docs/device-backends.md for the measurement).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+
+import numpy as np
+import torch
+
+from sakura.offline.pack import HEAD_BYTES, PackInfo
+from sakura.runtime.executors.errors import BackendUnavailable
+from sakura.runtime.reconstruct.base import Blobs, FactorBytes, KVShard, Reconstructor, assemble, shard_bytes
+
+KERNELS = r"""
+#define HEAD %d
+// One work-item per dequantised value: i = position in the component (token for A, channel for B),
+// j = rank component, u = unit. raw: plane 0 as (R, U, 5 + pb) [f32 scale, u8 dead-zone bits, packed
+// bits], then planes 1..bits-1 as (R, U, pb); bits MSB first inside each byte (numpy packbits order).
+__kernel void dequant(__global const uchar *raw, const int bits, const int R, const int U, const int L,
+                      const int pb, __global float *out, const int su, const int si, const int sj)
+{
+    const int i = get_global_id(0);
+    const int j = get_global_id(1);
+    const int u = get_global_id(2);
+    if (i >= L) return;
+    const size_t rec = (size_t)j * U + u;
+    __global const uchar *p0 = raw + rec * (size_t)(HEAD + pb);
+    const uint sbits = (uint)p0[0] | ((uint)p0[1] << 8) | ((uint)p0[2] << 16) | ((uint)p0[3] << 24);
+    const float scale = as_float(sbits);
+    const int byte = i >> 3, shift = 7 - (i & 7);
+    uint code = (p0[HEAD + byte] >> shift) & 1u;
+    __global const uchar *rest = raw + (size_t)R * U * (HEAD + pb) + rec * (size_t)pb + byte;
+    const size_t plane_stride = (size_t)R * U * pb;
+    for (int p = 1; p < bits; ++p)
+        code = (code << 1) | ((rest[(size_t)(p - 1) * plane_stride] >> shift) & 1u);
+    const float step = (float)(1u << (8 - bits)) * (1.0f / 128.0f);  // 2^(1-bits), exact
+    float centre = ((float)code + 0.5f) * step - 1.0f;               // exact: few significant bits
+    const uint half = 1u << (bits - 1);                               // dead zone: the two cells at 0
+    if (((p0[4] >> (bits - 1)) & 1u) && (code == half || code == half - 1u))
+        centre = 0.0f;
+    out[(size_t)u * su + (size_t)i * si + (size_t)j * sj] = centre * scale;
+}
+
+// out[u, i, c] = mean[u, c] + sum_j A[u, i, j] * B[u, j, c]; A (U, n, r), B (U, r, d). 16x16 tiles.
+#define TILE 16
+__kernel void lowrank(__global const float *A, __global const float *B, __global const float *mean,
+                      __global float *out, const int n, const int r, const int d)
+{
+    const int c = get_global_id(0), i = get_global_id(1), u = get_global_id(2);
+    const int lc = get_local_id(0), li = get_local_id(1);
+    __local float As[TILE][TILE];
+    __local float Bs[TILE][TILE];
+    __global const float *Au = A + (size_t)u * n * r;
+    __global const float *Bu = B + (size_t)u * r * d;
+    float acc = 0.0f;
+    for (int t = 0; t < r; t += TILE) {
+        As[li][lc] = (i < n && t + lc < r) ? Au[(size_t)i * r + t + lc] : 0.0f;
+        Bs[li][lc] = (t + li < r && c < d) ? Bu[(size_t)(t + li) * d + c] : 0.0f;
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int k = 0; k < TILE; ++k)
+            acc += As[li][k] * Bs[k][lc];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    if (i < n && c < d)
+        out[(size_t)u * n * d + (size_t)i * d + c] = mean[(size_t)u * d + c] + acc;
+}
+""" % HEAD_BYTES
+
+
+def _ensure_pocl_cache() -> None:
+    if not os.environ.get("POCL_CACHE_DIR"):
+        os.environ["POCL_CACHE_DIR"] = tempfile.mkdtemp(prefix="sakura-pocl-")
+
+
+def import_pyopencl():
+    _ensure_pocl_cache()
+    try:
+        import pyopencl as cl
+    except ImportError as e:
+        raise BackendUnavailable(f"the opencl reconstructor needs pyopencl and an OpenCL driver "
+                                 f"(pip install 'pyopencl[pocl]'): {e}") from None
+    return cl
+
+
+def pick_device(cl, platform: str | None = None):
+    """(platform, device): ``platform`` (or ``$SAKURA_OPENCL_PLATFORM``) is a name substring; by default
+    a GPU anywhere, else PoCL, else the first device found."""
+    want = (platform or os.environ.get("SAKURA_OPENCL_PLATFORM") or "").lower()
+    try:
+        platforms = cl.get_platforms()
+    except Exception as e:  # noqa: BLE001 - pyopencl raises LogicError / RuntimeError with no ICD
+        raise BackendUnavailable(f"no OpenCL platform found (install 'pyopencl[pocl]' or a vendor ICD): {e}") from None
+    found = []
+    for p in platforms:
+        try:
+            devices = p.get_devices()
+        except Exception:  # noqa: BLE001 - a platform without devices
+            devices = []
+        found += [(p, d) for d in devices]
+    if want:
+        found = [(p, d) for p, d in found if want in p.name.lower() or want in d.name.lower()]
+        if not found:
+            names = ", ".join(p.name for p in platforms) or "none"
+            raise BackendUnavailable(f"no OpenCL platform/device matching {want!r} (platforms: {names})")
+    if not found:
+        raise BackendUnavailable("no OpenCL device found (install 'pyopencl[pocl]' for a CPU device)")
+    gpus = [(p, d) for p, d in found if d.type & cl.device_type.GPU]
+    pocl = [(p, d) for p, d in found if "portable computing language" in p.name.lower()]
+    return (gpus or pocl or found)[0]
+
+
+class OpenCLReconstructor(Reconstructor):
+    name = "opencl"
+
+    def __init__(self, platform: str | None = None, matmul: str = "torch"):
+        if matmul not in ("torch", "opencl"):
+            raise ValueError(f"matmul must be torch or opencl, not {matmul!r}")
+        cl = import_pyopencl()
+        self.cl = cl
+        self.platform, self.device = pick_device(cl, platform)
+        try:
+            self.ctx = cl.Context([self.device])
+            self.queue = cl.CommandQueue(self.ctx)
+            self.program = cl.Program(self.ctx, KERNELS).build()
+        except Exception as e:  # noqa: BLE001 - build / driver failures, one line
+            raise BackendUnavailable(f"OpenCL device {self.device.name!r} failed to initialise: "
+                                     f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+        self.matmul = matmul
+        self._dequant = cl.Kernel(self.program, "dequant")
+        self._lowrank = cl.Kernel(self.program, "lowrank")
+        self._lock = threading.Lock()  # one command queue: serialise callers
+
+    @property
+    def device_name(self) -> str:
+        return f"{self.platform.name.strip()} / {self.device.name.strip()}"
+
+    def _dequant_factor(self, f: FactorBytes, r: int, units: int, transpose: bool) -> tuple[object, tuple]:
+        """Launch the dequantisation of one factor; returns (device buffer, shape)."""
+        cl, mf = self.cl, self.cl.mem_flags
+        raw = cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=np.frombuffer(f.raw, np.uint8))
+        L = f.length
+        out = cl.Buffer(self.ctx, mf.READ_WRITE, size=max(4, units * L * r * 4))
+        if transpose:  # A: (U, n, r)
+            shape, strides = (units, L, r), (L * r, r, 1)
+        else:  # B: (U, r, d)
+            shape, strides = (units, r, L), (r * L, 1, L)
+        k = self._dequant
+        k.set_args(raw, np.int32(f.bits), np.int32(r), np.int32(units), np.int32(L), np.int32(f.pb), out,
+                   *(np.int32(s) for s in strides))
+        cl.enqueue_nd_range_kernel(self.queue, k, (L, r, units), None)
+        return out, shape
+
+    def factors(self, info: PackInfo, shard: int, r: int, b_a: int, b_b: int, blobs: Blobs, *,
+                verify: bool = True):
+        """(units, A (U, n, r), B (U, r, d), means (U, d)) as numpy float32 — the dequantised factors."""
+        sb = shard_bytes(info, shard, r, b_a, b_b, blobs, verify=verify)
+        if r == 0:
+            return sb.units, None, None, sb.means
+        U = len(sb.units)
+        with self._lock:
+            abuf, ashape = self._dequant_factor(sb.a, r, U, transpose=True)
+            bbuf, bshape = self._dequant_factor(sb.b, r, U, transpose=False)
+            a, b = np.empty(ashape, np.float32), np.empty(bshape, np.float32)
+            self.cl.enqueue_copy(self.queue, a, abuf, is_blocking=False)
+            self.cl.enqueue_copy(self.queue, b, bbuf, is_blocking=True)
+        return sb.units, a, b, sb.means
+
+    def rebuild(self, info: PackInfo, shard: int, r: int, b_a: int, b_b: int, blobs: Blobs, *,
+                verify: bool = True) -> KVShard:
+        geo = info.geometry
+        if r and self.matmul == "opencl":
+            return self._rebuild_on_device(info, shard, r, b_a, b_b, blobs, verify)
+        units, a, b, means = self.factors(info, shard, r, b_a, b_b, blobs, verify=verify)
+        m = torch.from_numpy(means)
+        if r == 0:
+            kv = m[:, None, :].expand(len(units), geo.n, geo.d).clone()
+        else:
+            kv = torch.baddbmm(m[:, None, :], torch.from_numpy(a), torch.from_numpy(b))
+        return assemble(units, kv)
+
+    def _rebuild_on_device(self, info, shard, r, b_a, b_b, blobs, verify) -> KVShard:
+        cl, mf = self.cl, self.cl.mem_flags
+        sb = shard_bytes(info, shard, r, b_a, b_b, blobs, verify=verify)
+        U, n, d = len(sb.units), sb.n, sb.d
+        with self._lock:
+            abuf, _ = self._dequant_factor(sb.a, r, U, transpose=True)
+            bbuf, _ = self._dequant_factor(sb.b, r, U, transpose=False)
+            mbuf = cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=sb.means)
+            obuf = cl.Buffer(self.ctx, mf.WRITE_ONLY, size=U * n * d * 4)
+            k = self._lowrank
+            k.set_args(abuf, bbuf, mbuf, obuf, np.int32(n), np.int32(r), np.int32(d))
+            up = lambda x: -(-x // 16) * 16  # noqa: E731
+            cl.enqueue_nd_range_kernel(self.queue, k, (up(d), up(n), U), (16, 16, 1))
+            out = np.empty((U, n, d), np.float32)
+            cl.enqueue_copy(self.queue, out, obuf, is_blocking=True)
+        return assemble(sb.units, torch.from_numpy(out))
