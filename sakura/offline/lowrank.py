@@ -15,9 +15,12 @@ stored: the device rebuilds every unit with the same dense ``A @ B + μ``.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Iterator
 
 import torch
+from threadpoolctl import threadpool_limits
 
 # Zero-importance tokens get this fraction of the mean importance: keeps 1/√ω finite (those rows are
 # still reconstructed, just with little say in which directions the rank is spent on).
@@ -25,6 +28,27 @@ IMPORTANCE_FLOOR = 1e-3
 # Above this many rows *and* columns even the Gram eigendecomposition costs seconds per unit; the
 # randomized range finder (with power iterations) gets the leading components to float32 noise.
 EXACT_SVD_MAX = 1536
+SMALL_UNIT = 1 << 22  # n·d up to this runs single-threaded (see single_threaded)
+
+
+@contextmanager
+def single_threaded(enabled: bool = True) -> Iterator[None]:
+    """Run small dense linear algebra on one thread (torch and BLAS), restoring the settings after.
+
+    For small units (n·d up to SMALL_UNIT) intra-op threads buy little, and on a shared,
+    oversubscribed CPU their barriers spin: eigh of a 256² Gram took 0.25 s on 2 threads vs 13 ms
+    on 1. ``enabled=False`` leaves threading alone (big units do gain from threads).
+    """
+    if not enabled:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with threadpool_limits(limits=1):
+            yield
+    finally:
+        torch.set_num_threads(before)
 
 
 @dataclass
@@ -67,9 +91,10 @@ def weighted_lowrank(x: torch.Tensor, importance: torch.Tensor | None = None, *,
                      max_rank: int = 64, method: str = "auto") -> Factors:
     """Factorise one unit ``x`` (n, d) in float64 (fp16 caches with outlier rows need the headroom).
 
-    ``method``: ``"gram"`` — eigenvectors of the small-side Gram matrix (exact leading components,
-    ~10× cheaper than a full SVD for n ≫ r); ``"svd"`` — full SVD; ``"randomized"`` — randomized
-    range finder for very large units; ``"auto"`` = gram, or randomized above EXACT_SVD_MAX.
+    ``method``: ``"gram"`` — eigenvectors of the d × d Gram matrix YᵀY (exact leading components,
+    several times cheaper than a full SVD when n > d; falls back to svd when n < d); ``"svd"`` —
+    full SVD; ``"randomized"`` — randomized range finder for very large units; ``"auto"`` = gram,
+    or randomized above EXACT_SVD_MAX.
     """
     if x.ndim != 2:
         raise ValueError(f"expected an (n, d) unit, got shape {tuple(x.shape)}")
@@ -81,23 +106,21 @@ def weighted_lowrank(x: torch.Tensor, importance: torch.Tensor | None = None, *,
     r = min(max_rank, n, d)
     if method == "auto":
         method = "gram" if min(n, d) <= EXACT_SVD_MAX else "randomized"
-    if method == "svd":
-        _, s, vh = torch.linalg.svd(y, full_matrices=False)
-        basis = vh[:r]
-    elif method == "randomized":
-        _, s, v = torch.svd_lowrank(y, q=min(r + 32, n, d), niter=6)
-        basis = v[:, :r].T
-    elif method == "gram":
-        if d <= n:  # right singular vectors = eigenvectors of YᵀY (d × d)
+    if method == "gram" and d > n:
+        method = "svd"  # wide unit (big mask): the full SVD is cheap, and UᵀY/σ would lose orthogonality
+    with single_threaded(n * d <= SMALL_UNIT):
+        if method == "svd":
+            _, s, vh = torch.linalg.svd(y, full_matrices=False)
+            basis = vh[:r]
+        elif method == "randomized":
+            _, s, v = torch.svd_lowrank(y, q=min(r + 32, n, d), niter=6)
+            basis = v[:, :r].T
+        elif method == "gram":  # right singular vectors = eigenvectors of YᵀY (d × d), descending
             evals, evecs = torch.linalg.eigh(y.T @ y)
             basis = evecs.flip(1)[:, :r].T
-        else:  # left singular vectors from YYᵀ (n × n), then B = normalised UᵀY
-            evals, evecs = torch.linalg.eigh(y @ y.T)
-            proj = evecs.flip(1)[:, :r].T @ y
-            basis = proj / proj.norm(dim=1, keepdim=True).clamp_min(1e-300)
-        s = evals.flip(0).clamp_min(0).sqrt()
-    else:
-        raise ValueError(f"unknown method {method!r}")
+            s = evals.flip(0).clamp_min(0).sqrt()
+        else:
+            raise ValueError(f"unknown method {method!r}")
     # A is the least-squares coefficient of each weighted row on the orthonormal basis, with 1/√ω
     # folded back in: no division by tiny singular values, so the tail components stay finite.
     a = (y @ basis.T) / sw[:, None]

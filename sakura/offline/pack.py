@@ -29,7 +29,7 @@ import torch
 from sakura.kvcache import KVCache, shard_plan
 from sakura.offline.container import (ByteSource, ContainerFile, PackFormatError, coalesce, header_size,
                                       parse_header, write_container)
-from sakura.offline.lowrank import weighted_lowrank
+from sakura.offline.lowrank import SMALL_UNIT, single_threaded, weighted_lowrank
 from sakura.offline.quant import PLANES, QuantizedFactors, dequantize, from_planes, plane_bytes, quantize_factors, to_planes
 from sakura.offline.tradeoff import DEFAULT_BITS, Config, pareto, profile_shard, rank_grid
 
@@ -204,6 +204,14 @@ def write_pack(path: str | Path, cache: KVCache, importance: Mapping[tuple[int, 
     grid); a mapping ``shard → configs`` stores a frontier computed elsewhere (e.g. from image
     PSNR); False stores none. ``progress(done, total)`` is called after each shard.
     """
+    with single_threaded(cache.num_reused * cache.dim <= SMALL_UNIT):
+        return _write_pack(path, cache, importance, q=q, max_rank=max_rank, shard_size=shard_size,
+                           model_id=model_id, template_id=template_id, tradeoff=tradeoff, group=group,
+                           bits=bits, progress=progress)
+
+
+def _write_pack(path, cache, importance, *, q, max_rank, shard_size, model_id, template_id, tradeoff, group,
+                bits, progress) -> PackInfo:
     importance = importance or {}
     n, d = cache.num_reused, cache.dim
     geo = Geometry(cache.num_steps, cache.num_layers, cache.heads, cache.head_dim, n, shard_size, max_rank,
