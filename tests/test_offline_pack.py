@@ -125,12 +125,17 @@ def test_error_never_increases_with_rank_or_bits(small, pack):
     table = {c.key: c.error for c in profile_shard(units, lambda *c: geo.config_bytes(4, *c), ranks, bits)}
     for ba in bits:
         for bb in bits:
-            errs = [table[(rk, ba, bb)] for rk in ranks]
-            assert all(b <= a * (1 + 1e-6) for a, b in zip(errs, errs[1:])), (ba, bb, errs)
+            errs = [table[(rk, ba, bb)] for rk in ranks]  # more components never hurt, at any bit widths
+            assert all(b <= a for a, b in zip(errs, errs[1:])), (ba, bb, errs)
+    # More bits in one factor never hurt while the other has >= 3 bits (up to the 4-digit rounding of
+    # stored errors). Against a 2-bit partner, whose reconstruction is biased, the finer factor can
+    # lose up to ~1% (never on a frontier); we bound that at 2%.
     for rk in ranks:
-        for ba, bb in zip(bits, bits[1:]):
-            assert table[(rk, bb, 8)] <= table[(rk, ba, 8)] * (1 + 1e-6)
-            assert table[(rk, 8, bb)] <= table[(rk, 8, ba)] * (1 + 1e-6)
+        for other in bits:
+            tol = 1e-3 if other >= 3 else 2e-2
+            for lo, hi in zip(bits, bits[1:]):
+                assert table[(rk, hi, other)] <= table[(rk, lo, other)] * (1 + tol), (rk, lo, hi, other)
+                assert table[(rk, other, hi)] <= table[(rk, other, lo)] * (1 + tol), (rk, other, lo, hi)
     # the profiled (closed-form) error is the error of what the decoder actually rebuilds
     out = r.decode(3, 32, 4, 5)
     imp_norm = {k: v / v.mean() for k, v in imp.items()}

@@ -16,12 +16,19 @@ import math
 import torch
 
 from sakura.kvcache import KVCache
+from sakura.offline.lowrank import single_threaded
 
 
 def synthetic_cache(num_steps: int = 4, num_layers: int = 8, heads: int = 4, head_dim: int = 64, grid: int = 32,
                     mask_box: int = 11, rank: int = 24, heavy: int = 24, heavy_scale: float = 3.0,
                     noise: float = 0.05, seed: int = 0) -> tuple[KVCache, dict[tuple[int, int], torch.Tensor]]:
     """Returns ``(cache, importance)``; the default geometry has n = 32² − 11² = 903 tokens, d = 256."""
+    with single_threaded():  # many small matmuls: threads only spin on a busy CPU
+        return _synthetic(num_steps, num_layers, heads, head_dim, grid, mask_box, rank, heavy, heavy_scale, noise,
+                          seed)
+
+
+def _synthetic(num_steps, num_layers, heads, head_dim, grid, mask_box, rank, heavy, heavy_scale, noise, seed):
     g = torch.Generator().manual_seed(seed)
     d = heads * head_dim
     yy, xx = torch.meshgrid(torch.arange(grid), torch.arange(grid), indexing="ij")
