@@ -26,6 +26,15 @@ class ComputeProfile:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @classmethod
+    def from_timeline(cls, tl, local_full_s: float = 0.0) -> "ComputeProfile":
+        """The compute a real run actually did (stalls removed): for replaying that run on the
+        simulated clock."""
+        shards = [(r.step, *r.layers) for r in tl.shards]
+        first = tl.shards[0]
+        return cls(shards, [r.exec_end_t - r.exec_start_t for r in tl.shards], first.exec_start_t - first.stall_s,
+                   local_full_s)
+
     def scaled(self, factor: float) -> "ComputeProfile":
         """The same edit on a device ``factor`` times slower (paper-scale projections)."""
         return ComputeProfile(self.shards, [s * factor for s in self.shard_s], self.prelude_s * factor,
