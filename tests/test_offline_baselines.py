@@ -8,7 +8,8 @@ import torch
 
 from sakura.offline import PackFormatError
 from sakura.offline.cachegen import CacheGenInfo, CacheGenReader, decode_cachegen_shard, write_cachegen
-from sakura.offline.intq import IntQInfo, IntQReader, decode_intq_shard, decode_unit, encode_unit, unit_bytes, write_intq
+from sakura.offline.intq import (IntQInfo, IntQReader, decode_intq_shard, decode_unit, encode_unit, unit_bytes,
+                                 write_intq)
 from sakura.offline.synthetic import synthetic_cache
 
 

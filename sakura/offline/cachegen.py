@@ -34,8 +34,9 @@ import numpy as np
 import torch
 
 from sakura.kvcache import KVCache, shard_plan
-from sakura.offline.container import ByteSource, ContainerFile, PackFormatError, header_size, parse_header, write_container
-from sakura.offline.pack import shard_units
+from sakura.offline.container import (ByteSource, ContainerFile, PackFormatError, header_size, parse_header,
+                                      write_container)
+from sakura.offline.pack import KVShard, shard_units
 
 FORMAT = "sakura-cachegen"
 VERSION = 1
@@ -128,8 +129,9 @@ def write_cachegen(path: str | Path, cache: KVCache, *, shard_size: int = 1, chu
                            shard_size, chunk_tokens, anchor_group, tuple((tuple(k), tuple(v)) for k, v in levels))
     plan = shard_plan(geo.num_steps, geo.num_layers, shard_size)
     chunks_t = geo.token_chunks()
-    # fp16 → float64 once per unit (torch's direct fp16→fp64 cast is slow on CPU)
-    unit = lambda s, layer, kind: (cache.k if kind == "k" else cache.v)[(s, layer)].float().numpy().astype(np.float64)  # noqa: E731
+
+    def unit(s: int, layer: int, kind: str) -> np.ndarray:  # via float32: torch's fp16→fp64 cast is slow
+        return (cache.k if kind == "k" else cache.v)[(s, layer)].float().numpy().astype(np.float64)
 
     def encoded(level: int, x: np.ndarray, layer: int, kind: str, t0: int, t1: int):
         return _encode_rows(x[t0:t1], geo.anchors(t0, t1), geo.bins(level, layer, kind) // 2 - 1)
@@ -247,7 +249,7 @@ class CacheGenReader:
         ranges += [r for c, lv in enumerate(levels) for r in self.info.ranges(shard, c, lv)]
         return self.file.read_ranges(ranges)
 
-    def decode(self, shard: int, levels: Sequence[int], **kw) -> dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]]:
+    def decode(self, shard: int, levels: Sequence[int], **kw) -> KVShard:
         return decode_cachegen_shard(self.info, shard, levels, self.read(shard, levels), **kw)
 
 
@@ -286,7 +288,7 @@ def decode_cachegen_chunk(info: CacheGenInfo, shard: int, chunk: int, level: int
 
 def decode_cachegen_shard(info: CacheGenInfo, shard: int, levels: Sequence[int],
                           blobs: Mapping[tuple[int, int], bytes], *, verify: bool = True
-                          ) -> dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]]:
+                          ) -> KVShard:
     """Rebuild a shard's K, V (n, d) float32 with ``levels[chunk]`` per token chunk, from received bytes."""
     if len(levels) != info.num_chunks:
         raise PackFormatError(f"need one level per token chunk ({info.num_chunks}), got {len(levels)}")
@@ -302,8 +304,9 @@ def decode_cachegen_shard(info: CacheGenInfo, shard: int, levels: Sequence[int],
     full = {u: np.empty((geo.n, geo.d), np.float32) for u in shard_units(*info.shards[shard])}
     for c, lv in enumerate(levels):
         t0, t1 = geo.token_chunks()[c]
-        for u, rows in decode_cachegen_chunk(info, shard, c, lv, fetch(info.chunk_id(shard, c, lv)), models[lv]).items():
-            full[u][t0:t1] = rows
+        rows = decode_cachegen_chunk(info, shard, c, lv, fetch(info.chunk_id(shard, c, lv)), models[lv])
+        for u, x in rows.items():
+            full[u][t0:t1] = x
     out: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
     for (s, layer, kind), x in full.items():
         out.setdefault((s, layer), {})[kind] = torch.from_numpy(x)

@@ -22,8 +22,9 @@ import numpy as np
 import torch
 
 from sakura.kvcache import KVCache, shard_plan
-from sakura.offline.container import ByteSource, ContainerFile, PackFormatError, header_size, parse_header, write_container
-from sakura.offline.pack import shard_units
+from sakura.offline.container import (ByteSource, ContainerFile, PackFormatError, header_size, parse_header,
+                                      write_container)
+from sakura.offline.pack import KVShard, shard_units
 
 FORMAT = "sakura-intq"
 VERSION = 1
@@ -67,10 +68,15 @@ class IntQInfo:
 
     def __init__(self, header: dict[str, Any], index):
         self.header, self.index = header, index
-        g = header["geometry"]
-        self.n, self.d, self.bits = int(g["n"]), int(g["heads"]) * int(g["head_dim"]), [int(b) for b in header["bits"]]
-        self.shards = [tuple(s) for s in header["shards"]]
-        if self.shards != shard_plan(g["num_steps"], g["num_layers"], g["shard_size"]):
+        try:
+            g = header["geometry"]
+            self.n, self.d = int(g["n"]), int(g["heads"]) * int(g["head_dim"])
+            self.bits = [int(b) for b in header["bits"]]
+            self.shards = [tuple(s) for s in header["shards"]]
+            plan = shard_plan(g["num_steps"], g["num_layers"], g["shard_size"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise PackFormatError(f"IntQ header is invalid: {e}") from None
+        if self.shards != plan:
             raise PackFormatError("shard list does not match the geometry")
         if len(self.index) != len(self.bits) * len(self.shards):
             raise PackFormatError("IntQ index has the wrong number of chunks")
@@ -128,12 +134,12 @@ class IntQReader:
     def read(self, shard: int, bits: int) -> dict[tuple[int, int], bytes]:
         return self.file.read_ranges(self.info.ranges(shard, bits))
 
-    def decode(self, shard: int, bits: int, **kw) -> dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]]:
+    def decode(self, shard: int, bits: int, **kw) -> KVShard:
         return decode_intq_shard(self.info, shard, bits, self.read(shard, bits), **kw)
 
 
 def decode_intq_shard(info: IntQInfo, shard: int, bits: int, blobs: Mapping[tuple[int, int], bytes], *,
-                      verify: bool = True) -> dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]]:
+                      verify: bool = True) -> KVShard:
     i = info.chunk(shard, bits)
     buf = ByteSource(blobs).get(*info.index.span(i))
     if verify:

@@ -17,6 +17,7 @@ both factors are at 8 bits), fetched with one multi-range HTTP request. r must b
 
 from __future__ import annotations
 
+import functools
 import time
 import zlib
 from dataclasses import asdict, dataclass
@@ -30,7 +31,8 @@ from sakura.kvcache import KVCache, shard_plan
 from sakura.offline.container import (ByteSource, ContainerFile, PackFormatError, coalesce, header_size,
                                       parse_header, write_container)
 from sakura.offline.lowrank import SMALL_UNIT, single_threaded, weighted_lowrank
-from sakura.offline.quant import PLANES, QuantizedFactors, dequantize, from_planes, plane_bytes, quantize_factors, to_planes
+from sakura.offline.quant import (PLANES, QuantizedFactors, dequantize, from_planes, plane_bytes, quantize_factors,
+                                  to_planes)
 from sakura.offline.tradeoff import DEFAULT_BITS, Config, pareto, profile_shard, rank_grid
 
 FORMAT = "sakura-pack"
@@ -42,6 +44,7 @@ KINDS = ("k", "v")
 QUALITY_METRIC = "mean over units of sum_j s_j*|xhat_j-x_j|^2 / sum_j s_j*|x_j-mean(x)|^2, s = importance (mean 1)"
 
 UnitId = tuple[int, int, str]  # (step, layer, "k" | "v")
+KVShard = dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]]  # (step, layer) -> (K, V), each (n, d)
 
 
 @dataclass(frozen=True)
@@ -204,14 +207,6 @@ def write_pack(path: str | Path, cache: KVCache, importance: Mapping[tuple[int, 
     grid); a mapping ``shard → configs`` stores a frontier computed elsewhere (e.g. from image
     PSNR); False stores none. ``progress(done, total)`` is called after each shard.
     """
-    with single_threaded(cache.num_reused * cache.dim <= SMALL_UNIT):
-        return _write_pack(path, cache, importance, q=q, max_rank=max_rank, shard_size=shard_size,
-                           model_id=model_id, template_id=template_id, tradeoff=tradeoff, group=group,
-                           bits=bits, progress=progress)
-
-
-def _write_pack(path, cache, importance, *, q, max_rank, shard_size, model_id, template_id, tradeoff, group,
-                bits, progress) -> PackInfo:
     importance = importance or {}
     n, d = cache.num_reused, cache.dim
     geo = Geometry(cache.num_steps, cache.num_layers, cache.heads, cache.head_dim, n, shard_size, max_rank,
@@ -223,29 +218,27 @@ def _write_pack(path, cache, importance, *, q, max_rank, shard_size, model_id, t
     frontiers: list[list[Config]] = []
     ranks = rank_grid(geo.rank, group)
     plan = geo.shards()
-    for i, (step, l0, l1) in enumerate(plan):
-        units, qfs = [], []
-        for s, layer, kind in shard_units(step, l0, l1):
-            x = (cache.k if kind == "k" else cache.v)[(s, layer)]
-            imp = importance.get((s, layer))
-            qf = quantize_factors(weighted_lowrank(x, imp, q=q, max_rank=max_rank), imp)
-            units.append((x, imp, qf))
-            qfs.append(qf)
-        chunks += _encode_shard(qfs, geo)
-        if tradeoff is None:
-            nb = len(qfs)
-            frontiers.append(pareto(profile_shard(units, lambda r, ba, bb: geo.config_bytes(nb, r, ba, bb),
-                                                  ranks, bits)))
-        if progress:
-            progress(i + 1, len(plan))
+    with single_threaded(n * d <= SMALL_UNIT):
+        for i, (step, l0, l1) in enumerate(plan):
+            units = []
+            for s, layer, kind in shard_units(step, l0, l1):
+                x = (cache.k if kind == "k" else cache.v)[(s, layer)]
+                imp = importance.get((s, layer))
+                units.append((x, imp, quantize_factors(weighted_lowrank(x, imp, q=q, max_rank=max_rank), imp)))
+            chunks += _encode_shard([qf for _, _, qf in units], geo)
+            if tradeoff is None:
+                nbytes = functools.partial(geo.config_bytes, len(units))
+                frontiers.append(pareto(profile_shard(units, nbytes, ranks, bits)))
+            if progress:
+                progress(i + 1, len(plan))
     if isinstance(tradeoff, Mapping):
         frontiers = [list(tradeoff.get(i, [])) for i in range(len(plan))]
     header: dict[str, Any] = {
         "format": FORMAT, "version": VERSION, "model_id": model_id, "template_id": template_id,
         "geometry": asdict(geo),
         "dtypes": {"source": str(next(iter(cache.k.values())).dtype).removeprefix("torch."),
-                   "mean": "<f2", "scale": "<f4", "code": "u8 offset-binary, bit planes MSB first",
-                   "reconstruct": "centre"},
+                   "mean": "<f2", "scale": "<f4", "zero": "u8 dead-zone bit per prefix length",
+                   "code": "u8 offset-binary, bit planes MSB first", "reconstruct": "centre"},
         "build": {"q": q, "importance": bool(importance), "seconds": round(time.perf_counter() - t0, 3)},
         "reuse_index_crc32": zlib.crc32(cache.reuse_index.to(torch.int64).numpy().astype("<i8").tobytes()),
         "shards": [list(s) for s in plan],
@@ -282,7 +275,7 @@ class PackReader:
     def read(self, shard: int, r: int, b_a: int, b_b: int) -> dict[tuple[int, int], bytes]:
         return self.file.read_ranges(self.ranges(shard, r, b_a, b_b))
 
-    def decode(self, shard: int, r: int, b_a: int, b_b: int, **kw) -> dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]]:
+    def decode(self, shard: int, r: int, b_a: int, b_b: int, **kw) -> KVShard:
         return decode_shard(self.info, shard, r, b_a, b_b, self.read(shard, r, b_a, b_b), **kw)
 
     def frontier(self, shard: int) -> list[Config]:
@@ -339,7 +332,7 @@ def decode_factors(info: PackInfo, shard: int, r: int, b_a: int, b_b: int,
 
 def decode_shard(info: PackInfo, shard: int, r: int, b_a: int, b_b: int, blobs: Mapping[tuple[int, int], bytes],
                  *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", verify: bool = True
-                 ) -> dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]]:
+                 ) -> KVShard:
     """Rebuild K, V (n, d) for every (step, layer) of a shard from the bytes of its ranges only.
 
     ``blobs`` maps ``(offset, length)`` → bytes as received; any blob covering a chunk will do, so

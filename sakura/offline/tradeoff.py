@@ -12,7 +12,7 @@ The runtime's allocator then picks the largest frontier entry that fits its byte
 Quality uses plain importance (not ω = s^q), so frontiers of packs built with different q are
 comparable. Scoring is exact and cheap: with Y = √s (X − μ̂), P = Â_R √s and the dequantised B̂,
 
-    ‖√s (Â_r B̂_r + μ̂ − X)‖² = ‖Y‖² − 2 Σ_{i<r} (PᵀY ∘ B̂)_i + Σ_{i,k<r} (PᵀP ∘ B̂B̂ᵀ)_{ik}
+    ‖√s (Â_r B̂_r + μ̂ − X)‖² = ‖Y‖² − 2 Σ_{i<r} (PᵀY ∘ B̂)_i· + Σ_{i,k<r} (PᵀP ∘ B̂B̂ᵀ)_ik
 
 so one pass per b_A (Gram PᵀP and PᵀY) and per b_B (B̂B̂ᵀ) scores every rank at once.
 """
