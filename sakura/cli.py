@@ -238,6 +238,46 @@ def serve(packs: Path = typer.Option(Path("packs"), "--packs"), host: str = type
     run_server(packs, host=host, port=port, access_log=access_log, trace_dir=trace_dir)
 
 
+@app.command()
+@friendly
+def bench(
+    out: Path = typer.Option(Path("runs/bench"), "--out"),
+    workloads: str = typer.Option("fs,vton,mb,mb-sd", "--workloads"),
+    systems: str = typer.Option("sakura,intq,cachegen,fp16,local,oracle", "--systems"),
+    trace: str = typer.Option("5g", "--trace", help="5g, 4g5g, wifi, fixed:MBPS or a trace file."),
+    starts: int = typer.Option(100, "--starts", help="Random start offsets per workload."),
+    regime: str = typer.Option("paper", "--regime", help="paper | none"),
+    trace_scale: Optional[float] = typer.Option(None, "--trace-scale"),
+    clock: str = typer.Option("sim", "--clock", help="sim (replays measured compute) | real (server + sockets)."),
+    quick: bool = typer.Option(False, "--quick", help="10 offsets, the fs workload only: minutes."),
+    packs: Path = typer.Option(Path("packs"), "--packs", help="Pack folder (missing packs are built)."),
+    figure: Optional[str] = typer.Option(None, "--figure", help="Regenerate one figure: 11,12,13,15,16,17,18,19,20,21,table2."),
+    project: Optional[str] = typer.Option(None, "--project", help="Paper-scale projection, e.g. flux2-klein-4b."),
+    seed: int = typer.Option(0, "--seed"),
+):
+    """Reproduce the paper's evaluation: every system, same trace offsets, same metrics."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from sakura.eval import bench as B
+    from sakura.eval import figures
+
+    if clock not in ("sim", "real"):
+        raise UserError("--clock must be sim or real")
+    cfg = B.BenchConfig(workloads=tuple(w.strip() for w in workloads.split(",")),
+                        systems=tuple(x.strip() for x in systems.split(",")), trace=trace, starts=starts, regime=regime,
+                        trace_scale=trace_scale, packs=packs, seed=seed)
+    for sname in cfg.systems:
+        if sname not in B.SYSTEMS:
+            raise UserError(f"unknown system {sname!r}; choose from {', '.join(B.SYSTEMS)}")
+    if quick:
+        cfg.workloads, cfg.starts = ("fs",), 10
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as bar:
+        say = bar.console.print
+        written = figures.run(cfg, out, figure=figure, project=project, clock=clock, progress=bar, say=say)
+    for path in written:
+        typer.echo(f"wrote {path}")
+
+
 def main() -> None:
     try:
         app()

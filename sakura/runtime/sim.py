@@ -50,8 +50,12 @@ def predict_need(shard: int, now: float, compute: ComputeProfile, starts: list[f
 
 
 def simulate(encoding: StreamEncoding, policy: Policy, compute: ComputeProfile, link: LinkModel,
-             fetch: Fetch, ahead: int = 2, keep: bool = True) -> tuple[Timeline, KV]:
-    """Run one edit on the simulated clock. Returns its timeline and the rebuilt cache (for quality)."""
+             fetch: Fetch | None, ahead: int = 2, keep: bool = True,
+             rebuild_model: Callable[[FetchUnit, object], float] | None = None) -> tuple[Timeline, KV]:
+    """Run one edit on the simulated clock. Returns its timeline and the rebuilt cache (for quality).
+
+    Rebuild times are measured by decoding the chosen bytes for real; with ``rebuild_model`` (and no
+    ``fetch``) nothing is decoded and the model gives the time (paper-scale projections)."""
     encoding = encoding.fresh()
     units: list[FetchUnit] = encoding.units
     nshards = len(compute.shards)
@@ -79,7 +83,8 @@ def simulate(encoding: StreamEncoding, policy: Policy, compute: ComputeProfile, 
         nbytes = sum(n for _, n in pre)
         recv_free = link.transfer_s(nbytes, 0.0)
         monitor.record_transfer(nbytes, recv_free)
-        encoding.set_preamble(fetch(pre))
+        if fetch is not None:
+            encoding.set_preamble(fetch(pre))
         tl.extras["preamble_bytes"] = nbytes
     held: list[tuple[float, float, int]] = []  # (from, to, bytes) device memory intervals
     for u in units:
@@ -92,10 +97,13 @@ def simulate(encoding: StreamEncoding, policy: Policy, compute: ComputeProfile, 
         monitor.record_transfer(d.level.nbytes, t_arr - t_req)
         recv_free = t_arr
         ranges = encoding.ranges(u, d.level)
-        blobs = fetch(ranges)
-        t0 = time.perf_counter()
-        kv = encoding.decode(u, d.level, blobs)
-        rebuild_s = time.perf_counter() - t0
+        if rebuild_model is not None:
+            kv, rebuild_s = {}, rebuild_model(u, d.level)
+        else:
+            blobs = fetch(ranges)
+            t0 = time.perf_counter()
+            kv = encoding.decode(u, d.level, blobs)
+            rebuild_s = time.perf_counter() - t0
         t_ready = max(t_arr, rebuild_free) + rebuild_s
         rebuild_free = t_ready
         ready[u.needed_by] = max(ready[u.needed_by], t_ready)

@@ -1,0 +1,235 @@
+"""`sakura bench`: every system over the same trace offsets, the same link model and the same metrics.
+
+For each workload (a task on one model) it samples start offsets in the trace; at each offset it
+runs one held-out edit request (round robin over the workload's templates and requests) with
+every system. Streaming systems run on the simulated clock by default (replaying measured compute
+and real decodes) or on the real clock against a template server; quality is always the image
+produced by the received cache vs the image produced with the exact FP16 cache.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from sakura.editing import edit_request, model_for
+from sakura.eval.metrics import quality
+from sakura.net.traces import Trace, load_trace, paper_regime_scale
+from sakura.offline.builder import build_template, file_id
+from sakura.online.encodings import encoding_from_header
+from sakura.online.policies import get_policy
+from sakura.runtime.compute import ComputeProfile, measure_compute, zero_cache
+from sakura.runtime.sim import LinkModel, simulate, simulate_local
+
+WORKLOADS = {"fs": ("fs", "sakura-tiny"), "vton": ("vton", "sakura-tiny"), "mb": ("mb", "sakura-tiny"),
+             "mb-sd": ("mb", "sakura-tiny-sd3")}
+SYSTEMS = ("sakura", "intq", "cachegen", "fp16", "local", "oracle")
+STREAMING = ("sakura", "intq", "cachegen", "fp16")
+
+
+def workload_templates(catalog, workload: str) -> list:
+    if workload not in WORKLOADS:
+        raise KeyError(f"unknown workload {workload!r}; choose from {', '.join(WORKLOADS)}")
+    task, model = WORKLOADS[workload]
+    found = catalog.filter(task=task, model=model)
+    if not found:
+        raise KeyError(f"the catalog has no {task} template for {model} (workload {workload})")
+    return found
+
+
+@dataclass
+class StoredFile:
+    raw: bytes
+    encoding_name: str
+
+    def encoding(self):
+        return encoding_from_header(self.encoding_name, self.raw)
+
+    def fetch(self, ranges):
+        return [self.raw[o:o + n] for o, n in ranges]
+
+
+@dataclass
+class TemplateBench:
+    """What the harness precomputes once per template."""
+
+    template: object
+    model: object
+    files: dict[str, StoredFile]
+    fp16_kv: dict
+    compute: ComputeProfile
+    fp16_bytes: int
+    storage: dict[str, int]
+    references: dict[int, np.ndarray] = field(default_factory=dict)  # request index → FP16-cache output
+    local_outputs: dict[int, np.ndarray] = field(default_factory=dict)
+
+    def request(self, i: int):
+        tpl, m = self.template, self.model
+        return edit_request(tpl, tpl.eval_requests[i], resolution=m.codec.resolution, ref_size=m.codec.ref_size)
+
+    def reference(self, i: int) -> np.ndarray:
+        if i not in self.references:
+            self.references[i] = self.model.masked_edit(self.request(i), lambda s, l: self.fp16_kv[(s, l)]).image
+        return self.references[i]
+
+    def local_output(self, i: int) -> np.ndarray:
+        if i not in self.local_outputs:
+            self.local_outputs[i] = self.model.full_edit(self.request(i)).image
+        return self.local_outputs[i]
+
+
+def prepare_template(tpl, packs: Path, max_rank: int = 128, q: float = 0.5, say: Callable[[str], None] = print,
+                     repeats: int = 3) -> TemplateBench:
+    packs = Path(packs)
+    if not (packs / f"{file_id(tpl.id, 'sakura')}.pack").exists():
+        say(f"building packs for {tpl.id}")
+        build_template(tpl, packs, max_rank=max_rank, q=q)
+    model = model_for(tpl)
+    files = {enc: StoredFile((packs / f"{file_id(tpl.id, enc)}.pack").read_bytes(), enc) for enc in STREAMING}
+    fp16 = files["fp16"].encoding()
+    kv: dict = {}
+    for u in fp16.units:
+        kv.update(fp16.decode(u, u.levels[0], files["fp16"].fetch(fp16.ranges(u, u.levels[0]))))
+    req = edit_request(tpl, tpl.eval_requests[0], resolution=model.codec.resolution, ref_size=model.codec.ref_size)
+    shards = fp16.shards
+    say(f"measuring device compute for {tpl.id}")
+    compute = measure_compute(model, req, zero_cache(model, req), shards[0][2] - shards[0][1], repeats=repeats)
+    n, d = next(iter(kv.values()))[0].shape
+    fp16_bytes = 2 * len(kv) * n * d * 2
+    return TemplateBench(tpl, model, files, kv, compute, fp16_bytes, {k: len(f.raw) for k, f in files.items()})
+
+
+def run_one(tb: TemplateBench, req_index: int, system: str, trace: Trace, start: float,
+            policy_kw: dict | None = None, policy=None) -> dict:
+    """One edit of one system at one trace offset on the simulated clock, with its quality."""
+    req = tb.request(req_index)
+    ref = tb.reference(req_index)
+    pol = policy or get_policy(system, **(policy_kw or {}))
+    if system == "local":
+        tl = simulate_local("local", tb.compute)
+        out = tb.local_output(req_index)
+    elif system == "oracle":
+        tl = simulate_local("oracle", tb.compute)
+        out = ref
+    else:
+        f = tb.files[pol.encoding]
+        tl, kv = simulate(f.encoding(), pol, tb.compute, LinkModel(trace, start), f.fetch)
+        out = tb.model.masked_edit(req, lambda s, l: kv[(s, l)]).image
+    q = quality(out, ref, req.mask)
+    return {"template": tb.template.id, "request": req_index, "system": pol.name if policy else system,
+            "start_s": start, "latency_s": tl.latency_s, "stall_s": tl.stall_s, "bytes": tl.bytes_total,
+            "deadline_misses": tl.deadline_misses, "shards": len(tl.shards), "peak_cache_bytes": tl.peak_cache_bytes,
+            "levels": [u.level for u in tl.units], **q}
+
+
+def regime_scale(tb: TemplateBench, trace: Trace, regime: str, trace_scale: float | None) -> float:
+    if trace_scale:
+        return trace_scale
+    if regime == "paper":
+        return paper_regime_scale(trace, tb.fp16_bytes, tb.compute.local_full_s)
+    return 1.0
+
+
+def summarize(records: list[dict], storage: dict[str, float]) -> dict:
+    by_system: dict[str, list[dict]] = {}
+    for r in records:
+        by_system.setdefault(r["system"], []).append(r)
+    out = {}
+    for system, rs in by_system.items():
+        lat = [r["latency_s"] for r in rs]
+        out[system] = {
+            "n": len(rs),
+            "latency_p50_s": float(np.percentile(lat, 50)), "latency_p90_s": float(np.percentile(lat, 90)),
+            "latency_mean_s": float(np.mean(lat)),
+            "stall_s_mean": float(np.mean([r["stall_s"] for r in rs])),
+            "deadline_miss_rate": float(np.mean([r["deadline_misses"] / max(1, r["shards"]) for r in rs])),
+            "bytes_mean": float(np.mean([r["bytes"] for r in rs])),
+            "psnr_mean": float(np.mean([r["psnr"] for r in rs])), "ssim_mean": float(np.mean([r["ssim"] for r in rs])),
+            "psnr_masked_mean": float(np.mean([r["psnr_masked"] for r in rs])),
+            "ssim_masked_mean": float(np.mean([r["ssim_masked"] for r in rs])),
+            "psnr_p10": float(np.percentile([r["psnr"] for r in rs], 10)),
+            "ssim_p10": float(np.percentile([r["ssim"] for r in rs], 10)),
+            "storage_bytes": float(storage.get(system, storage.get("fp16", 0.0) if system == "oracle" else 0.0)),
+            "device_peak_cache_bytes": int(max(r["peak_cache_bytes"] for r in rs)),
+        }
+    return out
+
+
+@dataclass
+class BenchConfig:
+    workloads: tuple[str, ...] = ("fs", "vton", "mb", "mb-sd")
+    systems: tuple[str, ...] = SYSTEMS
+    trace: str = "5g"
+    starts: int = 100
+    regime: str = "paper"
+    trace_scale: float | None = None
+    packs: Path = Path("packs")
+    seed: int = 0
+    max_rank: int = 128
+
+
+def run_bench(cfg: BenchConfig, out: Path, progress=None, say: Callable[[str], None] = print,
+              benches: dict | None = None) -> dict:
+    """The main latency/quality sweep. Writes ``records.jsonl`` and ``summary.json``; returns the summary."""
+    from sakura.catalog import load_catalog
+
+    out.mkdir(parents=True, exist_ok=True)
+    catalog = load_catalog()
+    base_trace = load_trace(cfg.trace)
+    rng = np.random.default_rng(cfg.seed)
+    summary: dict = {"config": {k: (str(v) if isinstance(v, Path) else v) for k, v in cfg.__dict__.items()},
+                     "workloads": {}}
+    records_path = out / "records.jsonl"
+    benches = {} if benches is None else benches
+    with records_path.open("w") as rec_file:
+        for workload in cfg.workloads:
+            templates = workload_templates(catalog, workload)
+            tbs = []
+            for tpl in templates:
+                if tpl.id not in benches:
+                    benches[tpl.id] = prepare_template(tpl, cfg.packs, cfg.max_rank, say=say)
+                tbs.append(benches[tpl.id])
+            scales = {tb.template.id: regime_scale(tb, base_trace, cfg.regime, cfg.trace_scale) for tb in tbs}
+            starts = rng.uniform(0, base_trace.duration, size=cfg.starts)
+            records = []
+            task = progress.add_task(f"bench {workload}", total=cfg.starts * len(cfg.systems)) if progress else None
+            for k, start in enumerate(starts):
+                tb = tbs[k % len(tbs)]
+                req_index = (k // len(tbs)) % len(tb.template.eval_requests)
+                trace = base_trace.scaled(scales[tb.template.id])
+                for system in cfg.systems:
+                    r = run_one(tb, req_index, system, trace, float(start))
+                    r["workload"] = workload
+                    records.append(r)
+                    rec_file.write(json.dumps(r) + "\n")
+                    if progress:
+                        progress.advance(task)
+            storage = {s: statistics.mean(tb.storage.get(s, tb.fp16_bytes) for tb in tbs) for s in STREAMING}
+            storage["fp16"] = statistics.mean(tb.fp16_bytes for tb in tbs)
+            ws = summarize(records, storage)
+            fp16_mean = statistics.mean(tb.fp16_bytes for tb in tbs)
+            local_full = statistics.mean(tb.compute.local_full_s for tb in tbs)
+            scale = statistics.mean(scales.values())
+            median_bps = base_trace.median_mbps * 1e6 * scale
+            ws["regime"] = {"local_full_s": local_full, "masked_s": statistics.mean(tb.compute.masked_s for tb in tbs),
+                            "fp16_transfer_s_at_median": fp16_mean * 8 / median_bps, "trace_scale": scale,
+                            "fp16_cache_bytes": fp16_mean, "trace": cfg.trace, "trace_median_mbps_scaled": median_bps / 1e6,
+                            "templates": [tb.template.id for tb in tbs],
+                            "mask_ratio": statistics.mean(tb.template.token_ratio for tb in tbs)}
+            weights = statistics.mean(sum(p.numel() * p.element_size() for p in tb.model.transformer.parameters())
+                                      for tb in tbs)
+            for system, s in ws.items():
+                if system == "oracle":  # it holds the whole FP16 cache
+                    s["device_peak_cache_bytes"] = int(fp16_mean)
+                if system in SYSTEMS:  # device memory model: weights + cache held (the harness is one process)
+                    s["device_peak_rss_bytes"] = int(weights + s["device_peak_cache_bytes"])
+            ws["regime"]["harness_max_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+            summary["workloads"][workload] = ws
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary

@@ -1,0 +1,336 @@
+"""Each reproduced figure as a function; `sakura bench [--figure N]` dispatches here.
+
+Every figure writes a PNG and a JSON of the numbers behind it into the bench folder.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from sakura.eval import bench as B
+from sakura.eval import plots as P
+from sakura.eval.metrics import quality
+from sakura.net.traces import load_trace
+from sakura.offline.pack import PackInfo, decode_shard
+from sakura.online.encoding import FetchUnit, Level
+from sakura.online.encodings import SakuraPackEncoding
+from sakura.online.policies import SakuraPolicy
+
+
+def _dump(out: Path, name: str, data) -> Path:
+    path = out / f"{name}.json"
+    path.write_text(json.dumps(data, indent=1, default=float))
+    return path
+
+
+# -- encodings for the ablations ---------------------------------------------------------------------
+class StepCoarseEncoding(SakuraPackEncoding):
+    """Fig. 20's coarse granularity: one decision and one transfer per denoising step (all its shards,
+    one configuration), needed before the step's first shard."""
+
+    def __init__(self, info: PackInfo):
+        super().__init__(info)
+        by_step: dict[int, list[int]] = {}
+        for s, (step, _, _) in enumerate(info.shards):
+            by_step.setdefault(step, []).append(s)
+        self._groups = list(by_step.values())
+        units = []
+        for i, shards in enumerate(self._groups):
+            common = set.intersection(*[{lv.key for lv in self._units[s].levels} for s in shards])
+            levels = []
+            for key in sorted(common):
+                per = [next(lv for lv in self._units[s].levels if lv.key == key) for s in shards]
+                levels.append(Level(per[0].label, sum(lv.nbytes for lv in per), float(np.mean([lv.error for lv in per])), key))
+            units.append(FetchUnit(i, shards[0], f"step {i}", tuple(sorted(levels, key=lambda lv: lv.nbytes))))
+        self._coarse = units
+
+    @property
+    def units(self):
+        return self._coarse
+
+    def ranges(self, unit, level):
+        return [r for s in self._groups[unit.index] for r in self.info.ranges(s, *level.key)]
+
+    def decode(self, unit, level, blobs):
+        blob_map = dict(zip(self.ranges(unit, level), blobs))
+        out = {}
+        for s in self._groups[unit.index]:
+            out.update(decode_shard(self.info, s, *level.key, blob_map))
+        return out
+
+
+class Fixed8Encoding(SakuraPackEncoding):
+    """Fig. 21's fixed 8-bit: the same pack, but only (r, 8, 8) prefixes; rank adapts to the budget."""
+
+    def __init__(self, info: PackInfo):
+        super().__init__(info)
+        g = info.geometry
+        ranks = list(range(g.group, g.rank + 1, g.group)) or [g.rank]
+        bits = min(8, g.planes)
+        self._units = [FetchUnit(u.index, u.needed_by, u.label,
+                                 tuple(Level(f"r{r}/a{bits}/b{bits}", info.config_bytes(u.index, r, bits, bits), -float(r),
+                                             (r, bits, bits)) for r in ranks))
+                       for u in self._units]
+
+
+class _Variant(SakuraPolicy):
+    def __init__(self, name: str):
+        super().__init__()
+        self.name = name
+
+
+def _variant_run(tb: B.TemplateBench, req_index: int, encoding, name: str, trace, start: float) -> dict:
+    from sakura.runtime.sim import LinkModel, simulate
+
+    pol = _Variant(name)
+    tl, kv = simulate(encoding, pol, tb.compute, LinkModel(trace, start), tb.files["sakura"].fetch)
+    req = tb.request(req_index)
+    out = tb.model.masked_edit(req, lambda s, l: kv[(s, l)]).image
+    q = quality(out, tb.reference(req_index), req.mask)
+    return {"template": tb.template.id, "request": req_index, "system": name, "start_s": start,
+            "latency_s": tl.latency_s, "stall_s": tl.stall_s, "bytes": tl.bytes_total,
+            "deadline_misses": tl.deadline_misses, "shards": len(tl.shards), "peak_cache_bytes": tl.peak_cache_bytes,
+            "levels": [u.level for u in tl.units], **q}
+
+
+# -- the sweeps -------------------------------------------------------------------------------------
+def _benches(cfg: B.BenchConfig, workload: str, cache: dict, say) -> list[B.TemplateBench]:
+    from sakura.catalog import load_catalog
+
+    out = []
+    for tpl in B.workload_templates(load_catalog(), workload):
+        if tpl.id not in cache:
+            cache[tpl.id] = B.prepare_template(tpl, cfg.packs, cfg.max_rank, say=say)
+        out.append(cache[tpl.id])
+    return out
+
+
+def _sweep(cfg, workload, benches, systems_fn, progress, label, trace_spec=None) -> list[dict]:
+    """Run ``systems_fn(tb, req_index, trace, start) -> list[record]`` at cfg.starts offsets."""
+    base = load_trace(trace_spec or cfg.trace)
+    rng = np.random.default_rng(cfg.seed)
+    starts = rng.uniform(0, base.duration, size=cfg.starts)
+    scales = {tb.template.id: B.regime_scale(tb, base, cfg.regime, cfg.trace_scale) for tb in benches}
+    task = progress.add_task(label, total=cfg.starts) if progress else None
+    rows = []
+    for k, start in enumerate(starts):
+        tb = benches[k % len(benches)]
+        req_index = (k // len(benches)) % len(tb.template.eval_requests)
+        for r in systems_fn(tb, req_index, base.scaled(scales[tb.template.id]), float(start)):
+            r["workload"] = workload
+            rows.append(r)
+        if progress:
+            progress.advance(task)
+    return rows
+
+
+def fig11_example_trace(cfg, out, cache, progress, say) -> list[Path]:
+    """Latency of edits started every 2 s along a 60 s stretch of the trace (vton, as in the paper)."""
+    workload = "vton" if "vton" in cfg.workloads else cfg.workloads[0]
+    benches = _benches(cfg, workload, cache, say)
+    tb = benches[0]
+    base = load_trace(cfg.trace)
+    trace = base.scaled(B.regime_scale(tb, base, cfg.regime, cfg.trace_scale))
+    t0 = 60.0
+    starts = np.arange(t0, t0 + 60, 2.0)
+    task = progress.add_task("fig 11", total=len(starts)) if progress else None
+    rows = []
+    for i, start in enumerate(starts):
+        for system in cfg.systems:
+            rows.append(B.run_one(tb, i % len(tb.template.eval_requests), system, trace, float(start)))
+        if progress:
+            progress.advance(task)
+    tt = np.arange(t0, t0 + 70, 0.5)
+    P.fig_example_trace(rows, tt, np.asarray(trace.rate_at(tt)), out / "fig11_example_trace.png")
+    return [out / "fig11_example_trace.png", _dump(out, "fig11_example_trace", rows)]
+
+
+def fig17_traces(cfg, out, cache, progress, say) -> list[Path]:
+    """p50 / p90 latency under 5G, 4G+5G and WiFi (the same regime scale for all three traces)."""
+    import matplotlib.pyplot as plt
+
+    workload = cfg.workloads[0]
+    benches = _benches(cfg, workload, cache, say)
+    base5g = load_trace("5g")
+    scales = {tb.template.id: B.regime_scale(tb, base5g, cfg.regime, cfg.trace_scale) for tb in benches}
+    results: dict = {}
+    for trace_name in ("5g", "4g5g", "wifi"):
+        c = replace(cfg, trace=trace_name)
+
+        def run(tb, i, trace, start, name=trace_name):
+            t = load_trace(name).scaled(scales[tb.template.id])
+            return [B.run_one(tb, i, s, t, start) for s in cfg.systems]
+
+        rows = _sweep(c, workload, benches, run, progress, f"fig 17 {trace_name}")
+        results[trace_name] = {s: {"p50": float(np.percentile([r["latency_s"] for r in rows if r["system"] == s], 50)),
+                                   "p90": float(np.percentile([r["latency_s"] for r in rows if r["system"] == s], 90))}
+                               for s in cfg.systems}
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.5))
+    for ax, (name, res) in zip(axes, results.items()):
+        systems = list(res)
+        x = np.arange(len(systems))
+        ax.bar(x - 0.2, [res[s]["p50"] for s in systems], 0.4, color=[P.COLORS[s] for s in systems])
+        ax.bar(x + 0.2, [res[s]["p90"] for s in systems], 0.4, color=[P.COLORS[s] for s in systems], alpha=0.5, hatch="//")
+        ax.set_xticks(x, [P.NAMES[s] for s in systems], rotation=40, ha="right", fontsize=8)
+        ax.set_yscale("log")
+        ax.set_title(f"{workload} on {name}: p50 / p90 (s)")
+    fig.tight_layout()
+    fig.savefig(out / "fig17_traces.png", dpi=120)
+    plt.close(fig)
+    return [out / "fig17_traces.png", _dump(out, "fig17_traces", results)]
+
+
+def fig20_21_ablations(cfg, out, cache, progress, say) -> list[Path]:
+    """Fig. 20: per-shard vs per-step adaptation (deadline misses, stall share). Fig. 21: adaptive
+    bits vs fixed 8-bit (p10 PSNR / SSIM: the low tail)."""
+    import matplotlib.pyplot as plt
+
+    res20, res21 = {}, {}
+    for workload in [w for w in cfg.workloads if w != "mb-sd"] or cfg.workloads:
+        benches = _benches(cfg, workload, cache, say)
+
+        def run(tb, i, trace, start):
+            info = PackInfo.from_bytes(tb.files["sakura"].raw)
+            return [B.run_one(tb, i, "sakura", trace, start),
+                    _variant_run(tb, i, StepCoarseEncoding(info), "sakura-coarse", trace, start),
+                    _variant_run(tb, i, Fixed8Encoding(info), "sakura-fixed8", trace, start)]
+
+        rows = _sweep(cfg, workload, benches, run, progress, f"fig 20/21 {workload}")
+        res20[workload] = {s: {"miss_rate": float(np.mean([r["deadline_misses"] / r["shards"] for r in rows if r["system"] == s])),
+                               "stall_share": float(np.sum([r["stall_s"] for r in rows if r["system"] == s])
+                                                    / np.sum([r["latency_s"] for r in rows if r["system"] == s])),
+                               "p90_s": float(np.percentile([r["latency_s"] for r in rows if r["system"] == s], 90))}
+                           for s in ("sakura", "sakura-coarse")}
+        res21[workload] = {s: {"psnr_p10": float(np.percentile([r["psnr"] for r in rows if r["system"] == s], 10)),
+                               "ssim_p10": float(np.percentile([r["ssim"] for r in rows if r["system"] == s], 10)),
+                               "psnr_mean": float(np.mean([r["psnr"] for r in rows if r["system"] == s]))}
+                           for s in ("sakura", "sakura-fixed8")}
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
+    ws = list(res20)
+    x = np.arange(len(ws))
+    for j, s in enumerate(("sakura", "sakura-coarse")):
+        axes[0].bar(x + 0.4 * j, [100 * res20[w][s]["miss_rate"] for w in ws], 0.4, color=P.COLORS[s], label=P.NAMES[s])
+        axes[1].bar(x + 0.4 * j, [100 * res20[w][s]["stall_share"] for w in ws], 0.4, color=P.COLORS[s], label=P.NAMES[s])
+    axes[0].set_ylabel("shards missing their deadline (%)")
+    axes[1].set_ylabel("stall share of latency (%)")
+    for ax in axes:
+        ax.set_xticks(x + 0.2, ws)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "fig20_granularity.png", dpi=120)
+    plt.close(fig)
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
+    for j, s in enumerate(("sakura", "sakura-fixed8")):
+        axes[0].bar(x + 0.4 * j, [res21[w][s]["psnr_p10"] for w in ws], 0.4, color=P.COLORS[s], label=P.NAMES[s])
+        axes[1].bar(x + 0.4 * j, [res21[w][s]["ssim_p10"] for w in ws], 0.4, color=P.COLORS[s], label=P.NAMES[s])
+    axes[0].set_ylabel("p10 PSNR (dB)")
+    axes[1].set_ylabel("p10 SSIM")
+    for ax in axes:
+        ax.set_xticks(x + 0.2, ws)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "fig21_adaptive_bits.png", dpi=120)
+    plt.close(fig)
+    return [out / "fig20_granularity.png", out / "fig21_adaptive_bits.png", _dump(out, "fig20", res20),
+            _dump(out, "fig21", res21)]
+
+
+def fig19_q_sweep(cfg, out, cache, progress, say, qs=(0.0, 0.25, 0.5, 1.0), ratios=(5, 15, 50)) -> list[Path]:
+    """Importance-weighting strength: PSNR vs the FP16-cache output at 5×, 15×, 50× compression."""
+    import matplotlib.pyplot as plt
+
+    from sakura.offline.builder import load_importance
+    from sakura.offline.pack import write_pack
+
+    workload = cfg.workloads[0]
+    benches = _benches(cfg, workload, cache, say)
+    results = {str(q): {str(r): [] for r in ratios} for q in qs}
+    task = progress.add_task("fig 19", total=len(benches) * len(qs)) if progress else None
+    qdir = out / "q-sweep-packs"
+    qdir.mkdir(parents=True, exist_ok=True)
+    for tb in benches:
+        importance = load_importance(cfg.packs, tb.template.id)
+        from sakura.kvcache import KVCache
+
+        m = tb.model
+        cache = KVCache(m.num_steps, m.num_layers, m.heads, m.head_dim, torch_reuse(m, tb))
+        for key, (k, v) in tb.fp16_kv.items():
+            cache.k[key], cache.v[key] = k.half(), v.half()
+        shard_size = tb.compute.shards[0][2] - tb.compute.shards[0][1]
+        for q in qs:
+            path = qdir / f"{tb.template.id}-q{q}.pack"
+            info = write_pack(path, cache, importance, q=q, max_rank=cfg.max_rank, shard_size=shard_size,
+                              model_id=m.model_id, template_id=tb.template.id)
+            raw = path.read_bytes()
+            for ratio in ratios:
+                kv = {}
+                for s in range(info.num_shards):
+                    fp16_shard = 2 * 2 * (info.shards[s][2] - info.shards[s][1]) * info.geometry.n * info.geometry.d
+                    fits = [c for c in info.frontier(s) if c.bytes <= fp16_shard / ratio]
+                    c = min(fits, key=lambda c: c.error) if fits else min(info.frontier(s), key=lambda c: c.bytes)
+                    ranges = info.ranges(s, *c.key)
+                    kv.update(decode_shard(info, s, *c.key, {r: raw[r[0]:r[0] + r[1]] for r in ranges}))
+                for i in range(len(tb.template.eval_requests)):
+                    req = tb.request(i)
+                    img = m.masked_edit(req, lambda s, l: kv[(s, l)]).image
+                    results[str(q)][str(ratio)].append(quality(img, tb.reference(i), req.mask)["psnr"])
+            if progress:
+                progress.advance(task)
+    means = {q: {r: float(np.mean(v)) for r, v in rs.items()} for q, rs in results.items()}
+    fig, ax = plt.subplots(figsize=(5.5, 3.5))
+    x = np.arange(len(ratios))
+    for j, q in enumerate(qs):
+        ax.bar(x + j * 0.2, [means[str(q)][str(r)] for r in ratios], 0.2, label=f"q = {q}")
+    ax.set_xticks(x + 0.3, [f"{r}×" for r in ratios])
+    ax.set_ylabel("PSNR vs FP16-cache output (dB)")
+    ax.set_title(f"{workload}: importance weighting strength")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "fig19_q_sweep.png", dpi=120)
+    plt.close(fig)
+    return [out / "fig19_q_sweep.png", _dump(out, "fig19_q_sweep", means)]
+
+
+def torch_reuse(model, tb):
+    import torch
+
+    return torch.nonzero(~model.token_mask(tb.request(0).mask)).flatten()
+
+
+# -- dispatch ----------------------------------------------------------------------------------------
+FIGURES: dict[str, Callable] = {"11": fig11_example_trace, "17": fig17_traces, "19": fig19_q_sweep,
+                                "20": fig20_21_ablations, "21": fig20_21_ablations}
+MAIN = {"12", "13", "15", "table2"}
+
+
+def run(cfg: B.BenchConfig, out: Path, *, figure: str | None = None, project: str | None = None,
+        clock: str = "sim", progress=None, say=print) -> list[Path]:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    cache: dict = {}
+    if project:
+        from sakura.eval.projection import project_paper
+
+        return project_paper(cfg, out, project, cache, progress, say)
+    if clock == "real":
+        from sakura.eval.realclock import run_bench_real
+
+        summary = run_bench_real(cfg, out, progress=progress, say=say)
+        return P.write_all(summary, out) + [out / "summary.json"]
+    if figure is None or figure in MAIN:
+        if figure and (out / "summary.json").exists():
+            summary = json.loads((out / "summary.json").read_text())
+        else:
+            summary = B.run_bench(cfg, out, progress=progress, say=say, benches=cache)
+        written = P.write_all(summary, out) + [out / "summary.json"]
+        if figure is None:
+            written += fig11_example_trace(cfg, out, cache, progress, say)
+        return written
+    if figure not in FIGURES:
+        raise KeyError(f"unknown figure {figure!r}; choose from {', '.join(sorted(MAIN | set(FIGURES)))}")
+    return FIGURES[figure](cfg, out, cache, progress, say)

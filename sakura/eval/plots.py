@@ -1,0 +1,152 @@
+"""Figures and tables of `sakura bench` (matplotlib PNGs and a Markdown summary)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+COLORS = {"sakura": "#d6336c", "intq": "#1c7ed6", "cachegen": "#f59f00", "fp16": "#868e96", "local": "#2b8a3e",
+          "oracle": "#212529", "sakura-coarse": "#f783ac", "sakura-fixed8": "#9c36b5"}
+NAMES = {"sakura": "SAKURA", "intq": "IntQ", "cachegen": "CacheGen", "fp16": "FP16", "local": "Local",
+         "oracle": "Oracle", "sakura-coarse": "SAKURA (per-step)", "sakura-fixed8": "SAKURA (fixed 8-bit)"}
+
+
+def load_records(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines() if line.strip()]
+
+
+def _systems(ws: dict) -> list[str]:
+    return [s for s in NAMES if s in ws]
+
+
+def fig_latency(summary: dict, records: list[dict], path: Path) -> None:
+    """Fig. 12 analog: p50 / p90 latency per workload, and the latency CDF."""
+    workloads = list(summary["workloads"])
+    fig, axes = plt.subplots(1, len(workloads) + 1, figsize=(4.2 * (len(workloads) + 1), 3.6))
+    for ax, w in zip(axes, workloads):
+        ws = summary["workloads"][w]
+        systems = _systems(ws)
+        x = np.arange(len(systems))
+        p50 = [ws[s]["latency_p50_s"] for s in systems]
+        p90 = [ws[s]["latency_p90_s"] for s in systems]
+        ax.bar(x - 0.2, p50, 0.4, color=[COLORS[s] for s in systems], label="p50")
+        ax.bar(x + 0.2, p90, 0.4, color=[COLORS[s] for s in systems], alpha=0.5, hatch="//", label="p90")
+        ax.set_xticks(x, [NAMES[s] for s in systems], rotation=40, ha="right", fontsize=8)
+        ax.set_title(f"{w}: latency (s)")
+        ax.set_yscale("log")
+        if w == workloads[0]:
+            ax.legend(fontsize=8)
+    ax = axes[-1]
+    for s in NAMES:
+        lat = np.sort([r["latency_s"] for r in records if r["system"] == s])
+        if len(lat):
+            ax.plot(lat, np.linspace(0, 1, len(lat)), color=COLORS[s], label=NAMES[s])
+    ax.set_xscale("log")
+    ax.set_xlabel("latency (s), all workloads")
+    ax.set_ylabel("CDF")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def fig_storage(summary: dict, path: Path) -> None:
+    """Fig. 13 analog: per-template storage of each system's stored cache."""
+    workloads = list(summary["workloads"])
+    systems = ["fp16", "intq", "cachegen", "sakura"]
+    fig, ax = plt.subplots(figsize=(1.8 + 1.6 * len(workloads), 3.4))
+    width = 0.8 / len(systems)
+    for i, s in enumerate(systems):
+        vals = [summary["workloads"][w].get(s, {}).get("storage_bytes", 0) / 1e6 for w in workloads]
+        ax.bar(np.arange(len(workloads)) + i * width, vals, width, color=COLORS[s], label=NAMES[s])
+    ax.set_xticks(np.arange(len(workloads)) + 0.4 - width / 2, workloads)
+    ax.set_ylabel("stored per template (MB)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def fig_bytes_quality(records: list[dict], path: Path) -> None:
+    """Fig. 15 analog: transferred bytes vs quality (PSNR vs the FP16-cache output)."""
+    workloads = sorted({r["workload"] for r in records})
+    fig, axes = plt.subplots(1, len(workloads), figsize=(4.2 * len(workloads), 3.6), squeeze=False)
+    for ax, w in zip(axes[0], workloads):
+        for s in ("sakura", "intq", "cachegen"):
+            rs = [r for r in records if r["workload"] == w and r["system"] == s]
+            if rs:
+                ax.scatter([r["bytes"] / 1e6 for r in rs], [min(r["psnr"], 60) for r in rs], s=10,
+                           color=COLORS[s], label=NAMES[s], alpha=0.7)
+        ax.set_xlabel("bytes transferred (MB)")
+        ax.set_ylabel("PSNR vs FP16-cache output (dB, capped 60)")
+        ax.set_title(w)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def fig_example_trace(rows: list[dict], trace_t: np.ndarray, trace_mbps: np.ndarray, path: Path) -> None:
+    """Fig. 11 analog: latency of edits started along a stretch of the trace, with its bandwidth."""
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    ax2 = ax.twinx()
+    ax2.fill_between(trace_t, trace_mbps, step="post", color="#dee2e6", alpha=0.8)
+    ax2.set_ylabel("bandwidth (Mbps, scaled)")
+    ax.set_zorder(ax2.get_zorder() + 1)
+    ax.patch.set_visible(False)
+    for s in NAMES:
+        rs = sorted((r for r in rows if r["system"] == s), key=lambda r: r["start_s"])
+        if rs:
+            ax.plot([r["start_s"] for r in rs], [r["latency_s"] for r in rs], "-o", ms=3, color=COLORS[s], label=NAMES[s])
+    ax.set_xlabel("edit start time in the trace (s)")
+    ax.set_ylabel("latency (s)")
+    ax.set_yscale("log")
+    ax.legend(fontsize=7, ncol=3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def summary_markdown(summary: dict) -> str:
+    lines = ["# sakura bench summary", ""]
+    for w, ws in summary["workloads"].items():
+        reg = ws["regime"]
+        lines += [f"## {w}", "",
+                  f"templates {', '.join(reg['templates'])}; mask (tokens) {100 * reg['mask_ratio']:.1f}%; "
+                  f"trace {reg['trace']} ×{reg['trace_scale']:.3g} (median {reg['trace_median_mbps_scaled']:.1f} Mbps); "
+                  f"local full {reg['local_full_s']:.3f} s; masked compute {reg['masked_s']:.3f} s; "
+                  f"FP16 cache {reg['fp16_cache_bytes'] / 1e6:.1f} MB = {reg['fp16_transfer_s_at_median']:.2f} s at the median",
+                  "", "| system | p50 (s) | p90 (s) | stall (s) | MB sent | PSNR | SSIM | PSNR mask | SSIM mask | storage MB | miss rate |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for s in _systems(ws):
+            r = ws[s]
+            lines.append(f"| {NAMES[s]} | {r['latency_p50_s']:.3f} | {r['latency_p90_s']:.3f} | {r['stall_s_mean']:.3f} | "
+                         f"{r['bytes_mean'] / 1e6:.2f} | {r['psnr_mean']:.2f} | {r['ssim_mean']:.4f} | "
+                         f"{r['psnr_masked_mean']:.2f} | {r['ssim_masked_mean']:.4f} | {r['storage_bytes'] / 1e6:.1f} | "
+                         f"{r['deadline_miss_rate']:.2f} |")
+        if "sakura" in ws:
+            sk = ws["sakura"]
+            ratios = []
+            for other, key in (("local", "latency_p50_s"), ("cachegen", "latency_p90_s"), ("intq", "latency_p90_s"),
+                               ("oracle", "latency_p50_s")):
+                if other in ws:
+                    ratios.append(f"{other} {key.split('_')[1]} / SAKURA = {ws[other][key] / sk[key]:.2f}×")
+            lines += ["", "; ".join(ratios)]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_all(summary: dict, out: Path) -> list[Path]:
+    records = load_records(out)
+    paths = [out / "fig12_latency.png", out / "fig13_storage.png", out / "fig15_bytes_quality.png"]
+    fig_latency(summary, records, paths[0])
+    fig_storage(summary, paths[1])
+    fig_bytes_quality(records, paths[2])
+    (out / "summary.md").write_text(summary_markdown(summary))
+    return paths + [out / "summary.md"]

@@ -1,0 +1,94 @@
+"""`sakura bench --clock real`: the same sweep through a real template server process, real sockets
+and a link shaped by the trace in wall-clock time (slower: every edit takes its real latency)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import numpy as np
+
+from sakura.eval import bench as B
+from sakura.eval.metrics import quality
+from sakura.net.client import RangeClient
+from sakura.net.shaping import RateSpec
+from sakura.net.traces import load_trace
+from sakura.offline.builder import file_id
+from sakura.online.encodings import encoding_from_header
+from sakura.online.policies import get_policy
+from sakura.runtime.stream import StreamedEdit, read_header
+from sakura.server.run import start_server
+
+
+def run_one_real(tb: B.TemplateBench, req_index: int, system: str, trace: str, scale: float, start: float,
+                 base_url: str) -> dict:
+    req = tb.request(req_index)
+    ref = tb.reference(req_index)
+    pol = get_policy(system)
+    if system == "local":
+        res = tb.model.full_edit(req)
+        latency, out, tl = res.seconds, res.image, None
+    elif system == "oracle":
+        res = tb.model.masked_edit(req, lambda s, l: tb.fp16_kv[(s, l)])
+        latency, out, tl = res.seconds, res.image, None
+    else:
+        fid = file_id(tb.template.id, pol.encoding)
+        link = RangeClient(base_url, rate=RateSpec(trace, start, scale))
+        enc = encoding_from_header(pol.encoding, read_header(link, fid))
+        link.reset_link()
+        initial = float(load_trace(trace).scaled(scale).rate_at(start)) * 1e6
+        res, tl = StreamedEdit(tb.model, enc, pol, link, fid, tb.compute, initial).run(req)
+        latency, out = tl.latency_s, res.image
+        link.close()
+    q = quality(out, ref, req.mask)
+    return {"template": tb.template.id, "request": req_index, "system": system, "start_s": start,
+            "latency_s": latency, "stall_s": tl.stall_s if tl else 0.0, "bytes": tl.bytes_total if tl else 0,
+            "deadline_misses": tl.deadline_misses if tl else 0, "shards": len(tl.shards) if tl else 1,
+            "peak_cache_bytes": tl.peak_cache_bytes if tl else 0, "levels": [u.level for u in tl.units] if tl else [],
+            "clock": "real", **q}
+
+
+def run_bench_real(cfg: B.BenchConfig, out: Path, progress=None, say=print) -> dict:
+    from sakura.catalog import load_catalog
+
+    out.mkdir(parents=True, exist_ok=True)
+    base_trace = load_trace(cfg.trace)
+    rng = np.random.default_rng(cfg.seed)
+    summary: dict = {"config": {**{k: str(v) for k, v in cfg.__dict__.items()}, "clock": "real"}, "workloads": {}}
+    with start_server(cfg.packs, port=0, process=True) as srv, (out / "records.jsonl").open("w") as rec_file:
+        for workload in cfg.workloads:
+            tbs = [B.prepare_template(t, cfg.packs, cfg.max_rank, say=say)
+                   for t in B.workload_templates(load_catalog(), workload)]
+            scales = {tb.template.id: B.regime_scale(tb, base_trace, cfg.regime, cfg.trace_scale) for tb in tbs}
+            starts = rng.uniform(0, base_trace.duration, size=cfg.starts)
+            records = []
+            task = progress.add_task(f"bench {workload} (real clock)", total=cfg.starts * len(cfg.systems)) if progress else None
+            for k, start in enumerate(starts):
+                tb = tbs[k % len(tbs)]
+                req_index = (k // len(tbs)) % len(tb.template.eval_requests)
+                for system in cfg.systems:
+                    r = run_one_real(tb, req_index, system, cfg.trace, scales[tb.template.id], float(start), srv.url)
+                    r["workload"] = workload
+                    records.append(r)
+                    rec_file.write(json.dumps(r) + "\n")
+                    if progress:
+                        progress.advance(task)
+            storage = {s: statistics.mean(tb.storage[s] for tb in tbs) for s in B.STREAMING}
+            storage["fp16"] = statistics.mean(tb.fp16_bytes for tb in tbs)
+            ws = B.summarize(records, storage)
+            fp16_mean = statistics.mean(tb.fp16_bytes for tb in tbs)
+            scale = statistics.mean(scales.values())
+            ws["regime"] = {"local_full_s": statistics.mean(tb.compute.local_full_s for tb in tbs),
+                            "masked_s": statistics.mean(tb.compute.masked_s for tb in tbs),
+                            "fp16_transfer_s_at_median": fp16_mean * 8 / (base_trace.median_mbps * 1e6 * scale),
+                            "trace_scale": scale, "fp16_cache_bytes": fp16_mean, "trace": cfg.trace,
+                            "trace_median_mbps_scaled": base_trace.median_mbps * scale,
+                            "templates": [tb.template.id for tb in tbs],
+                            "mask_ratio": statistics.mean(tb.template.token_ratio for tb in tbs)}
+            for system, s in ws.items():
+                if system in B.SYSTEMS:
+                    s["device_peak_rss_bytes"] = None  # one shared process here: see the sim summary's model
+            summary["workloads"][workload] = ws
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary
