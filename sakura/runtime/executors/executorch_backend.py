@@ -255,7 +255,12 @@ class ExecuTorchExecutor(Executor):
             self.offload = lambda l0, l1: (l0, l1) in chosen
         self.log = log
         self._programs: dict[str, tuple[object, object]] = {}  # path -> (program, method)
-        self.exports: list[dict] = []
+        self._exports: dict[str, dict] = {}  # path -> export metadata (what prepare() used)
+
+    @property
+    def exports(self) -> list[dict]:
+        """Metadata of every shard program this executor has loaded (cached or exported now)."""
+        return list(self._exports.values())
 
     def method(self, path: Path):
         key = str(path)
@@ -272,7 +277,7 @@ class ExecuTorchExecutor(Executor):
 
             return EagerExecutor(self.adapter, explicit=True)._shard_fn(run, l0, l1)
         path, meta = ensure_exported(run, l0, l1, self.backend, self.cache_dir, log=self.log)
-        self.exports.append({"layers": [l0, l1], "path": str(path), **meta})
+        self._exports[str(path)] = {"layers": [l0, l1], "path": str(path), **meta}
         method = self.method(path)
 
         def fn(inputs):

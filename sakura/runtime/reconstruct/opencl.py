@@ -10,9 +10,13 @@ bit-identical to the torch decoder's (docs/pack-format.md §4). The
 
 from __future__ import annotations
 
+import ctypes
 import os
+import sys
 import tempfile
 import threading
+import warnings
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -23,32 +27,41 @@ from sakura.runtime.reconstruct.base import Blobs, FactorBytes, KVShard, Reconst
 
 KERNELS = r"""
 #define HEAD %d
-// One work-item per dequantised value: i = position in the component (token for A, channel for B),
-// j = rank component, u = unit. raw: plane 0 as (R, U, 5 + pb) [f32 scale, u8 dead-zone bits, packed
-// bits], then planes 1..bits-1 as (R, U, pb); bits MSB first inside each byte (numpy packbits order).
+// One work-item per packed byte: 8 consecutive values i = 8*byte .. 8*byte+7 of rank component j
+// of unit u (i = token for A, channel for B). raw: plane 0 as (R, U, HEAD + pb) [f32 scale, u8
+// dead-zone bits, packed bits], then planes 1..bits-1 as (R, U, pb); MSB first (numpy packbits).
 __kernel void dequant(__global const uchar *raw, const int bits, const int R, const int U, const int L,
                       const int pb, __global float *out, const int su, const int si, const int sj)
 {
-    const int i = get_global_id(0);
+    const int byte = get_global_id(0);
     const int j = get_global_id(1);
     const int u = get_global_id(2);
-    if (i >= L) return;
+    if (byte >= pb) return;
     const size_t rec = (size_t)j * U + u;
     __global const uchar *p0 = raw + rec * (size_t)(HEAD + pb);
     const uint sbits = (uint)p0[0] | ((uint)p0[1] << 8) | ((uint)p0[2] << 16) | ((uint)p0[3] << 24);
     const float scale = as_float(sbits);
-    const int byte = i >> 3, shift = 7 - (i & 7);
-    uint code = (p0[HEAD + byte] >> shift) & 1u;
+    const uint dead = (p0[4] >> (bits - 1)) & 1u;
     __global const uchar *rest = raw + (size_t)R * U * (HEAD + pb) + rec * (size_t)pb + byte;
     const size_t plane_stride = (size_t)R * U * pb;
-    for (int p = 1; p < bits; ++p)
-        code = (code << 1) | ((rest[(size_t)(p - 1) * plane_stride] >> shift) & 1u);
+    // spread the planes' bits into 8 codes (one byte lane per value)
+    uint lo = 0, hi = 0;  // codes of values 0..3 (lo) and 4..7 (hi), 8 bits each
+    for (int p = 0; p < bits; ++p) {
+        const uint b = p == 0 ? p0[HEAD + byte] : rest[(size_t)(p - 1) * plane_stride];
+        lo = (lo << 1) | (((b >> 7) & 1u) | ((b >> 6) & 1u) << 8 | ((b >> 5) & 1u) << 16 | ((b >> 4) & 1u) << 24);
+        hi = (hi << 1) | (((b >> 3) & 1u) | ((b >> 2) & 1u) << 8 | ((b >> 1) & 1u) << 16 | (b & 1u) << 24);
+    }
     const float step = (float)(1u << (8 - bits)) * (1.0f / 128.0f);  // 2^(1-bits), exact
-    float centre = ((float)code + 0.5f) * step - 1.0f;               // exact: few significant bits
-    const uint half = 1u << (bits - 1);                               // dead zone: the two cells at 0
-    if (((p0[4] >> (bits - 1)) & 1u) && (code == half || code == half - 1u))
-        centre = 0.0f;
-    out[(size_t)u * su + (size_t)i * si + (size_t)j * sj] = centre * scale;
+    const uint mid = 1u << (bits - 1);                                // dead zone: the two cells at 0
+    const int i0 = byte * 8;
+    __global float *o = out + (size_t)u * su + (size_t)j * sj;
+    for (int k = 0; k < 8 && i0 + k < L; ++k) {
+        const uint code = ((k < 4 ? lo : hi) >> (8 * (k & 3))) & 0xffu;
+        float centre = ((float)code + 0.5f) * step - 1.0f;            // exact: few significant bits
+        if (dead && (code == mid || code == mid - 1u))
+            centre = 0.0f;
+        o[(size_t)(i0 + k) * si] = centre * scale;
+    }
 }
 
 // out[u, i, c] = mean[u, c] + sum_j A[u, i, j] * B[u, j, c]; A (U, n, r), B (U, r, d). 16x16 tiles.
@@ -77,13 +90,75 @@ __kernel void lowrank(__global const float *A, __global const float *B, __global
 """ % HEAD_BYTES
 
 
-def _ensure_pocl_cache() -> None:
-    if not os.environ.get("POCL_CACHE_DIR"):
-        os.environ["POCL_CACHE_DIR"] = tempfile.mkdtemp(prefix="sakura-pocl-")
+# Intel's CPU OpenCL runtime (PyPI ``intel-opencl-rt``) links these; preloaded so its ICD loads
+# without LD_LIBRARY_PATH.
+_ICD_DEPS = ("libtbb.so.12", "libintlc.so.5", "libimf.so", "libsvml.so", "libirng.so")
+_registered = False
+_PROBE = "__kernel void probe(__global float *a) { a[get_global_id(0)] *= 2.0f; }"
+
+
+def _user_tmp(name: str) -> Path:
+    uid = os.getuid() if hasattr(os, "getuid") else 0
+    path = Path(tempfile.gettempdir()) / f"{name}-{uid}"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def icd_candidates() -> list[Path]:
+    """Extra OpenCL ICD libraries to register: ``$SAKURA_OPENCL_ICD`` (paths, ``os.pathsep``-separated)
+    and Intel's CPU runtime when the ``intel-opencl-rt`` wheel is installed in this environment."""
+    out = [Path(p) for p in os.environ.get("SAKURA_OPENCL_ICD", "").split(os.pathsep) if p]
+    intel = Path(sys.prefix) / "lib" / "libintelocl.so"
+    if intel.is_file():
+        out.append(intel)
+    return [p for p in dict.fromkeys(out) if p.is_file()]
+
+
+def register_icds() -> list[str]:
+    """Make extra ICDs visible to the OpenCL loader (once, before pyopencl first lists platforms).
+
+    Writes a vendors folder holding the system's ``/etc/OpenCL/vendors/*.icd`` plus the extra
+    libraries and points ``OCL_ICD_VENDORS`` at it — unless the user set ``OCL_ICD_VENDORS``."""
+    global _registered
+    if _registered:
+        return []
+    _registered = True
+    if os.environ.get("OCL_ICD_VENDORS"):
+        return []
+    libs = []
+    for lib in icd_candidates():
+        try:
+            for dep in _ICD_DEPS:
+                if (lib.parent / dep).is_file():
+                    ctypes.CDLL(str(lib.parent / dep), mode=ctypes.RTLD_GLOBAL)
+            libs.append(lib)
+        except OSError:
+            continue
+    if not libs:
+        return []
+    vendors = _user_tmp("sakura-ocl-vendors")
+    for old in vendors.glob("*.icd"):
+        old.unlink(missing_ok=True)
+    system = Path("/etc/OpenCL/vendors")
+    if system.is_dir():
+        for f in system.glob("*.icd"):
+            (vendors / f"system-{f.name}").write_text(f.read_text())
+    for i, lib in enumerate(libs):
+        (vendors / f"sakura-{i}.icd").write_text(f"{lib}\n")
+    os.environ["OCL_ICD_VENDORS"] = str(vendors)
+    return [str(x) for x in libs]
 
 
 def import_pyopencl():
-    _ensure_pocl_cache()
+    if not os.environ.get("POCL_CACHE_DIR"):
+        os.environ["POCL_CACHE_DIR"] = str(_user_tmp("sakura-pocl-cache"))
+    # CPU OpenCL devices share the cores with the executor: by default one worker thread, so a
+    # rebuild beside an executing shard does not spin idle workers against it (Intel's runtime
+    # keeps TBB workers busy-waiting after each kernel: 3x slower rebuilds here otherwise).
+    threads = os.environ.get("SAKURA_OPENCL_THREADS", "1")
+    os.environ.setdefault("CL_CONFIG_CPU_TBB_NUM_WORKERS", threads)
+    os.environ.setdefault("POCL_MAX_PTHREAD_COUNT", threads)
+    register_icds()
     try:
         import pyopencl as cl
     except ImportError as e:
@@ -92,14 +167,31 @@ def import_pyopencl():
     return cl
 
 
+def _first_line(e: BaseException) -> str:
+    """The informative line of a driver error: a compiler ``error:`` line when there is one."""
+    lines = [x.strip() for x in str(e).splitlines() if x.strip()]
+    errors = [x for x in lines if "error:" in x]
+    return (errors or lines or [type(e).__name__])[0][:160]
+
+
+def _build(cl, ctx, source: str):
+    with warnings.catch_warnings():  # compiler chatter (e.g. Intel's "Compilation started") is not an error
+        warnings.simplefilter("ignore", cl.CompilerWarning)
+        return cl.Program(ctx, source).build()
+
+
 def pick_device(cl, platform: str | None = None):
-    """(platform, device): ``platform`` (or ``$SAKURA_OPENCL_PLATFORM``) is a name substring; by default
-    a GPU anywhere, else PoCL, else the first device found."""
+    """(platform, device, context, failures) for the first device that builds a probe kernel.
+
+    ``platform`` (or ``$SAKURA_OPENCL_PLATFORM``) restricts to names containing it. Order: GPUs, then
+    PoCL, then the rest — a device whose compiler fails (e.g. PoCL 3.0's LLVM 14 on CPUs it does not
+    know, "unknown target CPU 'generic'") is skipped with its reason kept for the error message."""
     want = (platform or os.environ.get("SAKURA_OPENCL_PLATFORM") or "").lower()
     try:
         platforms = cl.get_platforms()
     except Exception as e:  # noqa: BLE001 - pyopencl raises LogicError / RuntimeError with no ICD
-        raise BackendUnavailable(f"no OpenCL platform found (install 'pyopencl[pocl]' or a vendor ICD): {e}") from None
+        raise BackendUnavailable(f"no OpenCL platform found (install 'pyopencl[pocl]' or a vendor ICD): "
+                                 f"{_first_line(e)}") from None
     found = []
     for p in platforms:
         try:
@@ -114,9 +206,19 @@ def pick_device(cl, platform: str | None = None):
             raise BackendUnavailable(f"no OpenCL platform/device matching {want!r} (platforms: {names})")
     if not found:
         raise BackendUnavailable("no OpenCL device found (install 'pyopencl[pocl]' for a CPU device)")
-    gpus = [(p, d) for p, d in found if d.type & cl.device_type.GPU]
-    pocl = [(p, d) for p, d in found if "portable computing language" in p.name.lower()]
-    return (gpus or pocl or found)[0]
+    rank = lambda pd: (0 if pd[1].type & cl.device_type.GPU else  # noqa: E731
+                       1 if "portable computing language" in pd[0].name.lower() else 2)
+    failures = []
+    for p, d in sorted(found, key=rank):
+        try:
+            ctx = cl.Context([d])
+            _build(cl, ctx, _PROBE)
+            return p, d, ctx, failures
+        except Exception as e:  # noqa: BLE001 - driver/compiler failures of any kind
+            failures.append(f"{p.name.strip()} / {d.name.strip()}: {_first_line(e)}")
+    hint = ("; on CPUs newer than its LLVM, install Intel's CPU runtime (pip install intel-opencl-rt, "
+            "or point SAKURA_OPENCL_ICD at an ICD library)")
+    raise BackendUnavailable("no OpenCL device could build a kernel: " + "; ".join(failures) + hint)
 
 
 class OpenCLReconstructor(Reconstructor):
@@ -127,11 +229,10 @@ class OpenCLReconstructor(Reconstructor):
             raise ValueError(f"matmul must be torch or opencl, not {matmul!r}")
         cl = import_pyopencl()
         self.cl = cl
-        self.platform, self.device = pick_device(cl, platform)
+        self.platform, self.device, self.ctx, self.skipped = pick_device(cl, platform)
         try:
-            self.ctx = cl.Context([self.device])
             self.queue = cl.CommandQueue(self.ctx)
-            self.program = cl.Program(self.ctx, KERNELS).build()
+            self.program = _build(cl, self.ctx, KERNELS)
         except Exception as e:  # noqa: BLE001 - build / driver failures, one line
             raise BackendUnavailable(f"OpenCL device {self.device.name!r} failed to initialise: "
                                      f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
@@ -157,7 +258,7 @@ class OpenCLReconstructor(Reconstructor):
         k = self._dequant
         k.set_args(raw, np.int32(f.bits), np.int32(r), np.int32(units), np.int32(L), np.int32(f.pb), out,
                    *(np.int32(s) for s in strides))
-        cl.enqueue_nd_range_kernel(self.queue, k, (L, r, units), None)
+        cl.enqueue_nd_range_kernel(self.queue, k, (f.pb, r, units), None)
         return out, shape
 
     def factors(self, info: PackInfo, shard: int, r: int, b_a: int, b_b: int, blobs: Blobs, *,

@@ -1,0 +1,339 @@
+"""``sakura bench-device``: per shard, rebuild (torch vs OpenCL) against execute (eager vs ExecuTorch).
+
+For one catalog template: capture its cache, write a real progressive pack (or use a built one),
+then per shard measure
+
+* bytes of each configuration and the receive time at ``--mbps``;
+* rebuild time of each reconstructor (median of ``repeats``) for each configuration;
+* execute time of each executor (median over ``repeats`` full masked runs, after a warm-up);
+* the rebuild / execute ratio (target ≤ 10 %) and the share of rebuild hidden behind execution
+  when rebuilding shard p+1 overlaps executing shard p (the paper's GPU ∥ NPU pipeline), both as
+  computed from the per-shard times and as *measured* with a rebuild thread beside the executor;
+* how far the ExecuTorch image is from the eager one.
+
+Writes JSON and prints a rich table. Numbers are this host's (CPU-only; the "GPU" and "NPU" share
+its cores), so the pipelined measurement is a lower bound on what separate engines give.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+import torch
+
+DEFAULT_CONFIGS = ("R,8,8", "64,4,4", "32,3,2")
+
+
+def parse_configs(specs: Sequence[str], rank: int, group: int) -> list[tuple[int, int, int]]:
+    """``"r,b_a,b_b"`` strings (``R`` = the stored rank) → valid configurations, clipped to the rank."""
+    out = []
+    for spec in specs:
+        parts = [p.strip() for p in str(spec).split(",")]
+        if len(parts) != 3:
+            raise ValueError(f"configuration {spec!r}: expected r,b_a,b_b")
+        r = rank if parts[0].upper() == "R" else min(int(parts[0]), rank)
+        if r != rank:
+            r -= r % group
+        cfg = (r, int(parts[1]), int(parts[2]))
+        if cfg not in out:
+            out.append(cfg)
+    return out
+
+
+def _median_ms(xs: Sequence[float]) -> float:
+    return 1e3 * statistics.median(xs)
+
+
+def _key(cfg: tuple[int, int, int]) -> str:
+    return "r{}-a{}-b{}".format(*cfg)
+
+
+def _hidden_share(rebuild: Sequence[float], execute: Sequence[float]) -> float:
+    """Share of total rebuild time overlapped by execution when rebuild of shard p+1 runs during
+    execution of shard p (shard 0's rebuild is the pipeline's start-up and is never hidden)."""
+    total = sum(rebuild)
+    if total <= 0:
+        return 1.0
+    hidden = sum(min(rebuild[p + 1], execute[p]) for p in range(len(rebuild) - 1))
+    return hidden / total
+
+
+def _pipelined(run_factory, plan, rebuild_fn, layer_ranges) -> tuple[float, float]:
+    """Wall time of one masked run with a rebuild thread one shard ahead (bounded: 2 shards), and the
+    time the executor waited for K/V. Returns (seconds, stall seconds)."""
+    run = run_factory()
+    ready: dict[int, dict] = {}
+    cond = threading.Condition()
+    errors: list[BaseException] = []
+
+    def producer():
+        try:
+            for p in range(len(plan)):
+                with cond:
+                    cond.wait_for(lambda: len(ready) < 2)
+                kv = rebuild_fn(p)
+                with cond:
+                    ready[p] = kv
+                    cond.notify_all()
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller
+            errors.append(e)
+            with cond:
+                cond.notify_all()
+
+    t0 = time.perf_counter()
+    stall = 0.0
+    th = threading.Thread(target=producer, daemon=True)
+    th.start()
+    p = 0
+    for step in range(run.num_steps):
+        run.begin_step(step)
+        for l0, l1 in layer_ranges:
+            w0 = time.perf_counter()
+            with cond:
+                cond.wait_for(lambda: p in ready or errors)
+                if errors:
+                    raise errors[0]
+                kv = ready.pop(p)
+                cond.notify_all()
+            stall += time.perf_counter() - w0
+            run.run_shard(step, l0, l1, kv)
+            p += 1
+        run.end_step(step)
+    run.result()
+    th.join()
+    return time.perf_counter() - t0, stall
+
+
+def bench_device(template_id: str, *, catalog: str | Path | None = None, shard_size: int = 2, max_rank: int = 128,
+                 configs: Sequence[str] = DEFAULT_CONFIGS, executors: Sequence[str] = ("eager", "executorch"),
+                 reconstructors: Sequence[str] = ("torch", "opencl"), repeats: int = 3, mbps: float = 50.0,
+                 pack: str | Path | None = None, importance: bool = False, model_path: str | Path | None = None,
+                 log: Callable[[str], None] = print) -> dict:
+    """Run the benchmark and return its report (see module doc)."""
+    from sakura.catalog import load_catalog
+    from sakura.editing import edit_request, model_for
+    from sakura.offline.pack import PackReader, write_pack
+    from sakura.runtime.executors import BackendUnavailable, get_executor
+    from sakura.runtime.reconstruct import get_reconstructor
+
+    tpl = load_catalog(catalog).get(template_id)
+    model = model_for(tpl, model_path)
+    req_template = tpl.eval_requests[0] if tpl.eval_requests else None
+    req = edit_request(tpl, req_template, resolution=model.codec.resolution, ref_size=model.codec.ref_size)
+    report: dict = {"template": tpl.id, "model": model.model_id, "shard_size": shard_size, "repeats": repeats,
+                    "mbps": mbps, "torch_threads": torch.get_num_threads()}
+
+    # -- a real pack -----------------------------------------------------------------------------
+    tmp = tempfile.TemporaryDirectory(prefix="sakura-bench-device-")
+    try:
+        if pack:
+            reader = PackReader(pack)
+            report["pack"] = {"path": str(pack), "built": False}
+        else:
+            from sakura.offline.builder import capture_request, profile_importance
+
+            t0 = time.perf_counter()
+            cache = model.capture(capture_request(tpl, model)).to(torch.float16)
+            imp = profile_importance(model, tpl, cache) if importance else None
+            path = Path(tmp.name) / f"{tpl.id}.pack"
+            write_pack(path, cache, imp, max_rank=max_rank, shard_size=shard_size, model_id=model.model_id,
+                       template_id=tpl.id, tradeoff=False)
+            reader = PackReader(path)
+            report["pack"] = {"built": True, "build_s": round(time.perf_counter() - t0, 2),
+                              "importance": importance}
+        info = reader.info
+        geo = info.geometry
+        if geo.shard_size != shard_size:
+            log(f"pack has shard size {geo.shard_size}; using it")
+            shard_size = report["shard_size"] = geo.shard_size
+        cfgs = parse_configs(configs, geo.rank, geo.group)
+        report["pack"].update({"bytes": info.file_size, "rank": geo.rank, "n": geo.n, "d": geo.d,
+                               "shards": info.num_shards})
+        report["configs"] = [list(c) for c in cfgs]
+        blobs = {(s, c): reader.read(s, *c) for s in range(info.num_shards) for c in cfgs}
+
+        # -- rebuild ------------------------------------------------------------------------------
+        recs, rebuild_ms, devices = {}, {}, {}
+        for name in reconstructors:
+            try:
+                rec = get_reconstructor(name)
+            except BackendUnavailable as e:
+                devices[name] = f"unavailable: {e}"
+                log(f"reconstructor {name}: unavailable ({e})")
+                continue
+            recs[name] = rec
+            devices[name] = getattr(rec, "device_name", "cpu (numpy + torch)")
+            for c in cfgs:  # warm-up: kernel builds, first allocations
+                rec.rebuild(info, 0, *c, blobs[(0, c)])
+            rebuild_ms[name] = {}
+            for c in cfgs:
+                rebuild_ms[name][_key(c)] = [
+                    _median_ms([_timed(lambda: rec.rebuild(info, s, *c, blobs[(s, c)])) for _ in range(repeats)])
+                    for s in range(info.num_shards)]
+            log(f"rebuild {name}: " + ", ".join(f"{k} {statistics.mean(v):.2f} ms" for k, v in rebuild_ms[name].items()))
+        report["reconstructors"] = devices
+
+        # reference K/V: the torch decode of the main configuration (the middle one listed)
+        main = cfgs[min(1, len(cfgs) - 1)]
+        report["main_config"] = list(main)
+        ref_rec = recs.get("torch") or next(iter(recs.values()))
+        kv_all: dict = {}
+        for s in range(info.num_shards):
+            kv_all.update(ref_rec.rebuild(info, s, *main, blobs[(s, main)]))
+        provider = lambda step, layer: kv_all[(step, layer)]  # noqa: E731
+
+        # -- execute --------------------------------------------------------------------------------
+        execute_ms, images, exec_info, runs = {}, {}, {}, {}
+        for name in executors:
+            try:
+                ex = get_executor(name, model, **({"log": log} if name == "executorch" else {}))
+                t0 = time.perf_counter()
+                run = ex.prepare(req, shard_size)
+            except BackendUnavailable as e:
+                exec_info[name] = {"unavailable": str(e)}
+                log(f"executor {name}: unavailable ({e})")
+                continue
+            exec_info[name] = {"prepare_s": round(time.perf_counter() - t0, 2)}
+            if name == "executorch":
+                exec_info[name]["export"] = [{k: m.get(k) for k in ("layers", "export_s", "lower_s", "bytes",
+                                                                   "delegates", "max_abs_vs_eager", "cached")}
+                                             for m in ex.exports]
+            images[name] = run.run(provider)  # warm-up
+            per = []
+            for _ in range(repeats):
+                run = ex.prepare(req, shard_size)
+                images[name] = run.run(provider)
+                per.append([t for *_, t in run.timings.shards])
+            execute_ms[name] = [_median_ms(col) for col in zip(*per)]
+            exec_info[name]["step_overhead_ms"] = round(1e3 * statistics.mean(
+                [t for _, t in run.timings.begin] + [t for _, t in run.timings.end]), 3)
+            runs[name] = (ex, run.layer_ranges)
+            log(f"execute {name}: {statistics.mean(execute_ms[name]):.2f} ms per shard")
+        report["executors"] = exec_info
+        if "eager" in images and "executorch" in images:
+            report["image_max_abs_executorch_vs_eager"] = float(np.abs(images["executorch"] - images["eager"]).max())
+
+        # -- per shard rows and summary ---------------------------------------------------------------
+        rows = []
+        for s, (step, l0, l1) in enumerate(info.shards):
+            row = {"shard": s, "step": step, "layers": [l0, l1],
+                   "bytes": {_key(c): info.config_bytes(s, *c) for c in cfgs},
+                   "receive_ms": {_key(c): 1e3 * info.config_bytes(s, *c) * 8 / (mbps * 1e6) for c in cfgs},
+                   "rebuild_ms": {n: {k: v[s] for k, v in per.items()} for n, per in rebuild_ms.items()},
+                   "execute_ms": {n: v[s] for n, v in execute_ms.items()}}
+            rows.append(row)
+        report["shards"] = rows
+        summary: dict = {"rebuild_ms_mean": {}, "execute_ms_mean": {}, "rebuild_over_execute": {},
+                         "hidden_share": {}, "pipelined": {}}
+        for n, per in rebuild_ms.items():
+            summary["rebuild_ms_mean"][n] = {k: statistics.mean(v) for k, v in per.items()}
+        for n, v in execute_ms.items():
+            summary["execute_ms_mean"][n] = statistics.mean(v)
+        mk = _key(main)
+        for rn, per in rebuild_ms.items():
+            for en, ev in execute_ms.items():
+                rb = per[mk]
+                summary["rebuild_over_execute"][f"{rn}/{en}"] = sum(rb) / sum(ev)
+                summary["hidden_share"][f"{rn}/{en}"] = _hidden_share(rb, ev)
+        # measured: a rebuild thread beside the executor on this host's shared cores
+        for rn, rec in recs.items():
+            for en, (ex, ranges) in runs.items():
+                rebuild_fn = lambda p, rec=rec: rec.rebuild(info, p, *main, blobs[(p, main)])  # noqa: E731
+                wall, stall = min((_pipelined(lambda ex=ex: ex.prepare(req, shard_size), info.shards, rebuild_fn,
+                                              ranges) for _ in range(max(1, repeats - 1))), key=lambda x: x[0])
+                serial = sum(execute_ms[en]) / 1e3 + sum(rebuild_ms[rn][mk]) / 1e3
+                summary["pipelined"][f"{rn}/{en}"] = {"wall_ms": 1e3 * wall, "stall_ms": 1e3 * stall,
+                                                      "serial_ms": 1e3 * serial}
+        report["summary"] = summary
+        return report
+    finally:
+        tmp.cleanup()
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def print_report(report: dict, console=None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    main = "r{}-a{}-b{}".format(*report["main_config"])
+    recs = list(report["summary"]["rebuild_ms_mean"])
+    exes = list(report["summary"]["execute_ms_mean"])
+    t = Table(title=f"bench-device: {report['template']} ({report['model']}), shard size {report['shard_size']}, "
+                    f"config {tuple(report['main_config'])}, ms")
+    t.add_column("shard")
+    t.add_column("layers")
+    t.add_column("KiB", justify="right")
+    t.add_column(f"recv @{report['mbps']:g}Mb/s", justify="right")
+    for r in recs:
+        t.add_column(f"rebuild {r}", justify="right")
+    for e in exes:
+        t.add_column(f"exec {e}", justify="right")
+    if recs and exes:
+        t.add_column(f"{recs[-1]}/{exes[-1]}", justify="right")
+    for row in report["shards"]:
+        cells = [str(row["shard"]), f"s{row['step']} {row['layers'][0]}-{row['layers'][1]}",
+                 f"{row['bytes'][main] / 1024:.0f}", f"{row['receive_ms'][main]:.1f}"]
+        cells += [f"{row['rebuild_ms'][r][main]:.2f}" for r in recs]
+        cells += [f"{row['execute_ms'][e]:.2f}" for e in exes]
+        if recs and exes:
+            cells.append(f"{100 * row['rebuild_ms'][recs[-1]][main] / row['execute_ms'][exes[-1]]:.1f}%")
+        t.add_row(*cells)
+    console.print(t)
+    s = report["summary"]
+    t2 = Table(title="summary (main config)")
+    for col in ("rebuild / execute", "rebuild ÷ execute", "hidden (model)", "pipelined wall", "serial", "stall"):
+        t2.add_column(col, justify="right")
+    for pair, ratio in s["rebuild_over_execute"].items():
+        pl = s["pipelined"].get(pair, {})
+        t2.add_row(pair, f"{100 * ratio:.1f}%", f"{100 * s['hidden_share'][pair]:.0f}%",
+                   f"{pl.get('wall_ms', float('nan')):.0f} ms", f"{pl.get('serial_ms', float('nan')):.0f} ms",
+                   f"{pl.get('stall_ms', float('nan')):.1f} ms")
+    console.print(t2)
+    for name, dev in report.get("reconstructors", {}).items():
+        console.print(f"[dim]{name}: {dev}[/dim]")
+    if "image_max_abs_executorch_vs_eager" in report:
+        console.print(f"ExecuTorch vs eager image: max abs {report['image_max_abs_executorch_vs_eager']:.2e}")
+
+
+# ---------------------------------------------------------------------------------- CLI (typer-ready)
+
+import typer  # noqa: E402 - light; only the command below uses it
+
+
+def bench_device_cmd(
+    template: str = typer.Option("fs-astronaut", "--template", "-t", help="Template id (Flux2 model)."),
+    shard_size: int = typer.Option(2, "--shard-size", help="Layers per shard (cache and program grouping)."),
+    max_rank: int = typer.Option(128, "--max-rank", help="Rank of the pack built for the benchmark."),
+    config: Optional[list[str]] = typer.Option(None, "--config", "-c", help="r,b_A,b_B (R = stored rank); "
+                                               "repeatable; the 2nd is the main one. Default: R,8,8 64,4,4 32,3,2."),
+    executor: Optional[list[str]] = typer.Option(None, "--executor", "-e", help="eager / executorch (repeatable)."),
+    reconstructor: Optional[list[str]] = typer.Option(None, "--reconstructor", "-r", help="torch / opencl (repeatable)."),
+    repeats: int = typer.Option(3, "--repeats", help="Timed repetitions (medians)."),
+    mbps: float = typer.Option(50.0, "--mbps", help="Link rate for the receive column."),
+    pack: Optional[Path] = typer.Option(None, "--pack", help="Use this built pack instead of building one."),
+    importance: bool = typer.Option(False, "--importance", help="Profile token importance for the pack (slower)."),
+    catalog: Optional[Path] = typer.Option(None, "--catalog", help="Catalog manifest (TOML); default: the embedded one."),
+    out: Path = typer.Option(Path("bench-device.json"), "--out", "-o", help="JSON report."),
+):
+    """Per shard: rebuild (torch vs OpenCL) vs execute (eager vs ExecuTorch), and how much rebuild hides."""
+    report = bench_device(template, catalog=catalog, shard_size=shard_size, max_rank=max_rank,
+                          configs=config or DEFAULT_CONFIGS, executors=executor or ("eager", "executorch"),
+                          reconstructors=reconstructor or ("torch", "opencl"), repeats=repeats, mbps=mbps,
+                          pack=pack, importance=importance, log=lambda m: typer.echo(m, err=True))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1))
+    print_report(report)
+    typer.echo(f"wrote {out}")

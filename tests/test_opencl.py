@@ -1,0 +1,115 @@
+"""Reconstruction backends: OpenCL rebuild == torch rebuild (decode_shard), incl. partial bit planes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from sakura.offline.container import PackFormatError
+from sakura.offline.pack import PackReader, decode_factors, decode_shard, write_pack
+from sakura.offline.synthetic import synthetic_cache
+from sakura.runtime.reconstruct import BackendUnavailable, default_reconstructor, get_reconstructor
+from sakura.runtime.reconstruct.base import shard_bytes
+
+RANK = 32
+# (r, b_A, b_B): full, mid, 1-bit planes, odd bit counts, means only, asymmetric, rank = stored rank
+CONFIGS = [(RANK, 8, 8), (16, 4, 4), (8, 1, 3), (24, 2, 7), (0, 1, 1), (RANK, 5, 1), (8, 8, 2), (16, 3, 6)]
+TOL = 1e-5  # K/V max abs difference (the factors themselves are bit-identical)
+
+
+@pytest.fixture(scope="module")
+def pack(tmp_path_factory):
+    cache, imp = synthetic_cache(num_steps=2, num_layers=2, seed=3)  # importance → spiky components, dead zones
+    path = tmp_path_factory.mktemp("packs") / "t.pack"
+    write_pack(path, cache, imp, max_rank=RANK, shard_size=1, tradeoff=False)
+    return PackReader(path)
+
+
+@pytest.fixture(scope="module")
+def opencl():
+    try:
+        rec = get_reconstructor("opencl")
+    except BackendUnavailable as e:
+        pytest.skip(f"no usable OpenCL device here: {e}")
+    return rec
+
+
+def test_pack_exercises_dead_zones(pack):
+    sb = shard_bytes(pack.info, 0, RANK, 8, 8, pack.read(0, RANK, 8, 8))
+    recs = np.frombuffer(sb.a.raw, np.uint8, count=RANK * len(sb.units) * (5 + sb.a.pb)).reshape(RANK, len(sb.units), -1)
+    assert (recs[..., 4] != 0).any()
+
+
+def test_torch_reconstructor_is_decode_shard(pack):
+    rec = get_reconstructor("torch")
+    blobs = pack.read(1, 16, 4, 4)
+    got, want = rec.rebuild(pack.info, 1, 16, 4, 4, blobs), decode_shard(pack.info, 1, 16, 4, 4, blobs)
+    assert got.keys() == want.keys()
+    for key in want:
+        assert torch.equal(got[key][0], want[key][0]) and torch.equal(got[key][1], want[key][1])
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: "r{}-a{}-b{}".format(*c))
+def test_opencl_rebuild_equals_torch(pack, opencl, cfg):
+    for shard in range(pack.info.num_shards):
+        blobs = pack.read(shard, *cfg)
+        want = decode_shard(pack.info, shard, *cfg, blobs)
+        got = opencl.rebuild(pack.info, shard, *cfg, blobs)
+        assert got.keys() == want.keys()
+        for key, (k, v) in want.items():
+            assert got[key][0].shape == k.shape and got[key][0].dtype == torch.float32
+            assert float((got[key][0] - k).abs().max()) <= TOL
+            assert float((got[key][1] - v).abs().max()) <= TOL
+        if cfg[0]:  # the dequantised factors are bit-identical to the numpy decoder's
+            units, a, b, _ = opencl.factors(pack.info, shard, *cfg, blobs)
+            ref = decode_factors(pack.info, shard, *cfg, blobs)
+            for i, u in enumerate(units):
+                assert np.array_equal(a[i], ref[u][0]) and np.array_equal(b[i], ref[u][1])
+
+
+def test_opencl_matmul_kernel_and_merged_blobs(pack, opencl):
+    from sakura.runtime.reconstruct.opencl import OpenCLReconstructor
+
+    on_device = OpenCLReconstructor(matmul="opencl")
+    whole = {(0, pack.info.file_size): pack.file.read(0, pack.info.file_size)}  # one blob covering every range
+    want = decode_shard(pack.info, 1, 24, 3, 5, whole)
+    for rec in (opencl, on_device):
+        got = rec.rebuild(pack.info, 1, 24, 3, 5, whole)
+        for key, (k, v) in want.items():
+            assert float((got[key][0] - k).abs().max()) <= 1e-4 and float((got[key][1] - v).abs().max()) <= 1e-4
+
+
+def test_opencl_checks_crc(pack, opencl):
+    blobs = pack.read(0, 16, 2, 2)
+    (off, n), data = next(iter(blobs.items()))
+    bad = bytearray(data)
+    bad[n // 2] ^= 0xFF
+    with pytest.raises(PackFormatError, match="checksum"):
+        opencl.rebuild(pack.info, 0, 16, 2, 2, {(off, n): bytes(bad), **{k: v for k, v in blobs.items() if k != (off, n)}})
+
+
+def test_unknown_platform_is_a_clear_error():
+    try:
+        import pyopencl  # noqa: F401
+    except ImportError:
+        pytest.skip("pyopencl not installed")
+    with pytest.raises(BackendUnavailable, match="no-such-platform"):
+        get_reconstructor("opencl", platform="no-such-platform")
+    with pytest.raises(ValueError, match="unknown reconstructor"):
+        get_reconstructor("cuda")
+
+
+def test_default_reconstructor(monkeypatch):
+    import sakura.runtime.reconstruct as R
+
+    monkeypatch.setattr(R, "_default", None)
+    monkeypatch.setenv("SAKURA_RECONSTRUCTOR", "torch")
+    assert default_reconstructor().name == "torch"
+    monkeypatch.setattr(R, "_default", None)
+    monkeypatch.delenv("SAKURA_RECONSTRUCTOR")
+    rec = default_reconstructor()  # measured: the fastest usable backend, torch when OpenCL is missing
+    assert rec.name in ("torch", "opencl")
+    report = R.default_report()
+    assert report["chosen"] == rec.name and "torch" in report["seconds"]
+    assert default_reconstructor() is rec  # measured once
