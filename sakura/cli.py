@@ -278,6 +278,43 @@ def bench(
         typer.echo(f"wrote {path}")
 
 
+@app.command()
+@friendly
+def report(
+    kind: str = typer.Argument(..., help="importance | tradeoff | q-sweep"),
+    templates: str = typer.Option("fs-astronaut", "--templates", help="Comma-separated template ids."),
+    packs: Path = typer.Option(Path("packs"), "--packs"),
+    out: Path = typer.Option(Path("runs/report"), "--out"),
+):
+    """Offline observations: token importance (Fig. 2), rank-precision trade-off (Fig. 8), q sweep (Fig. 19)."""
+    from sakura.catalog import load_catalog
+    from sakura.eval import bench as B
+    from sakura.eval import reports
+
+    if kind not in ("importance", "tradeoff", "q-sweep"):
+        raise UserError("report kind must be importance, tradeoff or q-sweep")
+    out.mkdir(parents=True, exist_ok=True)
+    cat = load_catalog()
+    chosen = [cat.get(t.strip()) for t in templates.split(",")]
+    if kind == "q-sweep":
+        from sakura.eval import figures
+
+        tasks = {t.task for t in chosen}
+        workload = "fs" if "fs" in tasks else sorted(tasks)[0]
+        for path in figures.fig19_q_sweep(B.BenchConfig(workloads=(workload,), packs=packs), out, {}, None, typer.echo):
+            typer.echo(f"wrote {path}")
+        return
+    for tpl in chosen:
+        tb = B.prepare_template(tpl, packs, say=lambda s: typer.echo(s, err=True), repeats=1)
+        result = (reports.importance_report if kind == "importance" else reports.tradeoff_report)(tb, packs, out)
+        if kind == "importance":
+            typer.echo(f"{tpl.id}: top decile carries {100 * result['decile_error_share'][0]:.0f}% of the INT2 error; "
+                       f"top-10% overlap {result['top10_overlap_mean']:.2f}; top-10% attention mass {result['top10_mass_share_mean']:.2f}")
+        else:
+            typer.echo(f"{tpl.id}: frontier of shard 0 has {len(result['frontier'])} configurations")
+    typer.echo(f"figures in {out}")
+
+
 def main() -> None:
     try:
         app()

@@ -93,7 +93,7 @@ def test_simulated_clock_agrees_with_real_clock(setup, system, scale):
     raw = (packs / f"{fid}.pack").read_bytes()
     replay = ComputeProfile.from_timeline(real)
     sim, _ = simulate(enc, get_policy(system), replay, LinkModel(load_trace(trace).scaled(scale), start),
-                      lambda ranges: [raw[o:o + n] for o, n in ranges], keep=False)
+                      lambda ranges: [raw[o:o + n] for o, n in ranges], keep=False, predicted=compute)
     assert [u.level for u in sim.units] == [u.level for u in real.units]
     assert abs(sim.latency_s - real.latency_s) / real.latency_s < 0.15
 

@@ -51,11 +51,15 @@ def predict_need(shard: int, now: float, compute: ComputeProfile, starts: list[f
 
 def simulate(encoding: StreamEncoding, policy: Policy, compute: ComputeProfile, link: LinkModel,
              fetch: Fetch | None, ahead: int = 2, keep: bool = True,
-             rebuild_model: Callable[[FetchUnit, object], float] | None = None) -> tuple[Timeline, KV]:
+             rebuild_model: Callable[[FetchUnit, object], float] | None = None,
+             predicted: ComputeProfile | None = None) -> tuple[Timeline, KV]:
     """Run one edit on the simulated clock. Returns its timeline and the rebuilt cache (for quality).
 
     Rebuild times are measured by decoding the chosen bytes for real; with ``rebuild_model`` (and no
-    ``fetch``) nothing is decoded and the model gives the time (paper-scale projections)."""
+    ``fetch``) nothing is decoded and the model gives the time (paper-scale projections).
+    ``predicted`` is what the device believes about its compute (default: ``compute`` itself); replaying
+    a real run passes the profile the real runtime predicted with and the compute it really did."""
+    predicted = predicted or compute
     encoding = encoding.fresh()
     units: list[FetchUnit] = encoding.units
     nshards = len(compute.shards)
@@ -76,7 +80,7 @@ def simulate(encoding: StreamEncoding, policy: Policy, compute: ComputeProfile, 
                 tl.shards[k].stall_s = max(0.0, ready[k] - prev_end)
 
     monitor = RuntimeMonitor(initial_bps=link.rate_bps_at(0.0))
-    policy.begin(units, compute.masked_s, monitor.initial_bps)
+    policy.begin(units, predicted.masked_s, monitor.initial_bps)
     recv_free = rebuild_free = 0.0
     pre = encoding.preamble_ranges()
     if pre:  # fetched once before the first unit (CacheGen's entropy models)
@@ -91,7 +95,7 @@ def simulate(encoding: StreamEncoding, policy: Policy, compute: ComputeProfile, 
         run_until(u.needed_by - 1)
         gate = starts[u.needed_by - ahead] if u.needed_by - ahead >= 0 else 0.0
         t_req = max(recv_free, gate)
-        deadline = predict_need(u.needed_by, t_req, compute, starts)
+        deadline = predict_need(u.needed_by, t_req, predicted, starts)
         d = policy.choose(u, t_req, deadline, monitor)
         t_arr = t_req + link.transfer_s(d.level.nbytes, t_req)
         monitor.record_transfer(d.level.nbytes, t_arr - t_req)
