@@ -113,3 +113,20 @@ def test_default_reconstructor(monkeypatch):
     report = R.default_report()
     assert report["chosen"] == rec.name and "torch" in report["seconds"]
     assert default_reconstructor() is rec  # measured once
+
+
+def test_bench_device_smoke(tmp_path):
+    """The benchmark end to end on its cheapest path (eager execution, torch + whatever OpenCL exists)."""
+    from sakura.runtime.device_bench import bench_device, print_report
+
+    report = bench_device("fs-astronaut", shard_size=4, max_rank=16, configs=["R,2,2", "8,1,1"],
+                          executors=("eager",), reconstructors=("torch", "opencl"), repeats=1, random_cache=True,
+                          log=lambda m: None)
+    assert report["pack"]["rank"] == 16 and report["configs"] == [[16, 2, 2], [8, 1, 1]]
+    assert len(report["shards"]) == report["pack"]["shards"] == 4 * 2
+    row = report["shards"][0]
+    assert row["bytes"]["r8-a1-b1"] < row["bytes"]["r16-a2-b2"]
+    assert row["execute_ms"]["eager"] > 0 and row["rebuild_ms"]["torch"]["r8-a1-b1"] > 0
+    s = report["summary"]
+    assert 0 <= s["hidden_share"]["torch/eager"] <= 1 and s["pipelined"]["torch/eager"]["wall_ms"] > 0
+    print_report(report)

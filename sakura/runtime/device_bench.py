@@ -25,9 +25,6 @@ import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-import numpy as np
-import torch
-
 DEFAULT_CONFIGS = ("R,8,8", "64,4,4", "32,3,2")
 
 
@@ -115,8 +112,11 @@ def bench_device(template_id: str, *, catalog: str | Path | None = None, shard_s
                  configs: Sequence[str] = DEFAULT_CONFIGS, executors: Sequence[str] = ("eager", "executorch"),
                  reconstructors: Sequence[str] = ("torch", "opencl"), repeats: int = 3, mbps: float = 50.0,
                  pack: str | Path | None = None, importance: bool = False, model_path: str | Path | None = None,
-                 log: Callable[[str], None] = print) -> dict:
+                 random_cache: bool = False, log: Callable[[str], None] = print) -> dict:
     """Run the benchmark and return its report (see module doc)."""
+    import numpy as np
+    import torch
+
     from sakura.catalog import load_catalog
     from sakura.editing import edit_request, model_for
     from sakura.offline.pack import PackReader, write_pack
@@ -140,14 +140,18 @@ def bench_device(template_id: str, *, catalog: str | Path | None = None, shard_s
             from sakura.offline.builder import capture_request, profile_importance
 
             t0 = time.perf_counter()
-            cache = model.capture(capture_request(tpl, model)).to(torch.float16)
-            imp = profile_importance(model, tpl, cache) if importance else None
+            if random_cache:  # times do not depend on the values: skip the capture run
+                cache = _random_cache(model, req)
+                imp = None
+            else:
+                cache = model.capture(capture_request(tpl, model)).to(torch.float16)
+                imp = profile_importance(model, tpl, cache) if importance else None
             path = Path(tmp.name) / f"{tpl.id}.pack"
             write_pack(path, cache, imp, max_rank=max_rank, shard_size=shard_size, model_id=model.model_id,
                        template_id=tpl.id, tradeoff=False)
             reader = PackReader(path)
             report["pack"] = {"built": True, "build_s": round(time.perf_counter() - t0, 2),
-                              "importance": importance}
+                              "importance": bool(imp), "random_cache": random_cache}
         info = reader.info
         geo = info.geometry
         if geo.shard_size != shard_size:
@@ -257,6 +261,22 @@ def bench_device(template_id: str, *, catalog: str | Path | None = None, shard_s
         tmp.cleanup()
 
 
+def _random_cache(model, req):
+    """Seeded FP16 K/V of the template's geometry (for timing only)."""
+    import torch
+
+    from sakura.kvcache import KVCache
+
+    reuse = torch.nonzero(~model.token_mask(req.mask)).flatten()
+    cache = KVCache(model.num_steps, model.num_layers, model.heads, model.head_dim, reuse)
+    g = torch.Generator().manual_seed(0)
+    for s in range(model.num_steps):
+        for layer in range(model.num_layers):
+            cache.k[(s, layer)] = torch.randn(len(reuse), cache.dim, generator=g).half()
+            cache.v[(s, layer)] = torch.randn(len(reuse), cache.dim, generator=g).half()
+    return cache
+
+
 def _timed(fn) -> float:
     t0 = time.perf_counter()
     fn()
@@ -267,7 +287,7 @@ def print_report(report: dict, console=None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = console or Console()
+    console = console or Console(width=None if Console().is_terminal else 150)
     main = "r{}-a{}-b{}".format(*report["main_config"])
     recs = list(report["summary"]["rebuild_ms_mean"])
     exes = list(report["summary"]["execute_ms_mean"])
@@ -294,7 +314,7 @@ def print_report(report: dict, console=None) -> None:
     console.print(t)
     s = report["summary"]
     t2 = Table(title="summary (main config)")
-    for col in ("rebuild / execute", "rebuild ÷ execute", "hidden (model)", "pipelined wall", "serial", "stall"):
+    for col in ("reconstructor/executor", "rebuild ÷ execute", "hidden (model)", "pipelined wall", "serial", "stall"):
         t2.add_column(col, justify="right")
     for pair, ratio in s["rebuild_over_execute"].items():
         pl = s["pipelined"].get(pair, {})
@@ -310,7 +330,7 @@ def print_report(report: dict, console=None) -> None:
 
 # ---------------------------------------------------------------------------------- CLI (typer-ready)
 
-import typer  # noqa: E402 - light; only the command below uses it
+import typer  # noqa: E402 - light (no torch): cli.py can import this module at start-up
 
 
 def bench_device_cmd(
@@ -325,6 +345,8 @@ def bench_device_cmd(
     mbps: float = typer.Option(50.0, "--mbps", help="Link rate for the receive column."),
     pack: Optional[Path] = typer.Option(None, "--pack", help="Use this built pack instead of building one."),
     importance: bool = typer.Option(False, "--importance", help="Profile token importance for the pack (slower)."),
+    random_cache: bool = typer.Option(False, "--random-cache", help="Seeded random K/V instead of capturing the "
+                                      "template (times do not depend on values; skips the capture run)."),
     catalog: Optional[Path] = typer.Option(None, "--catalog", help="Catalog manifest (TOML); default: the embedded one."),
     out: Path = typer.Option(Path("bench-device.json"), "--out", "-o", help="JSON report."),
 ):
@@ -332,7 +354,8 @@ def bench_device_cmd(
     report = bench_device(template, catalog=catalog, shard_size=shard_size, max_rank=max_rank,
                           configs=config or DEFAULT_CONFIGS, executors=executor or ("eager", "executorch"),
                           reconstructors=reconstructor or ("torch", "opencl"), repeats=repeats, mbps=mbps,
-                          pack=pack, importance=importance, log=lambda m: typer.echo(m, err=True))
+                          pack=pack, importance=importance, random_cache=random_cache,
+                          log=lambda m: typer.echo(m, err=True))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1))
     print_report(report)
