@@ -1,0 +1,46 @@
+"""``python -m device_bridge --listen HOST:PORT (--server URL | --packs DIR) [options]``: the device agent.
+
+Prints ``sakura device agent listening on ws://HOST:PORT`` once bound (``--listen 127.0.0.1:0`` picks a
+free port: the subprocess transport reads the URL from that line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from device_bridge.agent import DEFAULT_TIMEOUT_S
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m device_bridge", description="SAKURA device agent")
+    ap.add_argument("--listen", default="127.0.0.1:8700", help="HOST:PORT to listen on (port 0 = any free port)")
+    ap.add_argument("--server", default=None, help="template server URL (default: serve --packs locally)")
+    ap.add_argument("--packs", default=None, help="packs folder to serve when no --server is given")
+    ap.add_argument("--catalog", default=None, help="catalog manifest (TOML); default: the embedded one")
+    ap.add_argument("--link", choices=("ws", "http"), default="ws", help="how the device fetches cache ranges")
+    ap.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                    help="seconds a shard may be late before the edit fails")
+    ap.add_argument("--workdir-root", default=None, help="where per-edit temporary folders go (default: system temp)")
+    ap.add_argument("--warmup", action="append", default=[], metavar="TEMPLATE",
+                    help="load the model and calibrate compute for this template before serving")
+    ap.add_argument("--calibration", default=None, metavar="FILE",
+                    help="JSON file keeping measured device compute across restarts")
+    ap.add_argument("--log-level", default="warning")
+    a = ap.parse_args(argv)
+    try:
+        from device_bridge.cli import run_agent
+
+        run_agent(a.listen, a.server, a.packs, catalog=a.catalog, link=a.link, timeout_s=a.timeout,
+                  workdir_root=a.workdir_root, warmup=a.warmup, calibration_file=a.calibration,
+                  log_level=a.log_level)
+    except KeyboardInterrupt:
+        return 0
+    except (ValueError, RuntimeError) as e:
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""``sakura device``: run the device agent (wire :func:`device` into ``sakura/cli.py``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from device_bridge.agent import DEFAULT_TIMEOUT_S
+
+
+def run_agent(listen: str = "127.0.0.1:8700", server: str | None = None, packs: str | Path | None = None, *,
+              catalog: str | Path | None = None, link: str = "ws", timeout_s: float = DEFAULT_TIMEOUT_S,
+              workdir_root: str | Path | None = None, warmup: list[str] | tuple[str, ...] = (),
+              calibration_file: str | Path | None = None, log_level: str = "warning") -> None:
+    """Start a :class:`DeviceAgent` (and a local template server over ``packs`` when no ``server``
+    is given) and serve it until interrupted."""
+    from device_bridge.agent import DeviceAgent
+    from device_bridge.server import parse_listen, serve_agent
+
+    parse_listen(listen)  # fail before loading anything
+    from sakura.catalog import CatalogError
+
+    try:
+        agent = DeviceAgent(server, catalog, packs, link=link, timeout_s=timeout_s, workdir_root=workdir_root,
+                            calibration_file=calibration_file)
+    except CatalogError as e:
+        raise ValueError(str(e)) from None
+    try:
+        for tid in warmup:
+            agent.warmup(tid)
+        serve_agent(agent, listen, log_level=log_level)
+    finally:
+        agent.close()
+
+
+def device(
+    listen: str = typer.Option("127.0.0.1:8700", "--listen", help="HOST:PORT for the agent's websocket (port 0 = any)."),
+    server: Optional[str] = typer.Option(None, "--server", help="Template server URL; default: serve --packs here."),
+    packs: Path = typer.Option(Path("packs"), "--packs", help="Packs folder served when no --server is given."),
+    catalog: Optional[Path] = typer.Option(None, "--catalog", help="Catalog manifest (TOML); default: the embedded one."),
+    link: str = typer.Option("ws", "--link", help="How the device fetches cache ranges: ws or http."),
+    timeout: float = typer.Option(DEFAULT_TIMEOUT_S, "--timeout", help="Seconds a shard may be late before the edit fails."),
+    warmup: Optional[list[str]] = typer.Option(None, "--warmup", help="Template to load and calibrate before serving (repeatable)."),
+    calibration: Optional[Path] = typer.Option(None, "--calibration", help="JSON file keeping measured device compute across restarts."),
+):
+    """Run the device agent: edits arrive over a websocket (docs/device-protocol.md); the user's photo
+    and prompt stay on this side; packs are streamed from the template server."""
+    try:
+        run_agent(listen, server, None if server else packs, catalog=catalog, link=link, timeout_s=timeout,
+                  warmup=warmup or [], calibration_file=calibration)
+    except KeyboardInterrupt:
+        pass
+    except (ValueError, RuntimeError) as e:
+        typer.echo(f"error: {' '.join(str(e).split())}", err=True)
+        raise typer.Exit(2)

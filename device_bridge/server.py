@@ -1,0 +1,187 @@
+"""The agent's websocket server (protocol v1, see ``docs/device-protocol.md``).
+
+``GET /healthz``, ``GET /v1/templates``, ``POST /v1/warmup/{template_id}``, ``WS /v1/edit``.
+The agent runs each edit in a worker thread; its events are forwarded as JSON text frames as
+they happen. A client that disconnects cancels its edit (the agent stops at its next cache
+request) and the agent stays up. Nothing of a job is logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, WebSocket
+from fastapi.responses import JSONResponse
+from starlette.websockets import WebSocketDisconnect, WebSocketState
+
+from device_bridge.agent import DeviceAgent, EditFailed, EditRejected, one_line
+
+READY_PREFIX = "sakura device agent listening on "
+WS_MAX_BYTES = 64 * 1024 * 1024  # a 20 MB photo in base64 plus the job must fit one message
+_DONE = object()
+
+
+def create_app(agent: DeviceAgent) -> FastAPI:
+    app = FastAPI(title="SAKURA device agent", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.get("/healthz")
+    def healthz() -> dict[str, Any]:
+        return agent.health()
+
+    @app.get("/v1/templates")
+    def templates() -> list[dict[str, Any]]:
+        return agent.templates()
+
+    @app.post("/v1/warmup/{template_id}")
+    def warmup(template_id: str):
+        try:
+            return agent.warmup(template_id)
+        except EditRejected as e:
+            return JSONResponse({"error": one_line(e), "code": e.code}, status_code=404)
+        except EditFailed as e:
+            return JSONResponse({"error": one_line(e), "code": e.code}, status_code=503)
+
+    @app.websocket("/v1/edit")
+    async def edit(ws: WebSocket) -> None:
+        await ws.accept()
+        try:
+            first = await ws.receive()
+        except (WebSocketDisconnect, RuntimeError):
+            return
+        if first["type"] == "websocket.disconnect":
+            return
+        text = first.get("text")
+        if text is None:
+            text = (first.get("bytes") or b"").decode("utf-8", "replace")
+        try:
+            job = json.loads(text)
+        except ValueError:
+            await _send_final(ws, {"type": "error", "code": "rejected",
+                                   "message": "the job is not valid JSON"})
+            return
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+        cancel = threading.Event()
+
+        def on_event(ev: dict) -> None:
+            loop.call_soon_threadsafe(events.put_nowait, ev)
+
+        def work() -> None:
+            try:
+                agent.edit(job, on_event, cancel=cancel)
+            except (EditRejected, EditFailed):
+                pass  # already sent as an error event
+            except BaseException:  # noqa: BLE001 - never kill the server
+                on_event({"type": "error", "code": "internal", "message": "internal error in the device agent"})
+            finally:
+                loop.call_soon_threadsafe(events.put_nowait, _DONE)
+
+        async def watch() -> None:  # the client sends nothing more: a receive returns only on disconnect
+            try:
+                while True:
+                    msg = await ws.receive()
+                    if msg["type"] == "websocket.disconnect":
+                        break
+            except Exception:  # noqa: BLE001
+                pass
+            cancel.set()
+
+        worker = loop.run_in_executor(None, work)
+        watcher = asyncio.create_task(watch())
+        try:
+            while True:
+                ev = await events.get()
+                if ev is _DONE:
+                    break
+                if cancel.is_set():
+                    continue  # drain: the client is gone
+                try:
+                    await ws.send_text(json.dumps(ev, allow_nan=False))
+                except Exception:  # noqa: BLE001 - client gone mid-edit
+                    cancel.set()
+        finally:
+            await worker
+            watcher.cancel()
+            if not cancel.is_set() and ws.application_state == WebSocketState.CONNECTED:
+                try:
+                    await ws.close()
+                except Exception:  # noqa: BLE001
+                    pass
+
+    return app
+
+
+async def _send_final(ws: WebSocket, ev: dict) -> None:
+    try:
+        await ws.send_text(json.dumps(ev))
+        await ws.close()
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    host, sep, port = listen.strip().rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"--listen must be HOST:PORT (e.g. 127.0.0.1:8700), got {listen!r}")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.bind((host, port))
+    return sock
+
+
+def agent_url(host: str, sock: socket.socket) -> str:
+    return f"ws://{f'[{host}]' if ':' in host else host}:{sock.getsockname()[1]}"
+
+
+def uvicorn_config(app: FastAPI, log_level: str = "warning") -> uvicorn.Config:
+    return uvicorn.Config(app, log_level=log_level, access_log=False, ws_max_size=WS_MAX_BYTES,
+                          ws_per_message_deflate=False, lifespan="off")
+
+
+def serve_agent(agent: DeviceAgent, listen: str = "127.0.0.1:8700", log_level: str = "warning") -> None:
+    """Serve until interrupted. Prints ``sakura device agent listening on ws://HOST:PORT`` once bound
+    (port 0 = any free port)."""
+    host, port = parse_listen(listen)
+    sock = bind(host, port)
+    print(f"{READY_PREFIX}{agent_url(host, sock)}", flush=True)
+    uvicorn.Server(uvicorn_config(create_app(agent), log_level)).run(sockets=[sock])
+
+
+class AgentServerThread:
+    """The agent's server in a background thread of this process (tests, embedding in an app)."""
+
+    def __init__(self, agent: DeviceAgent, host: str = "127.0.0.1", port: int = 0) -> None:
+        sock = bind(host, port)
+        self.url = agent_url(host, sock)
+        self._server = uvicorn.Server(uvicorn_config(create_app(agent)))
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, daemon=True,
+                                        name="device-agent-server")
+        self._thread.start()
+        import time
+
+        deadline = time.monotonic() + 20
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"device agent server did not start on {self.url}")
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(5)
+
+    def __enter__(self) -> "AgentServerThread":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

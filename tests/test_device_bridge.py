@@ -1,0 +1,381 @@
+"""Device agent + bridge: back-to-back edits, disconnects, bad inputs, privacy, transports.
+
+One fs template's packs (sakura + fp16, rank ≤ 32, one profiling request) are built once per
+session; the template server runs in its own process with an access log; the link is a fast
+fixed one so the tests measure plumbing, not bandwidth. Set ``SAKURA_TEST_DEVICE_PACKS`` to a
+folder that already holds ``fs-astronaut.pack`` and ``fs-astronaut.fp16.pack`` to skip the build.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import secrets
+import stat
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from device_bridge import BridgeError, DeviceAgent, EditFailed, EditRejected, InProcessBridge, connect
+from device_bridge.server import AgentServerThread
+
+TEMPLATE = "fs-astronaut"
+FAST_LINK = {"trace": "fixed:2000", "start": 0, "scale": None, "regime": "none"}
+REPO = Path(__file__).resolve().parent.parent
+
+
+# ------------------------------------------------------------------------------------- fixtures
+@pytest.fixture(scope="session")
+def device_packs(tmp_path_factory) -> Path:
+    pre = os.environ.get("SAKURA_TEST_DEVICE_PACKS")
+    if pre and (Path(pre) / f"{TEMPLATE}.pack").is_file() and (Path(pre) / f"{TEMPLATE}.fp16.pack").is_file():
+        return Path(pre)
+    from sakura.catalog import load_catalog
+    from sakura.offline.builder import build_template
+
+    out = tmp_path_factory.mktemp("device-packs")
+    tpl = load_catalog().get(TEMPLATE)
+    tpl = replace(tpl, profile_requests=tpl.profile_requests[:1])
+    build_template(tpl, out, max_rank=32, encodings=("sakura", "fp16"))
+    return out
+
+
+@pytest.fixture(scope="session")
+def access_log(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("device-server") / "access.log"
+
+
+@pytest.fixture(scope="session")
+def template_server(device_packs, access_log):
+    from sakura.server.run import start_server
+
+    srv = start_server(device_packs, process=True, access_log=access_log)
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="session")
+def calibration(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("device-calibration") / "calibration.json"
+
+
+@pytest.fixture(scope="session")
+def agent(template_server, calibration):
+    a = DeviceAgent(template_server.url, calibration_file=calibration)
+    a.warmup(TEMPLATE)  # model + compute calibration once for the whole file
+    yield a
+    a.close()
+
+
+@pytest.fixture(scope="session")
+def agent_ws(agent):
+    with AgentServerThread(agent) as srv:
+        yield srv.url
+
+
+# -------------------------------------------------------------------------------------- helpers
+def random_png(seed: int | None = None, size: tuple[int, int] = (96, 80)) -> tuple[bytes, np.ndarray]:
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    pixels = rng.integers(0, 256, (*size, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="PNG")
+    return buf.getvalue(), pixels
+
+
+def job(system="sakura", photo: bytes | None = None, reference_output=True, **kw) -> dict:
+    if photo is None:
+        photo, _ = random_png(0)
+    return {"template_id": TEMPLATE, "system": system, "prompt": None,
+            "reference_png_b64": base64.b64encode(photo).decode(), "network": dict(FAST_LINK),
+            "reference_output": reference_output, **kw}
+
+
+def decode_png(b64: str) -> np.ndarray:
+    from PIL import Image
+
+    with Image.open(io.BytesIO(base64.b64decode(b64))) as im:
+        assert im.format == "PNG"
+        return np.asarray(im)
+
+
+def check_result(res: dict, events: list[dict], system: str, reference: bool = True) -> None:
+    types = [e["type"] for e in events if e["type"] != "queued"]  # queued: another edit was still ending
+    assert types[0] == "accepted" and types[-1] == "result", types[:3] + types[-3:]
+    assert "error" not in types
+    plan = next(e for e in events if e["type"] == "plan")
+    assert plan["shards"] and plan["compute"]["masked_s"] > 0 and plan["fp16_bytes"] > 0
+    assert len(plan["trace"]["t"]) == len(plan["trace"]["mbps"]) >= 2
+    if system not in ("local", "oracle"):
+        assert plan["units"] and "request" in types and "arrival" in types and "rebuilt" in types
+        assert types.index("plan") < types.index("request")
+    assert "shard_start" in types and "shard_end" in types
+    assert res["type"] == "result" and res["system"] == system
+    assert decode_png(res["image_png_b64"]).shape == (256, 256, 3)
+    assert decode_png(res["mask_png_b64"]).shape == (256, 256)
+    s = res["summary"]
+    for key in ("latency_s", "stall_s", "bytes", "fp16_bytes", "transfer_hidden_s", "transfer_exposed_s",
+                "deadline_misses", "levels", "peak_cache_bytes"):
+        assert key in s, key
+    assert s["latency_s"] > 0 and s["transfer_hidden_s"] >= 0 and s["transfer_exposed_s"] >= 0
+    assert res["timeline"]["shards"] and res["timeline"]["system"] == system
+    if reference:
+        assert decode_png(res["reference_png_b64"]).shape == (256, 256, 3)
+        m = res["metrics"]
+        assert set(m) == {"psnr", "ssim", "psnr_masked", "ssim_masked"}
+        assert all(isinstance(v, float) and np.isfinite(v) for v in m.values())
+        assert m["psnr"] > 20 and 0 < m["ssim"] <= 1
+    for entry in res["sent_to_server"]:
+        assert set(entry) == {"file_id", "ranges", "bytes"}
+        assert entry["file_id"].startswith(TEMPLATE)
+        assert entry["bytes"] == sum(n for _, n in entry["ranges"])
+    json.dumps(res, allow_nan=False)  # strict JSON: no NaN / Infinity anywhere
+
+
+# ---------------------------------------------------------------------------------------- tests
+def test_two_edits_back_to_back_over_websocket(agent_ws):
+    bridge = connect(agent_ws)
+    health = bridge.health()
+    assert health["status"] == "ok" and health["protocol"] == 1 and health["server_reachable"]
+    gallery = {t["id"]: t for t in bridge.templates()}
+    assert gallery[TEMPLATE]["available"] is True and gallery[TEMPLATE]["input"] == "photo"
+    assert decode_png(gallery[TEMPLATE]["thumbnail_png_b64"]).shape[:2] == (128, 128)
+    for system in ("sakura", "fp16"):
+        events: list[dict] = []
+        res = bridge.edit(job(system), events.append)
+        check_result(res, events, system)
+        streamed = [e for e in res["sent_to_server"] if e["file_id"] == (TEMPLATE if system == "sakura"
+                                                                           else f"{TEMPLATE}.fp16")]
+        assert sum(e["bytes"] for e in streamed) >= res["summary"]["bytes"] > 0
+        if system == "fp16":
+            assert res["summary"]["bytes"] >= res["summary"]["fp16_bytes"] * 0.99
+        else:
+            assert res["summary"]["bytes"] < res["summary"]["fp16_bytes"]
+    assert bridge.health()["busy"] is False
+
+
+def test_client_disconnect_mid_edit_keeps_agent_alive(agent_ws):
+    from websockets.sync.client import connect as ws_connect
+
+    cancelled = connect(agent_ws).health()["edits"]["cancelled"]
+    with ws_connect(agent_ws + "/v1/edit", max_size=None) as ws:
+        ws.send(json.dumps(job("sakura")))
+        while json.loads(ws.recv(timeout=120))["type"] not in ("request", "shard_start"):
+            pass
+    # gone mid-edit: the agent cancels it and serves the next client
+    events: list[dict] = []
+    res = connect(agent_ws).edit(job("sakura", reference_output=False), events.append)
+    check_result(res, events, "sakura", reference=False)
+    assert res["metrics"] is None and res["reference_png_b64"] is None
+    assert connect(agent_ws).health()["edits"]["cancelled"] == cancelled + 1  # stopped, not run to the end
+
+
+def _bad_cases() -> list[tuple[dict, str]]:
+    from PIL import Image
+
+    from sakura.catalog import load_catalog
+
+    mb = load_catalog().by_task("mb")[0].id
+    buf = io.BytesIO()
+    Image.new("RGB", (4200, 16)).save(buf, format="PNG")
+    huge_px = buf.getvalue()
+    return [
+        (job(photo=b"this is certainly not an image, just text"), "not an image"),
+        (job(photo=huge_px), "too large"),
+        (job(photo=b"\x89PNG" + os.urandom(21 * 1024 * 1024)), "too large"),
+        ({**job(), "reference_png_b64": "!!! not base64 !!!"}, "not valid base64"),
+        ({**job(), "reference_png_b64": None}, "needs a face photo"),
+        ({**job(), "template_id": mb, "prompt": "   "}, "prompt is empty"),
+        ({**job(), "template_id": "no-such-template"}, "unknown template"),
+        ({**job(), "system": "magic"}, "unknown system"),
+        ({**job(), "network": {"trace": "no-such-trace-file.csv"}}, "bad network trace"),
+        ({**job(), "network": {"trace": "upload.csv", "trace_csv": "time_s,mbps\n0,abc\n1,garbage\n"}},
+         "bad network trace"),
+        ({**job(), "network": {"trace": "5g", "scale": -2}}, "network.scale"),
+        ("not a job", "JSON object"),
+    ]
+
+
+def test_bad_inputs_give_one_line_errors_and_agent_keeps_working(agent, agent_ws):
+    bridge = InProcessBridge(agent)
+    for bad, words in _bad_cases():
+        events: list[dict] = []
+        with pytest.raises(EditRejected, match=words):
+            bridge.edit(bad, events.append)
+        assert [e["type"] for e in events] == ["error"], events
+        msg = events[0]["message"]
+        assert words in msg and "\n" not in msg and "Traceback" not in msg and events[0]["code"] == "rejected"
+    # the same over the wire, plus a frame that is not JSON at all
+    from websockets.sync.client import connect as ws_connect
+
+    with ws_connect(agent_ws + "/v1/edit") as ws:
+        ws.send("{not json")
+        ev = json.loads(ws.recv(timeout=30))
+        assert ev["type"] == "error" and "not valid JSON" in ev["message"]
+    with pytest.raises(EditRejected, match="not an image"):
+        connect(agent_ws).edit(job(photo=b"GIF89a but broken"))
+    events = []
+    res = connect(agent_ws).edit(job("sakura", reference_output=False), events.append)
+    check_result(res, events, "sakura", reference=False)
+
+
+def test_bandwidth_collapse_fails_within_the_timeout_and_missing_packs_are_clear(agent):
+    collapse = {"trace": "collapse.csv", "trace_csv": "time_s,mbps\n0,0.01\n60,0.01\n", "start": 0,
+                "regime": "none"}
+    old, agent.timeout_s = agent.timeout_s, 1.0
+    events: list[dict] = []
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(EditFailed, match="did not arrive within 1 s"):
+            agent.edit(job("sakura", network=collapse), events.append)
+    finally:
+        agent.timeout_s = old
+    assert time.monotonic() - t0 < 30
+    plan = next(e for e in events if e["type"] == "plan")
+    assert plan["timeout_s"] == 1.0 and plan["initial_mbps"] == pytest.approx(0.01)
+    assert events[-1]["type"] == "error" and events[-1]["code"] == "failed"
+    with pytest.raises(EditFailed, match="no packs for fs-grace-hopper") as e:
+        agent.edit({**job(), "template_id": "fs-grace-hopper"})
+    assert e.value.code == "unavailable"
+    res = agent.edit(job("sakura", reference_output=False))  # and the agent carries on
+    assert res["summary"]["bytes"] > 0
+
+
+def _windows(data: bytes, n: int = 6, width: int = 16) -> list[bytes]:
+    """Windows from the random middle of the data (PNG headers are common to every PNG)."""
+    return [data[int(len(data) * f):int(len(data) * f) + width] for f in np.linspace(0.3, 0.9, n)]
+
+
+def _files_containing(roots: list[Path], since: float, needles: list[bytes]) -> list[str]:
+    hits = []
+    for root in roots:
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames[:] = [d for d in dirnames if d not in (".venv", ".git", "node_modules", "__pycache__")]
+            for name in filenames:
+                p = os.path.join(dirpath, name)
+                try:
+                    st = os.lstat(p)
+                    if not stat.S_ISREG(st.st_mode) or st.st_mtime < since or st.st_size > (256 << 20):
+                        continue
+                    with open(p, "rb") as f:
+                        data = f.read()
+                except OSError:
+                    continue
+                if any(n in data for n in needles):
+                    hits.append(p)
+    return hits
+
+
+def test_photo_and_prompt_never_leave_the_device_process(template_server, access_log, calibration, tmp_path):
+    photo, pixels = random_png(secrets.randbits(64), size=(120, 100))
+    b64 = base64.b64encode(photo).decode()
+    token = "zq" + secrets.token_hex(12)
+    before = access_log.stat().st_size if access_log.exists() else 0
+    since = time.time() - 1.0
+    with connect("subprocess", server_url=template_server.url, calibration_file=calibration) as bridge:
+        assert bridge.proc.poll() is None
+        events: list[dict] = []
+        res = bridge.edit({**job("sakura", photo=photo), "prompt": f"make it {token} please"}, events.append)
+        check_result(res, events, "sakura")
+        workdir = Path(next(e for e in events if e["type"] == "accepted")["workdir"])
+        assert workdir.parent == Path(tempfile.gettempdir()) and workdir.name.startswith("sakura-agent-")
+        assert not workdir.exists(), "the agent's temporary folder must be removed after the edit"
+        # the agent survives the edit and serves again
+        assert bridge.health()["status"] == "ok"
+    time.sleep(0.3)  # let the server flush its log
+    log = access_log.read_bytes()[before:]
+    assert log.count(b"\n") >= len(res["sent_to_server"]) > 0
+    needles = _windows(photo) + _windows(b64.encode()) + _windows(pixels.tobytes()) + [token.encode()]
+    for n in needles:
+        assert n not in log, "the template server saw bytes of the user's photo or prompt"
+    for line in log.decode().splitlines():
+        rec = json.loads(line)
+        assert TEMPLATE in rec["path"] or rec["path"] in ("/templates", "/healthz"), rec
+    # nothing written to disk with the photo (or its base64) in it during the edit
+    hits = _files_containing([Path(tempfile.gettempdir()), REPO], since, needles)
+    assert not hits, f"photo bytes written to disk: {hits}"
+    # what the device reports as sent is exactly template data
+    assert {e["file_id"] for e in res["sent_to_server"]} <= {TEMPLATE, f"{TEMPLATE}.fp16"}
+
+
+def test_adb_transport_errors_are_clear(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no adb anywhere
+    with pytest.raises(BridgeError, match="adb is not installed"):
+        connect("adb")
+    fake = tmp_path / "adb"
+    fake.write_text("#!/bin/sh\necho 'List of devices attached'\necho\n")
+    fake.chmod(0o755)
+    with pytest.raises(BridgeError, match="no Android device attached"):
+        connect("adb")
+    fake.write_text("#!/bin/sh\necho 'List of devices attached'\nprintf 'R58M123\\tunauthorized\\n'\n")
+    with pytest.raises(BridgeError, match="authorise USB debugging"):
+        connect("adb")
+    with pytest.raises(BridgeError, match="not attached"):
+        connect("adb:OTHER")
+
+
+def test_connect_rejects_unknown_specs_and_unreachable_agents():
+    with pytest.raises(BridgeError, match="unknown bridge"):
+        connect("bluetooth")
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    bridge = connect(f"tcp://127.0.0.1:{port}")
+    with pytest.raises(BridgeError, match="cannot reach the device agent"):
+        bridge.edit(job())
+    with pytest.raises(BridgeError, match="cannot reach the device agent"):
+        bridge.templates()
+
+
+def test_device_side_shaping_follows_the_trace():
+    from device_bridge.links import DeviceShapedLink
+    from sakura.net.client import Transfer
+    from sakura.net.traces import Trace
+
+    class Instant:
+        def fetch_timed(self, fid, ranges):
+            now = time.monotonic()
+            n = sum(n for _, n in ranges)
+            return Transfer([b"\0" * n for _, n in ranges], n, n, now, now, now)
+
+    link = DeviceShapedLink(Instant(), Trace.constant(8.0), 0.0)  # 8 Mbps = 1 MB/s
+    t0 = time.monotonic()
+    tr = link.fetch_timed("x", [(0, 100_000), (200_000, 100_000)])
+    assert 0.19 <= time.monotonic() - t0 < 0.5
+    assert tr.rate_bps == pytest.approx(8e6, rel=0.1)
+
+
+def test_transfer_split_counts_only_stalled_transfer_as_exposed():
+    from device_bridge.agent import transfer_split
+    from sakura.runtime.timeline import ShardRecord, Timeline, UnitRecord
+
+    tl = Timeline("sakura", "real")
+    tl.units = [UnitRecord(0, 0, "a", request_t=0.0, arrival_t=1.0), UnitRecord(1, 1, "b", request_t=1.0,
+                                                                                arrival_t=3.0)]
+    tl.shards = [ShardRecord(0, 0, (0, 2), exec_start_t=1.0, stall_s=0.5),
+                 ShardRecord(1, 0, (2, 4), exec_start_t=3.0, stall_s=1.0)]
+    total, hidden, exposed = transfer_split(tl)
+    assert total == pytest.approx(3.0) and exposed == pytest.approx(1.5) and hidden == pytest.approx(1.5)
+
+
+def test_device_command_reports_bad_arguments_in_one_line(tmp_path):
+    import typer
+    from typer.testing import CliRunner
+
+    from device_bridge.cli import device
+
+    app = typer.Typer()
+    app.command()(device)
+    r = CliRunner().invoke(app, ["--listen", "nonsense"])
+    assert r.exit_code == 2 and "HOST:PORT" in r.output
+    r = CliRunner().invoke(app, ["--listen", "127.0.0.1:0", "--packs", str(tmp_path / "missing")])
+    assert r.exit_code == 2 and "does not exist" in r.output and "Traceback" not in r.output
