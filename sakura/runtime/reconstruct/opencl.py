@@ -11,7 +11,10 @@ bit-identical to the torch decoder's (docs/pack-format.md §4). The
 from __future__ import annotations
 
 import ctypes
+import hashlib
+import json
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -136,15 +139,25 @@ def register_icds() -> list[str]:
             continue
     if not libs:
         return []
-    vendors = _user_tmp("sakura-ocl-vendors")
-    for old in vendors.glob("*.icd"):
-        old.unlink(missing_ok=True)
+    entries: dict[str, str] = {}
     system = Path("/etc/OpenCL/vendors")
     if system.is_dir():
-        for f in system.glob("*.icd"):
-            (vendors / f"system-{f.name}").write_text(f.read_text())
+        for f in sorted(system.glob("*.icd")):
+            entries[f"system-{f.name}"] = f.read_text()
     for i, lib in enumerate(libs):
-        (vendors / f"sakura-{i}.icd").write_text(f"{lib}\n")
+        entries[f"sakura-{i}.icd"] = f"{lib}\n"
+    # content-addressed, created atomically: concurrent processes never see a half-written folder
+    digest = hashlib.sha1(json.dumps(entries, sort_keys=True).encode()).hexdigest()[:12]
+    base = _user_tmp("sakura-ocl-vendors")
+    vendors = base / digest
+    if not vendors.is_dir():
+        staging = Path(tempfile.mkdtemp(dir=base))
+        for name, text in entries.items():
+            (staging / name).write_text(text)
+        try:
+            os.rename(staging, vendors)
+        except OSError:  # another process won the race: same content
+            shutil.rmtree(staging, ignore_errors=True)
     os.environ["OCL_ICD_VENDORS"] = str(vendors)
     return [str(x) for x in libs]
 
@@ -235,7 +248,7 @@ class OpenCLReconstructor(Reconstructor):
             self.program = _build(cl, self.ctx, KERNELS)
         except Exception as e:  # noqa: BLE001 - build / driver failures, one line
             raise BackendUnavailable(f"OpenCL device {self.device.name!r} failed to initialise: "
-                                     f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+                                     f"{_first_line(e)}") from None
         self.matmul = matmul
         self._dequant = cl.Kernel(self.program, "dequant")
         self._lowrank = cl.Kernel(self.program, "lowrank")
