@@ -315,7 +315,19 @@ def report(
     typer.echo(f"figures in {out}")
 
 
+def _register_plugins() -> None:
+    """Subcommands other packages declare under the ``sakura.commands`` entry-point group."""
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group="sakura.commands"):
+        try:
+            app.command(ep.name)(ep.load())
+        except Exception as e:  # noqa: BLE001 - a broken plug-in must not break the core CLI
+            typer.echo(f"warning: command {ep.name!r} unavailable ({type(e).__name__}: {e})", err=True)
+
+
 def main() -> None:
+    _register_plugins()
     try:
         app()
     except KeyboardInterrupt:
