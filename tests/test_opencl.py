@@ -100,9 +100,10 @@ def test_unknown_platform_is_a_clear_error():
         get_reconstructor("cuda")
 
 
-def test_default_reconstructor(monkeypatch):
+def test_default_reconstructor(monkeypatch, tmp_path):
     import sakura.runtime.reconstruct as R
 
+    monkeypatch.setenv("SAKURA_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(R, "_default", None)
     monkeypatch.setenv("SAKURA_RECONSTRUCTOR", "torch")
     assert default_reconstructor().name == "torch"
@@ -111,8 +112,11 @@ def test_default_reconstructor(monkeypatch):
     rec = default_reconstructor()  # measured: the fastest usable backend, torch when OpenCL is missing
     assert rec.name in ("torch", "opencl")
     report = R.default_report()
-    assert report["chosen"] == rec.name and "torch" in report["seconds"]
-    assert default_reconstructor() is rec  # measured once
+    assert report["chosen"] == rec.name and "torch" in report["seconds"] and not report["cached"]
+    assert default_reconstructor() is rec  # measured once per process
+    monkeypatch.setattr(R, "_default", None)  # a new process: the choice comes from disk, no re-measure
+    monkeypatch.setattr(R, "measure", lambda *a, **k: pytest.fail("measured again"))
+    assert default_reconstructor().name == rec.name and R.default_report()["cached"]
 
 
 def test_bench_device_smoke(tmp_path):
