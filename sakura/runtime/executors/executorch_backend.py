@@ -175,7 +175,7 @@ def export_qnn(run: ShardRun, l0: int, l1: int, path: Path, soc: str = DEFAULT_S
     t0 = time.perf_counter()
     ep, inputs, _ = _trace(run, l0, l1)
     quantizer = QnnQuantizer(soc_model=getattr(QcomChipset, soc))
-    quantizer.set_default_quant_config(QuantDtype.use_16a8w)  # W8A16, as the paper compiles
+    quantizer.set_default_quant_config(QuantDtype.use_16a8w, is_linear_per_channel=True)  # W8A16, as the paper
     with torch.no_grad():
         prepared = prepare_pt2e(ep.module(), quantizer)
         for sample in (calibration or [inputs]):
