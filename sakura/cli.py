@@ -32,7 +32,9 @@ def _expected_errors() -> tuple[type[BaseException], ...]:
     from sakura.model import ModelInputError, ModelLoadError
 
     errors += [CatalogError, ModelInputError, ModelLoadError, KeyError]
-    for mod, name in [("sakura.offline.pack", "PackFormatError"), ("sakura.net.traces", "TraceError")]:
+    for mod, name in [("sakura.offline.pack", "PackFormatError"), ("sakura.net.traces", "TraceError"),
+                      ("sakura.runtime.executors.errors", "BackendUnavailable"),
+                      ("sakura.runtime.stream", "StreamError"), ("sakura.net.client", "FetchError")]:
         try:
             errors.append(getattr(__import__(mod, fromlist=[name]), name))
         except (ImportError, AttributeError):
@@ -315,6 +317,15 @@ def report(
     typer.echo(f"figures in {out}")
 
 
+def _register_runtime_commands() -> None:
+    """Commands whose bodies live with their subsystem (light modules: no torch at import)."""
+    from sakura.runtime.device_bench import bench_device_cmd
+    from sakura.runtime.executors.cli import export_cmd
+
+    app.command("export")(friendly(export_cmd))
+    app.command("bench-device")(friendly(bench_device_cmd))
+
+
 def _register_plugins() -> None:
     """Subcommands other packages declare under the ``sakura.commands`` entry-point group."""
     from importlib.metadata import entry_points
@@ -327,6 +338,7 @@ def _register_plugins() -> None:
 
 
 def main() -> None:
+    _register_runtime_commands()
     _register_plugins()
     try:
         app()

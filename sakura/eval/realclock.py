@@ -4,7 +4,6 @@ and a link shaped by the trace in wall-clock time (slower: every edit takes its 
 from __future__ import annotations
 
 import json
-import statistics
 from pathlib import Path
 
 import numpy as np
@@ -74,18 +73,8 @@ def run_bench_real(cfg: B.BenchConfig, out: Path, progress=None, say=print) -> d
                     rec_file.write(json.dumps(r) + "\n")
                     if progress:
                         progress.advance(task)
-            storage = {s: statistics.mean(tb.storage[s] for tb in tbs) for s in B.STREAMING}
-            storage["fp16"] = statistics.mean(tb.fp16_bytes for tb in tbs)
-            ws = B.summarize(records, storage)
-            fp16_mean = statistics.mean(tb.fp16_bytes for tb in tbs)
-            scale = statistics.mean(scales.values())
-            ws["regime"] = {"local_full_s": statistics.mean(tb.compute.local_full_s for tb in tbs),
-                            "masked_s": statistics.mean(tb.compute.masked_s for tb in tbs),
-                            "fp16_transfer_s_at_median": fp16_mean * 8 / (base_trace.median_mbps * 1e6 * scale),
-                            "trace_scale": scale, "fp16_cache_bytes": fp16_mean, "trace": cfg.trace,
-                            "trace_median_mbps_scaled": base_trace.median_mbps * scale,
-                            "templates": [tb.template.id for tb in tbs],
-                            "mask_ratio": statistics.mean(tb.template.token_ratio for tb in tbs)}
+            ws = B.summarize(records, B.storage_of(tbs))
+            ws["regime"] = B.regime_block(tbs, scales, base_trace, cfg.trace)
             for system, s in ws.items():
                 if system in B.SYSTEMS:
                     s["device_peak_rss_bytes"] = None  # one shared process here: see the sim summary's model

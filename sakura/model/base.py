@@ -162,12 +162,12 @@ class DiTAdapter(ABC):
         return self.codec.num_steps
 
     @property
-    @abstractmethod
-    def heads(self) -> int: ...
+    def heads(self) -> int:
+        return self.transformer.config.num_attention_heads  # both diffusers families name it so
 
     @property
-    @abstractmethod
-    def head_dim(self) -> int: ...
+    def head_dim(self) -> int:
+        return self.transformer.config.attention_head_dim
 
     @property
     def dtype(self) -> torch.dtype:

@@ -74,14 +74,6 @@ class Flux2Adapter(DiTAdapter):
         t = self.transformer
         return [b.attn for b in t.transformer_blocks] + [b.attn for b in t.single_transformer_blocks]
 
-    @property
-    def heads(self) -> int:
-        return self.transformer.config.num_attention_heads
-
-    @property
-    def head_dim(self) -> int:
-        return self.transformer.config.attention_head_dim
-
     def _make_processor(self, layer, module):
         cls = Flux2DoubleProcessor if isinstance(module, Flux2Attention) else Flux2SingleProcessor
         return cls(self, layer)

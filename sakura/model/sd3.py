@@ -67,14 +67,6 @@ class SD3Adapter(DiTAdapter):
                 mods.append(block.attn2)
         return mods
 
-    @property
-    def heads(self) -> int:
-        return self.transformer.config.num_attention_heads
-
-    @property
-    def head_dim(self) -> int:
-        return self.transformer.config.attention_head_dim
-
     def sigmas(self) -> torch.Tensor:
         return torch.linspace(1.0, 0.0, self.num_steps + 1)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from abc import abstractmethod
+
 import torch
 
 from sakura.offline.cachegen import CacheGenInfo, decode_cachegen_chunk
@@ -17,92 +19,85 @@ def _shard_label(shard: tuple[int, int, int]) -> str:
     return f"step {step} layers {l0}-{l1 - 1}"
 
 
-class SakuraPackEncoding(StreamEncoding):
-    """One progressive pack; fetch unit = shard; levels = its rank–precision frontier."""
+class ShardEncoding(StreamEncoding):
+    """Encodings whose fetch unit is one shard: subclasses say how levels map to ranges and decodes."""
 
-    name = "sakura"
+    info_cls: type = object
 
-    def __init__(self, info: PackInfo):
+    def __init__(self, info):
         self.info = info
-        self._units = []
-        for s in range(info.num_shards):
-            frontier = info.frontier(s)
-            if not frontier:
-                raise PackFormatError(f"pack for {info.template_id} has no trade-off profile for shard {s}")
-            levels = tuple(Level(f"r{c.r}/a{c.b_a}/b{c.b_b}", c.bytes, c.error, c.key) for c in frontier)
-            self._units.append(FetchUnit(s, s, _shard_label(info.shards[s]), levels))
+        self._units = [FetchUnit(s, s, _shard_label(sh), self._levels(s)) for s, sh in enumerate(info.shards)]
 
     @classmethod
-    def from_header(cls, header: bytes) -> "SakuraPackEncoding":
-        return cls(PackInfo.from_bytes(header))
+    def from_header(cls, header: bytes):
+        return cls(cls.info_cls.from_bytes(header))
 
     @property
     def units(self):
         return self._units
 
+    def decode(self, unit, level, blobs):
+        return self._decode(unit.index, level.key, dict(zip(self.ranges(unit, level), blobs)))
+
+    @abstractmethod
+    def _levels(self, shard: int) -> tuple[Level, ...]: ...
+
+    @abstractmethod
+    def _decode(self, shard: int, key: tuple, blobs: dict) -> KV: ...
+
+
+class SakuraPackEncoding(ShardEncoding):
+    """One progressive pack; fetch unit = shard; levels = its rank–precision frontier."""
+
+    name, info_cls = "sakura", PackInfo
+
+    def _levels(self, shard):
+        frontier = self.info.frontier(shard)
+        if not frontier:
+            raise PackFormatError(f"pack for {self.info.template_id} has no trade-off profile for shard {shard}")
+        return tuple(Level(f"r{c.r}/a{c.b_a}/b{c.b_b}", c.bytes, c.error, c.key) for c in frontier)
+
     def ranges(self, unit, level):
         return self.info.ranges(unit.index, *level.key)
 
-    def decode(self, unit, level, blobs):
-        return decode_shard(self.info, unit.index, *level.key, dict(zip(self.ranges(unit, level), blobs)))
+    def _decode(self, shard, key, blobs):
+        return decode_shard(self.info, shard, *key, blobs)
 
     @property
     def storage_bytes(self):
         return self.info.file_size
 
 
-class Fp16Encoding(StreamEncoding):
-    name = "fp16"
+class Fp16Encoding(ShardEncoding):
+    name, info_cls = "fp16", Fp16Info
 
-    def __init__(self, info: Fp16Info):
-        self.info = info
-        self._units = [FetchUnit(s, s, _shard_label(sh), (Level("fp16", info.ranges(s)[0][1], 0.0, ()),))
-                       for s, sh in enumerate(info.shards)]
-
-    @classmethod
-    def from_header(cls, header: bytes) -> "Fp16Encoding":
-        return cls(Fp16Info.from_bytes(header))
-
-    @property
-    def units(self):
-        return self._units
+    def _levels(self, shard):
+        return (Level("fp16", self.info.ranges(shard)[0][1], 0.0, ()),)
 
     def ranges(self, unit, level):
         return self.info.ranges(unit.index)
 
-    def decode(self, unit, level, blobs):
-        return decode_fp16_shard(self.info, unit.index, dict(zip(self.ranges(unit, level), blobs)))
+    def _decode(self, shard, key, blobs):
+        return decode_fp16_shard(self.info, shard, blobs)
 
     @property
     def storage_bytes(self):
         return self.info.storage_bytes
 
 
-class IntQEncoding(StreamEncoding):
+class IntQEncoding(ShardEncoding):
     """Every stored width is a level; the IntQ policy picks one for the whole edit."""
 
-    name = "intq"
+    name, info_cls = "intq", IntQInfo
 
-    def __init__(self, info: IntQInfo):
-        self.info = info
-        self._units = []
-        for s, sh in enumerate(info.shards):
-            levels = tuple(Level(f"int{b}", info.config_bytes(s, b), 1.0 / 2**b, (b,)) for b in sorted(info.bits))
-            self._units.append(FetchUnit(s, s, _shard_label(sh), levels))
-
-    @classmethod
-    def from_header(cls, header: bytes) -> "IntQEncoding":
-        return cls(IntQInfo.from_bytes(header))
-
-    @property
-    def units(self):
-        return self._units
+    def _levels(self, shard):
+        return tuple(Level(f"int{b}", self.info.config_bytes(shard, b), 1.0 / 2**b, (b,)) for b in sorted(self.info.bits))
 
     def ranges(self, unit, level):
         return self.info.ranges(unit.index, *level.key)
 
-    def decode(self, unit, level, blobs):
-        return decode_intq_shard(self.info, unit.index, *level.key, dict(zip(self.ranges(unit, level), blobs)))
+    def _decode(self, shard, key, blobs):
+        return decode_intq_shard(self.info, shard, *key, blobs)
 
     @property
     def storage_bytes(self):

@@ -48,6 +48,12 @@ def _best_within(levels: tuple[Level, ...], budget: float) -> tuple[Level, bool]
     return min(fitting, key=lambda lv: (lv.error, lv.nbytes)), True
 
 
+def _budget(gamma: float, now: float, deadline: float, monitor: RuntimeMonitor) -> tuple[float, float]:
+    """Transfer window γ·(deadline − now) and the bytes R̂ delivers in it."""
+    window = gamma * max(0.0, deadline - now)
+    return window, monitor.rate_bps / 8 * window
+
+
 class SakuraPolicy(Policy):
     """Per-shard budget = R̂ · γ(T_ovlp + H); best profiled (r, b_A, b_B) within it."""
 
@@ -57,26 +63,8 @@ class SakuraPolicy(Policy):
         self.gamma = gamma
 
     def choose(self, unit, now, deadline, monitor):
-        window = self.gamma * max(0.0, deadline - now)
-        rate = monitor.rate_bps
-        budget = rate / 8 * window
+        window, budget = _budget(self.gamma, now, deadline, monitor)
         level, fits = _best_within(unit.levels, budget)
-        return Decision(level, rate, window, budget, fits)
-
-
-class FixedLevelPolicy(SakuraPolicy):
-    """SAKURA's runtime with one fixed level per unit (the Fig. 21 'fixed 8-bit' ablation, and the
-    Fig. 20 coarse-adaptation ablation when units are whole steps)."""
-
-    def __init__(self, label_prefix: str, gamma: float = DEFAULT_GAMMA, name: str = "sakura-fixed"):
-        super().__init__(gamma)
-        self.name, self.prefix = name, label_prefix
-
-    def choose(self, unit, now, deadline, monitor):
-        levels = tuple(lv for lv in unit.levels if lv.label.startswith(self.prefix)) or unit.levels
-        window = self.gamma * max(0.0, deadline - now)
-        budget = monitor.rate_bps / 8 * window
-        level, fits = _best_within(levels, budget)
         return Decision(level, monitor.rate_bps, window, budget, fits)
 
 
@@ -123,9 +111,8 @@ class CacheGenPolicy(Policy):
         self.gamma = gamma
 
     def choose(self, unit, now, deadline, monitor):
-        window = self.gamma * max(0.0, deadline - now)
+        window, budget = _budget(self.gamma, now, deadline, monitor)
         rate = monitor.rate_bps
-        budget = rate / 8 * window
         same = [u for u in self.units if u.needed_by == unit.needed_by and u.index >= unit.index]
         by_quality = sorted(unit.levels, key=lambda lv: lv.error)
         for level in by_quality:  # best first
