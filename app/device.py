@@ -1,0 +1,79 @@
+"""The app's only way to the device: a :mod:`device_bridge` bridge, plus a helper that turns a
+blocking ``bridge.edit(job, on_event)`` into an iterator of events (for Gradio generators)."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from device_bridge import Bridge, BridgeError, EditFailed, EditRejected
+
+SYSTEM_LABELS = {"sakura": "SAKURA", "fp16": "FP16 (uncompressed)", "intq": "IntQ", "cachegen": "CacheGen",
+                 "local": "Local (no cache)", "oracle": "Oracle (cache on device)"}
+COMPARE_ORDER = ("sakura", "intq", "cachegen", "fp16", "local", "oracle")
+
+
+class EditProblem(Exception):
+    """An edit that did not finish; ``friendly`` is the line for the page, ``user_fixable`` says
+    whether it was the input (a warning) or the system (an error box)."""
+
+    def __init__(self, friendly: str, user_fixable: bool = False):
+        super().__init__(friendly)
+        self.friendly, self.user_fixable = friendly, user_fixable
+
+
+@dataclass
+class EditRun:
+    """One edit in a worker thread; iterate :meth:`events` for what happens, read ``result``/``problem``."""
+
+    bridge: Bridge
+    job: dict
+    result: dict | None = None
+    problem: EditProblem | None = None
+    _q: queue.Queue = field(default_factory=queue.Queue)
+
+    def start(self) -> "EditRun":
+        threading.Thread(target=self._work, daemon=True, name="edit").start()
+        return self
+
+    def _work(self) -> None:
+        try:
+            self.result = self.bridge.edit(self.job, on_event=self._q.put)
+        except EditRejected as e:
+            self.problem = EditProblem(str(e), user_fixable=True)
+        except EditFailed as e:
+            self.problem = EditProblem(f"The edit could not finish: {e}")
+        except BridgeError as e:
+            self.problem = EditProblem(f"The device is not reachable: {e}")
+        except Exception as e:  # noqa: BLE001 - never a traceback in the page
+            self.problem = EditProblem(f"The edit failed unexpectedly ({type(e).__name__}: {' '.join(str(e).split())[:200]})")
+        finally:
+            self._q.put(None)
+
+    def events(self, batch_s: float = 0.25) -> Iterator[list[dict]]:
+        """Batches of events, at most every ``batch_s`` seconds (and an empty batch as a heartbeat),
+        until the edit ends."""
+        done = False
+        while not done:
+            batch: list[dict] = []
+            deadline = time.monotonic() + batch_s
+            while True:
+                try:
+                    ev = self._q.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    break
+                if ev is None:
+                    done = True
+                    break
+                batch.append(ev)
+            yield batch
+
+
+def templates_of(bridge: Bridge) -> list[dict]:
+    try:
+        return bridge.templates()
+    except Exception as e:  # noqa: BLE001
+        raise EditProblem(f"Cannot list templates from the device: {' '.join(str(e).split())[:200]}") from None

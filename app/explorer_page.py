@@ -1,0 +1,119 @@
+"""The quality explorer tab: a byte-budget slider over the Fig. 15 frontier of one template + request."""
+
+from __future__ import annotations
+
+import html
+import math
+
+import gradio as gr
+from PIL import Image
+
+from app.explorer import SYSTEMS, Explorer, frontier_figure
+
+NAMES = {"sakura": "SAKURA", "intq": "IntQ", "cachegen": "CacheGen"}
+SLIDER_MAX = 100
+
+
+def budget_of(v: float, data: dict) -> float:
+    """Slider position (0..100, log scale) → bytes, from the smallest point to the FP16 size."""
+    lo = max(1.0, min(p["bytes"] for p in data["points"]) * 0.9)
+    hi = float(max(data["fp16_bytes"], max(p["bytes"] for p in data["points"])))
+    return lo * (hi / lo) ** (max(0.0, min(SLIDER_MAX, float(v))) / SLIDER_MAX)
+
+
+def slider_of(budget: float, data: dict) -> float:
+    lo = max(1.0, min(p["bytes"] for p in data["points"]) * 0.9)
+    hi = float(max(data["fp16_bytes"], max(p["bytes"] for p in data["points"])))
+    return SLIDER_MAX * math.log(max(budget, lo) / lo) / math.log(hi / lo)
+
+
+class ExplorerPage:
+    def __init__(self, explorer: Explorer):
+        self.ex = explorer
+
+    def build(self) -> None:
+        try:
+            avail = self.ex.available()
+        except Exception:  # noqa: BLE001 - no packs folder / unreadable catalog: say so in the page
+            avail = []
+        data_state = gr.State(None)
+        gr.Markdown("Each point is a real masked edit whose template cache was rebuilt from exactly the bytes "
+                    "that configuration sends. Quality is measured against the output on the exact FP16 cache. "
+                    "Move the budget: each system shows its best output that fits.")
+        if not avail:
+            gr.HTML("<div class='sk-status sk-warn'>No template has all its packs in the pack folder, so the explorer "
+                    "has nothing to decode. Build packs with <code>sakura build</code>.</div>")
+            return
+        with gr.Row():
+            tpl = gr.Dropdown(avail, value=avail[0], label="Template", elem_id="ex-template", scale=2)
+            req = gr.Dropdown(self._requests(avail[0]), value=0, label="Request", elem_id="ex-request", scale=3)
+            load = gr.Button("Compute frontier", variant="primary", elem_id="ex-load", scale=1)
+        status = gr.HTML("<div class='sk-status sk-info'>Pick a template and a request, then compute its "
+                         "frontier (cached after the first time).</div>", elem_id="ex-status")
+        budget = gr.Slider(0, SLIDER_MAX, value=35, step=0.5, label="Byte budget (log scale: left = tiny, right = "
+                           "the full FP16 cache)", elem_id="ex-budget", interactive=True)
+        budget_txt = gr.HTML("", elem_id="ex-budget-text")
+        plot = gr.Plot(label="Quality vs bytes sent", elem_id="ex-plot")
+        with gr.Row(equal_height=True):
+            ref = gr.Image(label="FP16-cache reference", type="pil", interactive=False, height=240)
+            imgs = [gr.Image(label=NAMES[s], type="pil", interactive=False, height=240, elem_id=f"ex-img-{s}")
+                    for s in SYSTEMS]
+        table = gr.HTML("", elem_id="ex-table")
+
+        tpl.change(lambda t: gr.update(choices=self._requests(t), value=0), tpl, req, queue=False)
+        outs = [status, data_state, budget, budget_txt, plot, ref, *imgs, table]
+        load.click(self.compute, [tpl, req, budget], outs, concurrency_limit=1, concurrency_id="explorer")
+        budget.release(self.show, [data_state, budget], [budget_txt, plot, *imgs, table], show_progress="hidden",
+                       queue=False)
+        budget.change(self.show, [data_state, budget], [budget_txt, plot, *imgs, table], show_progress="hidden",
+                      trigger_mode="always_last", queue=False)
+
+    def _requests(self, template_id: str):
+        try:
+            return [(f"#{i} · {label}", i) for i, label in enumerate(self.ex.requests(template_id))]
+        except Exception:  # noqa: BLE001
+            return []
+
+    def compute(self, template_id, request, slider, progress=gr.Progress()):
+        def say(frac, msg):
+            progress(frac, desc=msg)
+
+        try:
+            if request is None:
+                raise ValueError("pick a request")
+            data = self.ex.frontier(template_id, int(request), say)
+        except Exception as e:  # noqa: BLE001 - a friendly line, the app keeps working
+            msg = f"Cannot compute this frontier: {' '.join(str(e).split())[:300]}"
+            gr.Warning(msg)
+            return (f"<div class='sk-status sk-warn'>{html.escape(msg)}</div>", None, gr.update(), "", None, None,
+                    *([None] * len(SYSTEMS)), "")
+        folder = self.ex.folder(template_id, int(request))
+        ref = Image.open(folder / data["reference"]).convert("RGB")
+        shown = self.show(data, slider)
+        n = len(data["points"])
+        return (f"<div class='sk-status sk-ok'>{n} configurations decoded and run for {html.escape(template_id)}, "
+                f"request #{int(request)}.</div>", data, gr.update(), shown[0], shown[1], ref, *shown[2:])
+
+    def show(self, data, slider):
+        if not data:
+            return ("", None, *([None] * len(SYSTEMS)), "")
+        b = budget_of(slider, data)
+        best = Explorer.at_budget(data, b)
+        folder = self.ex.folder(data["template_id"], data["request"])
+        images, rows = [], []
+        for s in SYSTEMS:
+            p = best[s]
+            if p is None:
+                images.append(gr.update(value=None, label=f"{NAMES[s]}: nothing fits this budget"))
+                rows.append(f"<tr><td>{NAMES[s]}</td><td colspan=5>nothing fits</td></tr>")
+                continue
+            images.append(gr.update(value=Image.open(folder / p["image"]).convert("RGB"),
+                                    label=f"{NAMES[s]} · {p['bytes'] / 1e6:.2f} MB · {p['psnr']:.1f} dB"))
+            rows.append(f"<tr><td>{NAMES[s]}</td><td>{p['bytes'] / 1e6:.3f}</td>"
+                        f"<td>{p['bytes'] / data['fp16_bytes']:.1%}</td><td>{p['psnr']:.2f} / {p['psnr_masked']:.2f}</td>"
+                        f"<td>{p['ssim']:.4f} / {p['ssim_masked']:.4f}</td><td>{html.escape(p['config'])}</td></tr>")
+        table = ("<table class='sk-table'><tr><th>system</th><th>MB sent</th><th>vs FP16</th><th>PSNR whole / masked"
+                 "</th><th>SSIM whole / masked</th><th>configuration</th></tr>" + "".join(rows) + "</table>")
+        txt = (f"<div class='sk-budget'>Budget <b>{b / 1e6:.3f} MB</b> = {b / data['fp16_bytes']:.1%} of the "
+               f"{data['fp16_bytes'] / 1e6:.1f} MB FP16 cache</div>")
+        return (txt, frontier_figure(data, b), *images, table)

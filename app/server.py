@@ -1,0 +1,138 @@
+"""One FastAPI process: our static files, a health route, and the Gradio UI mounted at ``/``.
+
+>>> app = create_app(bridge, data_dir="runs/app", packs_dir="packs")
+>>> srv = start_app(app, port=0); print(srv.url); ...; srv.stop()
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import gradio as gr  # noqa: E402
+import uvicorn  # noqa: E402
+from fastapi import FastAPI  # noqa: E402
+from fastapi.staticfiles import StaticFiles  # noqa: E402
+
+from app.device import EditProblem, templates_of  # noqa: E402
+from app.edit_page import EditPage  # noqa: E402
+from app.explorer import Explorer  # noqa: E402
+from app.explorer_page import ExplorerPage  # noqa: E402
+from app.study_page import DEFAULT_SYSTEMS, StudyPage, make_generator, make_store  # noqa: E402
+
+STATIC = Path(__file__).resolve().parent.parent / "static"
+STATIC_URL = "/sakura-static"
+TITLE = "SAKURA — private image editing by streaming template caches"
+
+
+def _theme():
+    system_fonts = ["system-ui", "-apple-system", "Segoe UI", "Roboto", "Helvetica", "Arial", "sans-serif"]
+    return gr.themes.Soft(primary_hue="pink", secondary_hue="slate", neutral_hue="slate", font=system_fonts,
+                          font_mono=["ui-monospace", "SFMono-Regular", "Menlo", "monospace"])
+
+
+def build_blocks(bridge, *, data_dir: str | Path, packs_dir: str | Path | None = None, catalog=None,
+                 study_systems=DEFAULT_SYSTEMS, study_requests: int = 2, study_templates: list[str] | None = None,
+                 explorer_options: dict | None = None) -> gr.Blocks:
+    data = Path(data_dir)
+    data.mkdir(parents=True, exist_ok=True)
+    try:
+        templates = templates_of(bridge)
+        problem = None
+    except EditProblem as e:
+        templates, problem = [], e.friendly
+    # delete_cache: uploads and rendered images are removed from the temp folder after 15 min
+    with gr.Blocks(title=TITLE, analytics_enabled=False, delete_cache=(300, 900)) as demo:
+        gr.HTML(f"""<header class="sk-header"><img src="{STATIC_URL}/sakura.svg" alt="" width="40" height="40">
+<div><h1>SAKURA</h1><p>Edit a photo on your phone with a diffusion transformer: the template's attention
+cache streams from the cloud, compressed to fit the link shard by shard; your photo and your words never leave
+the device.</p></div></header>""", elem_id="sk-header")
+        if problem:
+            gr.HTML(f"<div class='sk-status sk-error'>{problem}</div>")
+        with gr.Tabs(elem_id="sk-tabs"):
+            with gr.Tab("Edit", id="tab-edit", elem_id="tab-edit"):
+                if templates:
+                    EditPage(bridge, templates).build()
+                else:
+                    gr.HTML("<div class='sk-status sk-warn'>The device lists no templates.</div>")
+            with gr.Tab("Quality explorer", id="tab-explorer", elem_id="tab-explorer"):
+                if packs_dir is None:
+                    gr.HTML("<div class='sk-status sk-warn'>The quality explorer needs the pack folder "
+                            "(start the app with --packs).</div>")
+                else:
+                    ExplorerPage(Explorer(packs_dir, data / "explorer", catalog, **(explorer_options or {}))).build()
+            with gr.Tab("User study", id="tab-study", elem_id="tab-study"):
+                store = make_store(data / "study", templates, study_systems, study_requests, study_templates)
+                StudyPage(store, make_generator(bridge, catalog)).build()
+    return demo
+
+
+def create_app(bridge, *, data_dir: str | Path, packs_dir: str | Path | None = None, catalog=None,
+               study_systems=DEFAULT_SYSTEMS, study_requests: int = 2, study_templates: list[str] | None = None,
+               explorer_options: dict | None = None, max_file_size: str = "25mb") -> FastAPI:
+    """The whole app as one ASGI application (Gradio at ``/``, static files at ``/sakura-static``)."""
+    os.environ.setdefault("GRADIO_TEMP_DIR", str(Path(data_dir).resolve() / "gradio-tmp"))
+    demo = build_blocks(bridge, data_dir=data_dir, packs_dir=packs_dir, catalog=catalog, study_systems=study_systems,
+                        study_requests=study_requests, study_templates=study_templates,
+                        explorer_options=explorer_options)
+    demo.queue(default_concurrency_limit=2)
+    api = FastAPI(title="SAKURA app", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @api.get("/healthz")
+    def healthz() -> dict:
+        return {"status": "ok"}
+
+    api.mount(STATIC_URL, StaticFiles(directory=STATIC), name="sakura-static")
+    head = (f'<link rel="icon" type="image/svg+xml" href="{STATIC_URL}/sakura.svg">'
+            f'<script src="{STATIC_URL}/app.js" defer></script>')
+    return gr.mount_gradio_app(api, demo, path="/", theme=_theme(), css_paths=[STATIC / "app.css"], head=head,
+                               footer_links=[], run_history=False, max_file_size=max_file_size, show_error=False,
+                               ssr_mode=False)
+
+
+class RunningApp:
+    def __init__(self, server: uvicorn.Server, thread: threading.Thread, url: str):
+        self.server, self.thread, self.url = server, thread, url
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout)
+
+    def __enter__(self) -> "RunningApp":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def bind(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    return sock
+
+
+def url_of(host: str, sock: socket.socket) -> str:
+    shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
+    return f"http://{f'[{shown}]' if ':' in shown else shown}:{sock.getsockname()[1]}/"
+
+
+def start_app(app: FastAPI, host: str = "127.0.0.1", port: int = 0, timeout: float = 60.0) -> RunningApp:
+    """Serve ``app`` from a background thread (tests, embedding); port 0 = a free port."""
+    sock = bind(host, port)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name="sakura-app")
+    thread.start()
+    deadline = time.monotonic() + timeout
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            server.should_exit = True
+            raise RuntimeError(f"the app did not start on {url_of(host, sock)}")
+        time.sleep(0.02)
+    return RunningApp(server, thread, url_of(host, sock))

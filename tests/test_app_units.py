@@ -1,0 +1,252 @@
+"""The app's logic without a browser: study store and statistics, timeline, uploads, inputs, explorer maths."""
+
+from __future__ import annotations
+
+import csv
+import sqlite3
+import threading
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from app.edit_page import check_trace_upload, compare_rows, metrics_html, network_spec, privacy_html, privacy_rows
+from app.explorer import Explorer, _spread, frontier_figure
+from app.explorer_page import budget_of, slider_of
+from app.images import UploadError, check_upload, diff_heatmap, from_b64, png_b64
+from app.study import Item, StudyError, StudyStore, balanced_order, plan_items, wilson
+from app.study_page import study_workloads, workload_of
+from app.timeline import EditTimeline, latency_figure
+
+
+# ------------------------------------------------------------------------------------------- study
+def _items():
+    return plan_items({"fs": [("fs-a", [0, 1])], "mb": [("mb-a", [0])]}, ["sakura", "intq", "cachegen"])
+
+
+def test_wilson_matches_known_values():
+    lo, hi = wilson(8, 10)
+    assert lo == pytest.approx(0.4902, abs=1e-3) and hi == pytest.approx(0.9433, abs=1e-3)
+    assert wilson(0, 0) == (0.0, 0.0)
+    lo, hi = wilson(0, 5)
+    assert lo == 0.0 and 0.4 < hi < 0.5
+    lo, hi = wilson(5, 5)
+    assert hi == 1.0 and 0.5 < lo < 0.6
+
+
+def test_balanced_order_is_a_deterministic_permutation_without_repeats():
+    items = _items()
+    a, b = balanced_order(items, "s:p1"), balanced_order(items, "s:p1")
+    assert a == b and sorted(x.key for x in a) == sorted(x.key for x in items)
+    assert balanced_order(items, "s:p2") != a
+    assert all(x.pair != y.pair for x, y in zip(a, a[1:]))  # possible here: 3 pairs × 3 systems
+
+
+def test_study_store_votes_resume_and_table(tmp_path):
+    store = StudyStore(tmp_path, _items())
+    with sqlite3.connect(store.db_path) as db:
+        assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    q = store.queue("ann")
+    assert len(q) == 9 and {it.system for it in q} == {"sakura", "intq", "cachegen"}
+    first, done, total = store.next_item("ann")
+    assert (first, done, total) == (q[0], 0, 9)
+    assert store.vote("ann", first.key, True, "t0", 1.5)
+    assert not store.vote("ann", first.key, False)  # a second answer to the same item is ignored
+    # a "new browser session": a fresh store object on the same folder continues the same queue
+    again = StudyStore(tmp_path, _items())
+    assert again.queue("ann") == q
+    nxt, done, _ = again.next_item("ann")
+    assert nxt == q[1] and done == 1
+    for it in q[1:]:
+        again.vote("ann", it.key, it.system == "sakura")
+    assert again.next_item("ann") == (None, 9, 9)
+    rows = {(r["system"], r["workload"]): r for r in again.table()}
+    s = rows[("sakura", "all")]
+    assert (s["similar"], s["n"]) == (3, 3) and s["pct"] == 100.0
+    intq_fs = rows[("intq", "fs")]
+    assert intq_fs["n"] == 2 and intq_fs["similar"] == (1 if first.system == "intq" and first.workload == "fs" else 0)
+    header, body = again.table_display()
+    assert header[0] == "system" and header[-1] == "all workloads" and body[0][0] == "SAKURA"
+    assert body[0][-1].startswith("100.0% (3/3)")
+
+
+def test_study_export_csv_and_bad_ids(tmp_path):
+    store = StudyStore(tmp_path, _items())
+    it = store.queue("bob")[0]
+    store.vote("bob", it.key, False)
+    text = store.export_csv().read_text()
+    rows = list(csv.reader(text.splitlines()))
+    assert ["system", "workload", "similar", "n", "pct", "ci_low", "ci_high"] in rows
+    assert any(r[:2] == ["bob", it.key] for r in rows)
+    for bad in ("", "   ", "x" * 65, "<script>"):
+        with pytest.raises(StudyError):
+            store.queue(bad)
+    with pytest.raises(StudyError):
+        store.vote("bob", "not|an|item|x", True)
+
+
+def test_candidates_are_generated_once_with_neutral_names(tmp_path):
+    store = StudyStore(tmp_path, _items())
+    calls = []
+    png = (tmp_path / "x.png")
+    Image.new("RGB", (4, 4), (9, 9, 9)).save(png)
+    data = png.read_bytes()
+
+    def gen(item: Item) -> dict:
+        calls.append(item.key)
+        return {"image": data, "reference": data, "psnr": 40.0, "ssim": 0.99, "latency_s": 1.0, "bytes": 10}
+
+    it = store.items[0]
+    threads = [threading.Thread(target=store.ensure_candidate, args=(it, gen)) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert calls == [it.key]
+    c = store.candidate(it)
+    assert c is not None and it.system not in c.image.name and it.template_id not in c.image.name
+    assert len(store.missing_candidates()) == len(store.items) - 1
+
+
+def test_study_workloads_from_templates():
+    tpls = [{"id": "fs-a", "task": "fs", "model": "sakura-tiny", "n_eval": 7},
+            {"id": "mb-sd", "task": "mb", "model": "sakura-tiny-sd3", "n_eval": 5},
+            {"id": "vt", "task": "vton", "model": "sakura-tiny", "available": False}]
+    assert workload_of(tpls[1]) == "mb-sd"
+    assert study_workloads(tpls, 2) == {"fs": [("fs-a", [0, 1])], "mb-sd": [("mb-sd", [0, 1])]}
+    assert study_workloads(tpls, 1, only=["fs-a"]) == {"fs": [("fs-a", [0])]}
+
+
+# ---------------------------------------------------------------------------------------- timeline
+def _events():
+    yield {"type": "accepted"}
+    yield {"type": "plan", "shards": [[0, 0, 2], [0, 2, 4]], "units": [{"unit": 0, "shard": 0, "label": "a"},
+                                                                       {"unit": 1, "shard": 1, "label": "b"}],
+           "trace": {"t": [0, 1, 2], "mbps": [100, 50, 50]}, "compute": {"masked_s": 0.5, "local_full_s": 2.0},
+           "fp16_bytes": 1000}
+    yield {"type": "request", "unit": 0, "shard": 0, "level": "r8/a4/b4", "bytes": 100, "t": 0.0, "deadline": 0.1,
+           "budget_bytes": 200, "window_s": 0.1, "rate_mbps": 90, "fits": True}
+    yield {"type": "arrival", "unit": 0, "shard": 0, "level": "r8/a4/b4", "bytes": 100, "t": 0.05, "deadline": 0.1}
+    yield {"type": "rebuilt", "unit": 0, "shard": 0, "t": 0.06}
+    yield {"type": "shard_start", "shard": 0, "t": 0.06, "stall_s": 0.02}
+    yield {"type": "request", "unit": 1, "shard": 1, "level": "r32/a8/b8", "bytes": 400, "t": 0.06, "deadline": 0.2,
+           "rate_mbps": 80, "fits": False}
+
+
+def test_timeline_folds_events_and_draws():
+    tl = EditTimeline(system="SAKURA")
+    for ev in _events():
+        tl.apply(ev)
+    assert tl.planned and len(tl.shards) == 2 and tl.progress() == (0, 2)
+    assert tl.stall_s == pytest.approx(0.02) and tl.bytes_received == 100
+    assert "shards executed 0/2" in tl.status_line()
+    fig = tl.figure()
+    names = {t.name for t in fig.data}
+    assert {"link (trace)", "in flight", "execute", "stall", "deadline", "rebuild"} <= names
+    assert any(n and n.startswith("transfer") for n in names)
+    tl.apply({"type": "shard_end", "shard": 0, "t": 0.3})
+    tl.apply({"type": "error", "message": "boom"})
+    assert tl.done and "boom" in tl.status_line()
+    tl.apply({"type": "something-new", "x": 1})  # unknown events are ignored
+    latency_figure([{"system": "SAKURA", "latency_s": 1, "stall_s": 0.1, "transfer_hidden_s": 0.3, "bytes": 10,
+                     "fp16_bytes": 100}])
+
+
+# ------------------------------------------------------------------------------------------ uploads
+def test_check_upload(tmp_path):
+    good = tmp_path / "face.png"
+    Image.new("RGB", (1200, 800), (10, 20, 30)).save(good)
+    img = check_upload(good)
+    assert max(img.size) == 512
+    assert from_b64(png_b64(img)).size == img.size
+    bad = tmp_path / "notes.png"
+    bad.write_text("not an image")
+    empty = tmp_path / "empty.jpg"
+    empty.write_bytes(b"")
+    huge = tmp_path / "huge.png"
+    Image.new("L", (7000, 7000)).save(huge)
+    tiny = tmp_path / "tiny.png"
+    Image.new("RGB", (4, 4)).save(tiny)
+    for path, words in ((bad, "not an image"), (empty, "empty"), (huge, "MP"),
+                        (tiny, "at least"), (None, "upload a photo")):
+        with pytest.raises(UploadError, match=words):
+            check_upload(path)
+
+
+def test_diff_heatmap_marks_differences():
+    a = Image.new("RGB", (32, 32), (100, 100, 100))
+    b = a.copy()
+    b.putpixel((5, 5), (255, 0, 0))
+    mask = Image.new("L", (32, 32), 0)
+    h = np.asarray(diff_heatmap(a, b, mask))
+    assert h.shape == (32, 32, 3) and h[5, 5].sum() > h[20, 20].sum()
+
+
+# ------------------------------------------------------------------------------------------- inputs
+def test_trace_upload_validation(tmp_path):
+    good = tmp_path / "walk.csv"
+    good.write_text("time_s,mbps\n0,100\n1,50\n2,80\n")
+    tr = check_trace_upload(good)
+    assert tr["name"] == "walk.csv" and "median" in tr["summary"] and tr["csv"].startswith("time_s")
+    ws = tmp_path / "two.txt"
+    ws.write_text("0 10\n1 20\n")
+    assert check_trace_upload(ws)["name"] == "two.txt"
+    for text in ("time_s,mbps\n0,abc\n", "hello world\n", "time_s,mbps\n", "\x00\x01\x02", "0 0\n1 0\n"):
+        bad = tmp_path / "bad.csv"
+        bad.write_text(text)
+        with pytest.raises(UploadError, match="cannot be used"):
+            check_trace_upload(bad)
+    binary = tmp_path / "bin.csv"
+    binary.write_bytes(b"\xff\xfe\x00garbage\x80")
+    with pytest.raises(UploadError):
+        check_trace_upload(binary)
+
+
+def test_network_spec():
+    assert network_spec("fixed", 2000, None, "", True) == {"trace": "fixed:2000", "regime": "none", "scale": None,
+                                                            "start": None}
+    assert network_spec("5g", None, None, "12.5", False)["start"] == 12.5
+    assert network_spec("wifi", None, None, "random", True)["regime"] == "paper"
+    up = network_spec("upload", None, {"name": "t.csv", "csv": "time_s,mbps\n0,1\n"}, None, True)
+    assert up["trace_csv"].startswith("time_s") and up["trace"] == "t.csv"
+    for args in (("fixed", "x", None, "", True), ("fixed", -5, None, "", True), ("upload", None, None, "", True),
+                 ("5g", None, None, "soon", True), ("5g", None, None, "-1", True), ("nope", None, None, "", True)):
+        with pytest.raises(UploadError):
+            network_spec(*args)
+
+
+def test_result_panels_never_show_the_input():
+    res = {"system": "sakura", "metrics": {"psnr": 40.0, "ssim": 0.99, "psnr_masked": 35.0, "ssim_masked": 0.98},
+           "summary": {"latency_s": 1.2, "stall_s": 0.1, "bytes": 500_000, "fp16_bytes": 5_000_000,
+                       "transfer_hidden_s": 0.4, "transfer_exposed_s": 0.1, "levels": ["r8/a4/b4", "r16/a4/b4"]},
+           "sent_to_server": [{"file_id": "fs-a", "ranges": [[0, 8], [8, 100], [200, 5], [300, 5]], "bytes": 118}]}
+    html = metrics_html(res)
+    assert "40.00" in html and "10.0% of the 5.0 MB" in html and "2 distinct" in html
+    p = privacy_html(res, had_photo=True, had_prompt=False)
+    assert "Your photo never left the device" in p and "fs-a" in p
+    assert privacy_rows(res["sent_to_server"]) == [[1, "fs-a", "0+8, 8+100, 200+5, … (4 ranges)", 118]]
+    rows = compare_rows({"sakura": res})
+    assert rows[0][0] == "SAKURA" and rows[0][4] == "10.0%"
+
+
+# ----------------------------------------------------------------------------------------- explorer
+def _frontier():
+    pts = [{"system": s, "bytes": b, "config": c, "psnr": q, "ssim": 0.9, "psnr_masked": q - 3, "ssim_masked": 0.8,
+            "image": "x.png"} for s, b, c, q in [("sakura", 100, "r8", 30), ("sakura", 400, "r32", 40),
+                                                 ("intq", 300, "int2", 25), ("intq", 900, "int8", 45),
+                                                 ("cachegen", 500, "L0", 28)]]
+    return {"template_id": "t", "request": 0, "request_label": "r", "fp16_bytes": 2000, "points": pts}
+
+
+def test_explorer_budget_choice_and_slider_mapping():
+    data = _frontier()
+    best = Explorer.at_budget(data, 450)
+    assert best["sakura"]["config"] == "r32" and best["intq"]["config"] == "int2" and best["cachegen"] is None
+    assert Explorer.at_budget(data, 50) == {"sakura": None, "intq": None, "cachegen": None}
+    for b in (95, 450, 2000):
+        assert budget_of(slider_of(b, data), data) == pytest.approx(b, rel=1e-6)
+    assert budget_of(100, data) == pytest.approx(2000)
+    fig = frontier_figure(data, 450)
+    assert len(fig.data) == 3 and fig.layout.xaxis.type == "log"
+    assert _spread(list("abcdef"), 3) == ["a", "c", "f"]
+    assert _spread([1, 2], None) == [1, 2] and _spread([1, 2, 3], 1) == [1]
