@@ -34,7 +34,8 @@ def _expected_errors() -> tuple[type[BaseException], ...]:
     errors += [CatalogError, ModelInputError, ModelLoadError, KeyError]
     for mod, name in [("sakura.offline.pack", "PackFormatError"), ("sakura.net.traces", "TraceError"),
                       ("sakura.runtime.executors.errors", "BackendUnavailable"),
-                      ("sakura.runtime.stream", "StreamError"), ("sakura.net.client", "FetchError")]:
+                      ("sakura.runtime.stream", "StreamError"), ("sakura.net.client", "FetchError"),
+                      ("sakura.runtime.executors.base", "ShardExecutionError")]:
         try:
             errors.append(getattr(__import__(mod, fromlist=[name]), name))
         except (ImportError, AttributeError):
