@@ -104,14 +104,17 @@ class StudyPage:
                 csv_file = gr.File(label="CSV export", interactive=False, elem_id="study-csv")
         cur = gr.State(None)  # {"pid", "item", "shown_at"}
         outs = [status, ref, cand, yes, no, cur]
-        start.click(self.begin, pid, outs, concurrency_limit=1, concurrency_id="device")
-        pid.submit(self.begin, pid, outs, concurrency_limit=1, concurrency_id="device")
-        yes.click(self.answer_similar, cur, outs, concurrency_limit=1, concurrency_id="device")
-        no.click(self.answer_not_similar, cur, outs, concurrency_limit=1, concurrency_id="device")
+        # votes must not queue behind someone's edit: their own group (the device agent serialises the
+        # edits that generating a missing candidate needs)
+        kw = dict(concurrency_limit=8, concurrency_id="study")
+        start.click(self.begin, pid, outs, **kw)
+        pid.submit(self.begin, pid, outs, **kw)
+        yes.click(self.answer_similar, cur, outs, **kw)
+        no.click(self.answer_not_similar, cur, outs, **kw)
         refresh.click(self.results, None, [table, info], queue=False)
         results_tab.select(self.results, None, [table, info], queue=False)
         export.click(self.export, None, [csv_file, info])
-        prepare.click(self.prepare, None, [info, table], concurrency_limit=1, concurrency_id="device")
+        prepare.click(self.prepare, None, [info, table], concurrency_limit=1, concurrency_id="study-prepare")
 
     # ------------------------------------------------------------------------------------ take part
     def begin(self, pid):

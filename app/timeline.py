@@ -166,20 +166,24 @@ class EditTimeline:
         fig.update_xaxes(title_text="seconds since the edit started", row=2, col=1)
         fig.update_xaxes(range=[0, horizon * 1.04], row=1, col=1)
         fig.update_xaxes(range=[0, horizon * 1.04], row=2, col=1)
-        fig.update_layout(barmode="overlay", height=max(420, 220 + 26 * n), margin=dict(l=10, r=10, t=50, b=40),
+        fig.update_layout(barmode="overlay", height=max(460, 260 + 26 * n), margin=dict(l=10, r=10, t=50, b=90),
                           title=dict(text=title or f"live timeline — {self.system}", x=0.01, font=dict(size=15)),
-                          legend=dict(orientation="h", yanchor="bottom", y=1.06, xanchor="right", x=1),
+                          legend=dict(orientation="h", yanchor="top", y=-0.1, xanchor="left", x=0),
                           uniformtext=dict(minsize=8, mode="hide"), template="plotly_white")
         return fig
 
     def _bandwidth(self, fig: go.Figure, horizon: float) -> None:
         if self.trace_t:
+            end = horizon * 1.05
             xs, ys = [], []
             for t, r in zip(self.trace_t, self.trace_mbps):
-                if t > horizon * 1.05 and xs:
+                if t > end:
                     break
                 xs.append(t)
                 ys.append(r)
+            if xs:  # carry the last step to the right edge
+                xs.append(end)
+                ys.append(ys[-1])
             fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line=dict(shape="hv", color=COLORS["trace"], width=2),
                                      fill="tozeroy", fillcolor="rgba(240,140,0,0.12)", name="link (trace)"), 1, 1)
         est = sorted((u.request_t, u.rate_mbps) for u in self.units.values()

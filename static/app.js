@@ -12,13 +12,15 @@
     const btn = document.getElementById(id);
     if (btn && !btn.disabled && btn.offsetParent !== null) { ev.preventDefault(); btn.click(); }
   });
-  // Edit page: once an edit starts, bring the live timeline into view.
+  // Edit page: once an edit starts, bring the status and live timeline into view if they are below the fold.
   document.addEventListener("click", function (ev) {
     const btn = ev.target && ev.target.closest && ev.target.closest("#run-btn");
     if (!btn) return;
     setTimeout(function () {
-      const tl = document.getElementById("status");
-      if (tl) tl.scrollIntoView({ behavior: "smooth", block: "start" });
+      const st = document.getElementById("status");
+      if (!st) return;
+      const r = st.getBoundingClientRect();
+      if (r.top > window.innerHeight * 0.6 || r.bottom < 0) st.scrollIntoView({ behavior: "smooth", block: "start" });
     }, 300);
   });
 })();

@@ -250,3 +250,103 @@ def test_explorer_budget_choice_and_slider_mapping():
     assert len(fig.data) == 3 and fig.layout.xaxis.type == "log"
     assert _spread(list("abcdef"), 3) == ["a", "c", "f"]
     assert _spread([1, 2], None) == [1, 2] and _spread([1, 2, 3], 1) == [1]
+
+
+# ------------------------------------------------------------------------ edit generator, fake device
+class FakeBridge:
+    """Speaks the device protocol from canned events: no model, no server."""
+
+    def __init__(self, fail: dict | None = None):
+        self.jobs, self.fail = [], fail or {}
+
+    def templates(self):
+        thumb = png_b64(Image.new("RGB", (8, 8), (200, 50, 50)))
+        return [{"id": "fs-a", "task": "fs", "title": "Face", "model": "sakura-tiny", "mask_ratio": 0.1,
+                 "token_ratio": 0.12, "n_eval": 5, "available": True, "thumbnail_png_b64": thumb},
+                {"id": "mb-a", "task": "mb", "title": "Cup", "model": "sakura-tiny", "mask_ratio": 0.2,
+                 "token_ratio": 0.2, "n_eval": 5, "available": True, "thumbnail_png_b64": thumb}]
+
+    def edit(self, job, on_event=None):
+        from device_bridge import EditFailed, EditRejected
+
+        self.jobs.append(job)
+        kind = self.fail.get(job["system"])
+        if kind == "rejected":
+            on_event({"type": "error", "code": "rejected", "message": "bad photo"})
+            raise EditRejected("bad photo")
+        if kind == "failed":
+            on_event({"type": "error", "code": "failed", "message": "server gone"})
+            raise EditFailed("server gone")
+        for ev in _events():
+            on_event(ev)
+        img = png_b64(Image.new("RGB", (16, 16), (10, 20, 30)))
+        res = {"type": "result", "system": job["system"], "image_png_b64": img, "reference_png_b64": img,
+               "mask_png_b64": png_b64(np.zeros((16, 16), np.uint8)),
+               "metrics": {"psnr": 50.0, "ssim": 1.0, "psnr_masked": 45.0, "ssim_masked": 1.0},
+               "summary": {"latency_s": 0.5, "stall_s": 0.02, "bytes": 100, "fp16_bytes": 1000,
+                           "transfer_hidden_s": 0.04, "transfer_exposed_s": 0.01, "levels": ["r8/a4/b4"]},
+               "sent_to_server": [{"file_id": "fs-a", "ranges": [[0, 8]], "bytes": 8}]}
+        on_event(res)
+        return res
+
+
+def _page(bridge):
+    import gradio as gr
+
+    from app.edit_page import EditPage
+
+    with gr.Blocks():
+        page = EditPage(bridge, bridge.templates())
+        page.build()
+    return page
+
+
+def _html_of(updates, page, name):
+    vals = [u[page._c[name]] for u in updates if page._c[name] in u]
+    return [v if isinstance(v, str) else str(v) for v in vals]
+
+
+def test_run_generator_compare_all_uses_one_trace_start():
+    bridge = FakeBridge()
+    page = _page(bridge)
+    photo = png_b64(Image.new("RGB", (32, 32)))
+    ups = list(page.run("fs-a", photo, "", "5g", None, None, "", True, "all"))
+    systems = [j["system"] for j in bridge.jobs]
+    assert systems == ["sakura", "intq", "cachegen", "fp16", "local", "oracle"]
+    starts = {j["network"]["start"] for j in bridge.jobs}
+    assert len(starts) == 1 and None not in starts
+    assert all(j["reference_png_b64"] == photo and j["prompt"] is None for j in bridge.jobs)
+    final = ups[-1]
+    assert "Done: 6 systems ran" in final[page._c["status"]]
+    assert len(final[page._c["compare"]]["value"]) == 6
+    assert final[page._c["runs_state"]].keys() == set(systems)
+    # re-showing another system's run from the stored events
+    shown = page.on_view("intq", final[page._c["runs_state"]], photo, "", "fs-a")
+    assert shown[0] is not None and "50.00" in shown[4]
+
+
+def test_run_generator_reports_problems_in_the_page():
+    photo = png_b64(Image.new("RGB", (32, 32)))
+    page = _page(FakeBridge(fail={"sakura": "rejected"}))
+    ups = list(page.run("fs-a", photo, "", "fixed", 100, None, "", True, "sakura"))
+    assert "bad photo" in ups[-1][page._c["status"]] and "sk-warn" in ups[-1][page._c["status"]]
+    bridge = FakeBridge(fail={"intq": "failed"})
+    page = _page(bridge)
+    ups = list(page.run("fs-a", photo, "", "fixed", 100, None, "", True, "all"))
+    statuses = " ".join(_html_of(ups, page, "status"))
+    assert "server gone" in statuses and "Done: 5 systems ran" in statuses  # the others still ran
+    # input problems never reach the device
+    bridge = FakeBridge()
+    page = _page(bridge)
+    for args, words in ((("mb-a", None, "   ", "5g", None, None, "", True, "sakura"), "prompt is empty"),
+                        (("fs-a", None, "", "5g", None, None, "", True, "sakura"), "upload a face photo"),
+                        (("fs-a", photo, "", "upload", None, None, "", True, "sakura"), "upload a trace file"),
+                        (("nope", photo, "", "5g", None, None, "", True, "sakura"), "pick a template")):
+        ups = list(page.run(*args))
+        assert words in ups[-1][page._c["status"]]
+    assert bridge.jobs == []
+    # a prompt goes as the prompt, with no photo
+    list(page.run("mb-a", photo, "make it blue", "5g", None, None, "3", False, "sakura"))
+    job = bridge.jobs[-1]
+    assert job["prompt"] == "make it blue" and job["reference_png_b64"] is None
+    assert job["network"] == {"trace": "5g", "regime": "none", "scale": None, "start": 3.0}
