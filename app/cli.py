@@ -95,7 +95,7 @@ def run_demo(host: str = "127.0.0.1", port: int = 7860, packs: Path = Path("pack
         config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=3)
         echo(f"\nSAKURA demo running at {url_of(host, sock)}  (Ctrl-C stops everything)\n")
         uvicorn.Server(config).run(sockets=[sock])
-        echo("stopping…")
+        echo("stopping… (the device agent finishes the step it is in: at most ~10 s)")
     echo("stopped.")
 
 

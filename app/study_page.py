@@ -124,6 +124,11 @@ class StudyPage:
             gr.Warning(str(e))
             yield _msg(str(e), "warn"), None, None, gr.update(interactive=False), gr.update(interactive=False), None
             return
+        if not self.store.items:
+            msg = ("This study has no questions yet: no template has its packs on the template server. "
+                   "Build packs, restart the app, and try again.")
+            yield _msg(msg, "warn"), None, None, gr.update(interactive=False), gr.update(interactive=False), None
+            return
         yield from self._next(pid, resumed=True)
 
     def answer_similar(self, cur):

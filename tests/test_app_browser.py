@@ -351,13 +351,12 @@ def test_study_vote_is_saved_and_shown(page, browser, stack):
     assert "participant id" in _wait_status(page, "warn", "#study-status")
     page.fill("#study-pid input, #study-pid textarea", pid)
     page.click("#study-start")
-    page.wait_for_selector("#vote-similar:not([disabled])", timeout=EDIT_TIMEOUT_MS)
-    assert "picture 1 of 2" in _status(page, "#study-status")
+    _wait_text(page, "picture 1 of 2. Is the candidate", "#study-status", EDIT_TIMEOUT_MS)
+    page.wait_for_selector("#vote-similar:not([disabled])")
     for css in ("#study-ref img", "#study-cand img"):
         page.wait_for_selector(css)
     page.click("#vote-similar")
-    page.wait_for_function("() => document.querySelector('#study-status').innerText.includes('picture 2 of 2')",
-                           timeout=EDIT_TIMEOUT_MS)
+    _wait_text(page, "picture 2 of 2. Is the candidate", "#study-status", EDIT_TIMEOUT_MS)
     # "close the browser" and come back with the same id: the answer is kept and the queue resumes
     ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
     pg2 = ctx.new_page()
@@ -366,9 +365,8 @@ def test_study_vote_is_saved_and_shown(page, browser, stack):
         pg2.get_by_role("tab", name="User study").click()
         pg2.fill("#study-pid input, #study-pid textarea", pid)
         pg2.click("#study-start")
-        pg2.wait_for_function("() => document.querySelector('#study-status').innerText.includes('picture 2 of 2')",
-                              timeout=EDIT_TIMEOUT_MS)
-        assert "Welcome back" in _status(pg2, "#study-status")
+        st = _wait_text(pg2, "picture 2 of 2. Is the candidate", "#study-status", EDIT_TIMEOUT_MS)
+        assert st.startswith(f"Welcome back, {pid}")
         pg2.get_by_role("tab", name="Results").click()
         pg2.click("#study-refresh")
         pg2.wait_for_function("() => document.querySelector('#study-table').innerText.includes('(1/1)')")

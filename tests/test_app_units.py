@@ -350,3 +350,17 @@ def test_run_generator_reports_problems_in_the_page():
     job = bridge.jobs[-1]
     assert job["prompt"] == "make it blue" and job["reference_png_b64"] is None
     assert job["network"] == {"trace": "5g", "regime": "none", "scale": None, "start": 3.0}
+
+
+def test_study_page_without_questions_says_so(tmp_path):
+    import gradio as gr
+
+    from app.study_page import StudyPage
+
+    with gr.Blocks():
+        page = StudyPage(StudyStore(tmp_path, []), generate=lambda item: {})
+        page.build()
+    out = list(page.begin("someone"))
+    assert "no questions yet" in out[-1][0]
+    out = list(page.begin("  "))
+    assert "participant id" in out[-1][0]
