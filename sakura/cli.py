@@ -257,6 +257,7 @@ def bench(
     figure: Optional[str] = typer.Option(None, "--figure", help="Regenerate one figure: 11,12,13,15,16,17,18,19,20,21,table2."),
     project: Optional[str] = typer.Option(None, "--project", help="Paper-scale projection, e.g. flux2-klein-4b."),
     seed: int = typer.Option(0, "--seed"),
+    append: bool = typer.Option(False, "--append", help="Keep other workloads already in OUT/summary.json."),
 ):
     """Reproduce the paper's evaluation: every system, same trace offsets, same metrics."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -268,7 +269,7 @@ def bench(
         raise UserError("--clock must be sim or real")
     cfg = B.BenchConfig(workloads=tuple(w.strip() for w in workloads.split(",")),
                         systems=tuple(x.strip() for x in systems.split(",")), trace=trace, starts=starts, regime=regime,
-                        trace_scale=trace_scale, packs=packs, seed=seed)
+                        trace_scale=trace_scale, packs=packs, seed=seed, append=append)
     for sname in cfg.systems:
         if sname not in B.SYSTEMS:
             raise UserError(f"unknown system {sname!r}; choose from {', '.join(B.SYSTEMS)}")

@@ -192,6 +192,7 @@ class BenchConfig:
     packs: Path = Path("packs")
     seed: int = 0
     max_rank: int = 128
+    append: bool = False  # keep other workloads already in DIR/summary.json (run workloads separately)
 
 
 def run_bench(cfg: BenchConfig, out: Path, progress=None, say: Callable[[str], None] = print,
@@ -207,7 +208,15 @@ def run_bench(cfg: BenchConfig, out: Path, progress=None, say: Callable[[str], N
                      "workloads": {}}
     records_path = out / "records.jsonl"
     benches = {} if benches is None else benches
-    with records_path.open("w") as rec_file:
+    mode = "w"
+    if cfg.append and (out / "summary.json").exists():
+        previous = json.loads((out / "summary.json").read_text())
+        summary["workloads"] = {w: v for w, v in previous["workloads"].items() if w not in cfg.workloads}
+        kept = [line for line in records_path.read_text().splitlines()
+                if line.strip() and json.loads(line)["workload"] not in cfg.workloads]
+        records_path.write_text("".join(line + "\n" for line in kept))
+        mode = "a"
+    with records_path.open(mode) as rec_file:
         for workload in cfg.workloads:
             templates = workload_templates(catalog, workload)
             tbs = []
