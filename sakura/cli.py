@@ -319,6 +319,17 @@ def report(
     typer.echo(f"figures in {out}")
 
 
+@app.command("train-tiny", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def train_tiny(ctx: typer.Context):
+    """Train the embedded models (flow matching on edits synthesized from packaged images).
+
+    Arguments pass through to `python -m sakura.model.train` (see `sakura train-tiny --help-train`)."""
+    from sakura.model import train
+
+    args = ["--help" if a == "--help-train" else a for a in ctx.args]
+    train.main(args)
+
+
 def _register_runtime_commands() -> None:
     """Commands whose bodies live with their subsystem (light modules: no torch at import)."""
     from sakura.runtime.device_bench import bench_device_cmd
