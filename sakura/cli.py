@@ -258,8 +258,14 @@ def bench(
     project: Optional[str] = typer.Option(None, "--project", help="Paper-scale projection, e.g. flux2-klein-4b."),
     seed: int = typer.Option(0, "--seed"),
     append: bool = typer.Option(False, "--append", help="Keep other workloads already in OUT/summary.json."),
+    threads: int = typer.Option(1, "--threads", help="torch threads (1: steady timings on a shared machine)."),
 ):
     """Reproduce the paper's evaluation: every system, same trace offsets, same metrics."""
+    import torch
+
+    # Oversubscribed cores make multi-threaded small matmuls several times slower and noisy; the
+    # simulated clock replays compute measured under this same setting for every system.
+    torch.set_num_threads(threads)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from sakura.eval import bench as B

@@ -2,6 +2,9 @@ import os
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Tests start servers and agents in other processes on a 2-core machine: one torch thread per
+# process avoids oversubscription, which made small matmuls 5x slower and the suite erratic.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
 

@@ -8,8 +8,6 @@ from sakura.model import EditRequest, ModelInputError, ModelLoadError, load_mode
 from sakura.model.base import resize_image
 from sakura.model.embedded import load_model_folder, save_model
 
-torch.set_num_threads(2)
-
 
 def sharpened(name: str):
     """A seeded model with larger random weights, so every output depends strongly on every input
