@@ -15,6 +15,7 @@ import numpy as np
 from sakura.eval import bench as B
 from sakura.eval import plots as P
 from sakura.eval.metrics import quality
+from sakura.eval.sensitivity import fig16_mask_ratio, fig18_resolution
 from sakura.net.traces import load_trace
 from sakura.offline.pack import PackInfo, decode_shard
 from sakura.online.encoding import FetchUnit, Level
@@ -303,7 +304,8 @@ def torch_reuse(model, tb):
 
 
 # -- dispatch ----------------------------------------------------------------------------------------
-FIGURES: dict[str, Callable] = {"11": fig11_example_trace, "17": fig17_traces, "19": fig19_q_sweep,
+FIGURES: dict[str, Callable] = {"11": fig11_example_trace, "16": fig16_mask_ratio, "17": fig17_traces,
+                                "18": fig18_resolution, "19": fig19_q_sweep,
                                 "20": fig20_21_ablations, "21": fig20_21_ablations}
 MAIN = {"12", "13", "15", "table2"}
 
