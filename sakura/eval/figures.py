@@ -333,6 +333,14 @@ def run(cfg: B.BenchConfig, out: Path, *, figure: str | None = None, project: st
         if figure is None:
             written += fig11_example_trace(cfg, out, cache, progress, say)
         return written
+    if figure == "all":  # one process, so every figure shares the prepared templates
+        written = P.write_all(B.run_bench(cfg, out, progress=progress, say=say, benches=cache), out)
+        from sakura.eval.projection import project_paper
+
+        written += project_paper(cfg, out, "flux2-klein-4b", cache, progress, say)
+        for fn in (fig20_21_ablations, fig19_q_sweep, fig11_example_trace, fig17_traces):
+            written += fn(cfg, out, cache, progress, say)
+        return written  # figures 16 and 18 build packs of their own: run them with --figure 16 / 18
     if figure not in FIGURES:
         raise KeyError(f"unknown figure {figure!r}; choose from {', '.join(sorted(MAIN | set(FIGURES)))}")
     return FIGURES[figure](cfg, out, cache, progress, say)
