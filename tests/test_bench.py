@@ -1,0 +1,39 @@
+"""`sakura bench` end to end on a tiny sweep: the summary contract, figures, and the projection."""
+
+import json
+
+from sakura.eval import bench as B
+from sakura.eval import figures
+from sakura.eval.projection import project_paper
+
+
+def test_bench_summary_contract_and_figures(fs_packs, tmp_path):
+    packs, _ = fs_packs
+    cfg = B.BenchConfig(workloads=("fs",), systems=("sakura", "intq", "cachegen", "fp16", "local", "oracle"),
+                        starts=2, packs=packs, max_rank=32)
+    cache: dict = {}
+    written = figures.run(cfg, tmp_path, figure="12", progress=None, say=lambda s: None)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    fs = summary["workloads"]["fs"]
+    for system in cfg.systems:
+        for key in ("latency_p50_s", "latency_p90_s", "stall_s_mean", "bytes_mean", "psnr_mean", "ssim_mean",
+                    "psnr_masked_mean", "storage_bytes", "device_peak_cache_bytes", "device_peak_rss_bytes"):
+            assert key in fs[system], (system, key)
+    for key in ("local_full_s", "fp16_transfer_s_at_median", "trace_scale"):
+        assert fs["regime"][key] > 0
+    # the paper regime: FP16 transfer at the median / local generation = 23 / 13 (per template; the
+    # block reports means over the workload's templates, hence the small tolerance)
+    assert abs(fs["regime"]["fp16_transfer_s_at_median"] / fs["regime"]["local_full_s"] / (23 / 13) - 1) < 0.03
+    assert fs["oracle"]["psnr_mean"] == 100.0 and fs["oracle"]["bytes_mean"] == 0
+    assert fs["fp16"]["psnr_mean"] == 100.0 and fs["fp16"]["bytes_mean"] == fs["regime"]["fp16_cache_bytes"]
+    assert fs["sakura"]["bytes_mean"] < fs["fp16"]["bytes_mean"]
+    assert fs["sakura"]["storage_bytes"] < fs["fp16"]["storage_bytes"]
+    assert len((tmp_path / "records.jsonl").read_text().splitlines()) == 2 * len(cfg.systems)
+    assert all(p.exists() for p in written)
+    assert "| SAKURA |" in (tmp_path / "summary.md").read_text()
+    # the paper-scale projection reuses the prepared templates and labels itself as one
+    paths = project_paper(B.BenchConfig(workloads=("fs",), systems=("sakura", "local"), starts=2, packs=packs,
+                                        max_rank=32), tmp_path, "flux2-klein-4b", cache, None, lambda s: None)
+    proj = json.loads(paths[0].read_text())
+    assert proj["label"].startswith("PROJECTION")
+    assert proj["workloads"]["fs"]["systems"]["local"]["latency_p50_s"] == 13.0
