@@ -116,14 +116,20 @@ def edit(
     regime: str = typer.Option("paper", "--regime", help="paper: scale the trace to the paper's 23 s / 13 s regime; none."),
     server: Optional[str] = typer.Option(None, "--server", help="Template server URL (default: start one on --packs)."),
     packs: Path = typer.Option(Path("packs"), "--packs", help="Pack folder (built if missing)."),
+    executor: str = typer.Option("eager", "--executor", help="With --stream: eager | executorch (shard .pte programs)."),
+    reconstructor: str = typer.Option("torch", "--reconstructor", help="With --stream: torch | opencl."),
 ):
     """Edit a template locally: full recomputation or masked execution with template KV reuse."""
     if stream:
         from sakura.runtime.cli import stream_edit  # the streaming runtime owns this path
 
+        if executor not in ("eager", "executorch"):
+            raise UserError(f"--executor must be eager or executorch, not {executor!r}")
+        if reconstructor not in ("torch", "opencl"):
+            raise UserError(f"--reconstructor must be torch or opencl, not {reconstructor!r}")
         stream_edit(template=template, reference=reference, prompt=prompt, out=out, as_json=as_json,
                     catalog=catalog, policy=policy, trace=trace, start=start, trace_scale=trace_scale,
-                    regime=regime, server=server, packs=packs)
+                    regime=regime, server=server, packs=packs, executor=executor, reconstructor=reconstructor)
         return
     if mode not in ("full", "reuse"):
         raise UserError(f"--mode must be full or reuse, not {mode!r}")

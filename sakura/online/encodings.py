@@ -47,9 +47,11 @@ class ShardEncoding(StreamEncoding):
 
 
 class SakuraPackEncoding(ShardEncoding):
-    """One progressive pack; fetch unit = shard; levels = its rank–precision frontier."""
+    """One progressive pack; fetch unit = shard; levels = its rank–precision frontier. The rebuild
+    can be delegated to a reconstructor backend (torch / OpenCL: ``sakura.runtime.reconstruct``)."""
 
     name, info_cls = "sakura", PackInfo
+    reconstructor = None  # anything with .rebuild(info, shard, r, b_a, b_b, blobs) -> {(step, layer): (K, V)}
 
     def _levels(self, shard):
         frontier = self.info.frontier(shard)
@@ -61,6 +63,8 @@ class SakuraPackEncoding(ShardEncoding):
         return self.info.ranges(unit.index, *level.key)
 
     def _decode(self, shard, key, blobs):
+        if self.reconstructor is not None:
+            return self.reconstructor.rebuild(self.info, shard, *key, blobs)
         return decode_shard(self.info, shard, *key, blobs)
 
     @property

@@ -64,7 +64,8 @@ def ensure_packs(packs: Path, template, model_path=None) -> None:
 
 def stream_edit(*, template: str, reference, prompt, out: Path, as_json: bool, catalog=None, policy: str = "sakura",
                 trace: str = "5g", start: float = 0.0, trace_scale: float | None = None, regime: str = "paper",
-                server: str | None = None, packs: Path = DEFAULT_PACKS, shard_size: int | None = None) -> dict:
+                server: str | None = None, packs: Path = DEFAULT_PACKS, shard_size: int | None = None,
+                executor: str = "eager", reconstructor: str = "torch") -> dict:
     from PIL import Image
 
     from sakura.catalog import load_catalog, load_image_spec
@@ -107,9 +108,19 @@ def stream_edit(*, template: str, reference, prompt, out: Path, as_json: bool, c
             link = RangeClient(base, rate=RateSpec(trace, start, scale))
             fid = file_id(tpl.id, pol.encoding)
             enc = encoding_from_header(pol.encoding, read_header(link, fid))
+            if pol.encoding == "sakura" and reconstructor != "torch":
+                from sakura.runtime.reconstruct import get_reconstructor
+
+                enc.reconstructor = get_reconstructor(reconstructor)
+            runner = None
+            if executor != "eager":
+                from sakura.runtime.executors import get_executor
+
+                runner = get_executor(executor, model)
             link.reset_link()
             initial = float(base_trace.scaled(scale).rate_at(start)) * 1e6
-            res, tl = StreamedEdit(model, enc, pol, link, fid, compute, initial).run(req)
+            res, tl = StreamedEdit(model, enc, pol, link, fid, compute, initial, executor=runner).run(req)
+            report.update(executor=executor, reconstructor=reconstructor)
             image = res.image
             report.update(tl.summary())
             report["timeline"] = tl.to_dict() if as_json else None

@@ -68,11 +68,13 @@ def read_header(link: Link, file_id: str) -> bytes:
 class StreamedEdit:
     def __init__(self, adapter: DiTAdapter, encoding: StreamEncoding, policy: Policy, link: Link,
                  file_id: str, compute: ComputeProfile, initial_bps: float, ahead: int = 2,
-                 timeout_s: float = 120.0, on_event: Callable[[str, dict], None] | None = None):
+                 timeout_s: float = 120.0, on_event: Callable[[str, dict], None] | None = None,
+                 executor=None):
         self.adapter, self.encoding, self.policy, self.link = adapter, encoding.fresh(), policy, link
         self.file_id, self.compute, self.ahead, self.timeout_s = file_id, compute, ahead, timeout_s
         self.monitor = RuntimeMonitor(initial_bps)
         self.on_event = on_event or (lambda kind, data: None)
+        self.executor = executor  # None: the adapter's eager masked run; else e.g. an ExecuTorch executor
 
     def run(self, req: EditRequest) -> tuple[EditResult, Timeline]:
         shards = self.compute.shards
@@ -90,9 +92,14 @@ class StreamedEdit:
         rebuilder.start()
         shard_of = {(s, layer): j for j, (s, a, b) in enumerate(shards) for layer in range(a, b)}
         last_layer = {j: (s, b - 1) for j, (s, a, b) in enumerate(shards)}
+        def provider(s, l):
+            return self._provide(sh, tl, shard_of[(s, l)], s, l, last_layer)
+
         try:
-            result = self.adapter.masked_edit(req, lambda s, l: self._provide(sh, tl, shard_of[(s, l)], s, l,
-                                                                              last_layer))
+            if self.executor is None:
+                result = self.adapter.masked_edit(req, provider)
+            else:  # shard-by-shard programs (sakura.runtime.executors) over the same blocking provider
+                result = self.executor.run_masked_edit(req, provider, shards[0][2] - shards[0][1])
         finally:
             if sh.error is None:
                 sh.error = StreamError("edit ended")  # stops the helper threads
