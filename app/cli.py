@@ -30,23 +30,10 @@ def build_missing(catalog, packs: Path, ids: list[str] | None = None, echo=typer
     todo = missing_packs(catalog, packs, ids)
     if not todo:
         return
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from sakura.offline.builder import build_with_progress
 
-    from sakura.offline.builder import build_template
-
-    steps = ("capture", "importance") + ENCODINGS
     echo(f"building packs for {len(todo)} template(s) into {packs} (first run only; a few minutes each)…")
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn()) as bar:
-        task = bar.add_task("build", total=len(todo) * len(steps))
-        for tpl in todo:
-            def say(stage: str, tpl=tpl) -> None:
-                bar.update(task, description=f"{tpl.id}: {stage}", advance=0 if stage == "capture" else 1)
-
-            report = build_template(tpl, packs, progress=say)
-            bar.advance(task)
-            bar.console.print(f"{tpl.id}: FP16 cache {report.fp16_bytes / 1e6:.1f} MB, SAKURA pack "
-                              f"{report.storage['sakura'] / 1e6:.1f} MB")
+    build_with_progress(todo, packs)
 
 
 def connect_device(device: str, server_url: str):

@@ -189,26 +189,12 @@ def build(
     model_path: Optional[Path] = typer.Option(None, "--model-path"),
 ):
     """Offline: capture, profile importance, write the progressive pack and the baselines' files."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
     from sakura.catalog import load_catalog
-    from sakura.offline.builder import build_template
+    from sakura.offline.builder import build_with_progress
 
     cat = load_catalog(catalog)
     chosen = [cat.get(t.strip()) for t in templates.split(",")] if templates else list(cat)
-    steps = ("capture", "importance", "sakura", "fp16", "intq", "cachegen")
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn()) as bar:
-        task = bar.add_task("build", total=len(chosen) * len(steps))
-        for tpl in chosen:
-            def say(stage: str, tpl=tpl) -> None:
-                bar.update(task, description=f"{tpl.id}: {stage}", advance=0 if stage == "capture" else 1)
-
-            report = build_template(tpl, out, q=q, max_rank=max_rank, shard_size=shard_size, model_path=model_path,
-                                    progress=say)
-            bar.advance(task)
-            bar.console.print(f"{tpl.id}: FP16 {report.fp16_bytes / 1e6:.1f} MB, SAKURA {report.storage['sakura'] / 1e6:.1f} MB "
-                              f"({report.fp16_bytes / report.storage['sakura']:.2f}x smaller)")
+    build_with_progress(chosen, out, q=q, max_rank=max_rank, shard_size=shard_size, model_path=model_path)
 
 
 @app.command("pack-info")

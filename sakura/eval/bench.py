@@ -9,17 +9,21 @@ produced by the received cache vs the image produced with the exact FP16 cache.
 
 from __future__ import annotations
 
+import functools
 import json
 import resource
 import statistics
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
+import torch
 
 from sakura.editing import edit_request, model_for
 from sakura.eval.metrics import quality
+from sakura.kvcache import KVCache
 from sakura.net.traces import Trace, load_trace, paper_regime_scale
 from sakura.offline.builder import build_template, file_id
 from sakura.online.encodings import encoding_from_header
@@ -48,8 +52,13 @@ class StoredFile:
     raw: bytes
     encoding_name: str
 
-    def encoding(self):
+    @functools.cached_property
+    def _parsed(self):  # the header is parsed once per template, not once per simulated edit
         return encoding_from_header(self.encoding_name, self.raw)
+
+    def encoding(self):
+        """A fresh per-edit view (CacheGen keeps chunk-assembly state per edit)."""
+        return self._parsed.fresh()
 
     def fetch(self, ranges):
         return [self.raw[o:o + n] for o, n in ranges]
@@ -78,6 +87,15 @@ class TemplateBench:
             self.references[i] = self.model.masked_edit(self.request(i), lambda s, l: self.fp16_kv[(s, l)]).image
         return self.references[i]
 
+    def fp16_cache(self) -> KVCache:
+        """The exact FP16 cache as a KVCache (for profiling and re-packing)."""
+        m = self.model
+        reuse = torch.nonzero(~m.token_mask(self.request(0).mask)).flatten()
+        cache = KVCache(m.num_steps, m.num_layers, m.heads, m.head_dim, reuse)
+        for key, (k, v) in self.fp16_kv.items():
+            cache.k[key], cache.v[key] = k, v
+        return cache
+
     def local_output(self, i: int) -> np.ndarray:
         if i not in self.local_outputs:
             self.local_outputs[i] = self.model.full_edit(self.request(i)).image
@@ -105,27 +123,50 @@ def prepare_template(tpl, packs: Path, max_rank: int = 128, q: float = 0.5, say:
     return TemplateBench(tpl, model, files, kv, compute, fp16_bytes, {k: len(f.raw) for k, f in files.items()})
 
 
-def run_one(tb: TemplateBench, req_index: int, system: str, trace: Trace, start: float,
-            policy_kw: dict | None = None, policy=None) -> dict:
-    """One edit of one system at one trace offset on the simulated clock, with its quality."""
+def record(tb: TemplateBench, req_index: int, system: str, start: float, tl, out: np.ndarray) -> dict:
+    """One sweep row: the timeline's summary and the output's quality vs the FP16-cache output."""
     req = tb.request(req_index)
-    ref = tb.reference(req_index)
-    pol = policy or get_policy(system, **(policy_kw or {}))
-    if system == "local":
-        tl = simulate_local("local", tb.compute)
-        out = tb.local_output(req_index)
-    elif system == "oracle":
-        tl = simulate_local("oracle", tb.compute)
-        out = ref
+    return {"template": tb.template.id, "request": req_index, "system": system, "start_s": start,
+            "latency_s": tl.latency_s, "stall_s": tl.stall_s, "bytes": tl.bytes_total,
+            "deadline_misses": tl.deadline_misses, "shards": len(tl.shards),
+            "peak_cache_bytes": tl.peak_cache_bytes, "levels": [u.level for u in tl.units],
+            **quality(out, tb.reference(req_index), req.mask)}
+
+
+def run_one(tb: TemplateBench, req_index: int, system: str, trace: Trace, start: float, *, policy=None,
+            encoding=None, timer: Callable[[], float] = time.perf_counter) -> dict:
+    """One edit of one system at one trace offset on the simulated clock, with its quality.
+
+    ``policy`` / ``encoding`` replace the system's own (ablation variants); ``timer`` is the clock
+    the rebuilds are measured on (it must match the one the compute profile was measured on)."""
+    pol = policy or get_policy(system)
+    if system in ("local", "oracle"):
+        tl = simulate_local(system, tb.compute)
+        out = tb.local_output(req_index) if system == "local" else tb.reference(req_index)
     else:
         f = tb.files[pol.encoding]
-        tl, kv = simulate(f.encoding(), pol, tb.compute, LinkModel(trace, start), f.fetch)
-        out = tb.model.masked_edit(req, lambda s, l: kv[(s, l)]).image
-    q = quality(out, ref, req.mask)
-    return {"template": tb.template.id, "request": req_index, "system": pol.name if policy else system,
-            "start_s": start, "latency_s": tl.latency_s, "stall_s": tl.stall_s, "bytes": tl.bytes_total,
-            "deadline_misses": tl.deadline_misses, "shards": len(tl.shards), "peak_cache_bytes": tl.peak_cache_bytes,
-            "levels": [u.level for u in tl.units], **q}
+        tl, kv = simulate(encoding or f.encoding(), pol, tb.compute, LinkModel(trace, start), f.fetch, timer=timer)
+        out = tb.model.masked_edit(tb.request(req_index), lambda s, l: kv[(s, l)]).image
+    return record(tb, req_index, pol.name, start, tl, out)
+
+
+def workload_benches(workload: str, cfg: "BenchConfig", cache: dict, say: Callable[[str], None]) -> list[TemplateBench]:
+    """The prepared templates of a workload, prepared once per process (``cache`` by template id)."""
+    from sakura.catalog import load_catalog
+
+    out = []
+    for tpl in workload_templates(load_catalog(), workload):
+        if tpl.id not in cache:
+            cache[tpl.id] = prepare_template(tpl, cfg.packs, cfg.max_rank, say=say)
+        out.append(cache[tpl.id])
+    return out
+
+
+def offset_plan(tbs: list[TemplateBench], starts) -> Iterator[tuple[TemplateBench, int, float]]:
+    """Round robin over templates, then over their held-out requests: one edit per start offset."""
+    for k, start in enumerate(starts):
+        tb = tbs[k % len(tbs)]
+        yield tb, (k // len(tbs)) % len(tb.template.eval_requests), float(start)
 
 
 def regime_scale(tb: TemplateBench, trace: Trace, regime: str, trace_scale: float | None) -> float:
@@ -198,10 +239,7 @@ class BenchConfig:
 def run_bench(cfg: BenchConfig, out: Path, progress=None, say: Callable[[str], None] = print,
               benches: dict | None = None) -> dict:
     """The main latency/quality sweep. Writes ``records.jsonl`` and ``summary.json``; returns the summary."""
-    from sakura.catalog import load_catalog
-
     out.mkdir(parents=True, exist_ok=True)
-    catalog = load_catalog()
     base_trace = load_trace(cfg.trace)
     rng = np.random.default_rng(cfg.seed)
     summary: dict = {"config": {k: (str(v) if isinstance(v, Path) else v) for k, v in cfg.__dict__.items()},
@@ -218,22 +256,15 @@ def run_bench(cfg: BenchConfig, out: Path, progress=None, say: Callable[[str], N
         mode = "a"
     with records_path.open(mode) as rec_file:
         for workload in cfg.workloads:
-            templates = workload_templates(catalog, workload)
-            tbs = []
-            for tpl in templates:
-                if tpl.id not in benches:
-                    benches[tpl.id] = prepare_template(tpl, cfg.packs, cfg.max_rank, say=say)
-                tbs.append(benches[tpl.id])
+            tbs = workload_benches(workload, cfg, benches, say)
             scales = {tb.template.id: regime_scale(tb, base_trace, cfg.regime, cfg.trace_scale) for tb in tbs}
             starts = rng.uniform(0, base_trace.duration, size=cfg.starts)
             records = []
             task = progress.add_task(f"bench {workload}", total=cfg.starts * len(cfg.systems)) if progress else None
-            for k, start in enumerate(starts):
-                tb = tbs[k % len(tbs)]
-                req_index = (k // len(tbs)) % len(tb.template.eval_requests)
+            for tb, req_index, start in offset_plan(tbs, starts):
                 trace = base_trace.scaled(scales[tb.template.id])
                 for system in cfg.systems:
-                    r = run_one(tb, req_index, system, trace, float(start))
+                    r = run_one(tb, req_index, system, trace, start)
                     r["workload"] = workload
                     records.append(r)
                     rec_file.write(json.dumps(r) + "\n")

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
+import torch
 
 from sakura.eval import bench as B
 from sakura.eval import plots as P
@@ -85,32 +86,7 @@ class _Variant(SakuraPolicy):
         self.name = name
 
 
-def _variant_run(tb: B.TemplateBench, req_index: int, encoding, name: str, trace, start: float) -> dict:
-    from sakura.runtime.sim import LinkModel, simulate
-
-    pol = _Variant(name)
-    tl, kv = simulate(encoding, pol, tb.compute, LinkModel(trace, start), tb.files["sakura"].fetch)
-    req = tb.request(req_index)
-    out = tb.model.masked_edit(req, lambda s, l: kv[(s, l)]).image
-    q = quality(out, tb.reference(req_index), req.mask)
-    return {"template": tb.template.id, "request": req_index, "system": name, "start_s": start,
-            "latency_s": tl.latency_s, "stall_s": tl.stall_s, "bytes": tl.bytes_total,
-            "deadline_misses": tl.deadline_misses, "shards": len(tl.shards), "peak_cache_bytes": tl.peak_cache_bytes,
-            "levels": [u.level for u in tl.units], **q}
-
-
 # -- the sweeps -------------------------------------------------------------------------------------
-def _benches(cfg: B.BenchConfig, workload: str, cache: dict, say) -> list[B.TemplateBench]:
-    from sakura.catalog import load_catalog
-
-    out = []
-    for tpl in B.workload_templates(load_catalog(), workload):
-        if tpl.id not in cache:
-            cache[tpl.id] = B.prepare_template(tpl, cfg.packs, cfg.max_rank, say=say)
-        out.append(cache[tpl.id])
-    return out
-
-
 def _sweep(cfg, workload, benches, systems_fn, progress, label, trace_spec=None) -> list[dict]:
     """Run ``systems_fn(tb, req_index, trace, start) -> list[record]`` at cfg.starts offsets."""
     base = load_trace(trace_spec or cfg.trace)
@@ -119,10 +95,8 @@ def _sweep(cfg, workload, benches, systems_fn, progress, label, trace_spec=None)
     scales = {tb.template.id: B.regime_scale(tb, base, cfg.regime, cfg.trace_scale) for tb in benches}
     task = progress.add_task(label, total=cfg.starts) if progress else None
     rows = []
-    for k, start in enumerate(starts):
-        tb = benches[k % len(benches)]
-        req_index = (k // len(benches)) % len(tb.template.eval_requests)
-        for r in systems_fn(tb, req_index, base.scaled(scales[tb.template.id]), float(start)):
+    for tb, req_index, start in B.offset_plan(benches, starts):
+        for r in systems_fn(tb, req_index, base.scaled(scales[tb.template.id]), start):
             r["workload"] = workload
             rows.append(r)
         if progress:
@@ -133,7 +107,7 @@ def _sweep(cfg, workload, benches, systems_fn, progress, label, trace_spec=None)
 def fig11_example_trace(cfg, out, cache, progress, say) -> list[Path]:
     """Latency of edits started every 2 s along a 60 s stretch of the trace (vton, as in the paper)."""
     workload = "vton" if "vton" in cfg.workloads else cfg.workloads[0]
-    benches = _benches(cfg, workload, cache, say)
+    benches = B.workload_benches(workload, cfg, cache, say)
     tb = benches[0]
     base = load_trace(cfg.trace)
     trace = base.scaled(B.regime_scale(tb, base, cfg.regime, cfg.trace_scale))
@@ -156,7 +130,7 @@ def fig17_traces(cfg, out, cache, progress, say) -> list[Path]:
     import matplotlib.pyplot as plt
 
     workload = cfg.workloads[0]
-    benches = _benches(cfg, workload, cache, say)
+    benches = B.workload_benches(workload, cfg, cache, say)
     base5g = load_trace("5g")
     scales = {tb.template.id: B.regime_scale(tb, base5g, cfg.regime, cfg.trace_scale) for tb in benches}
     results: dict = {}
@@ -189,17 +163,17 @@ def fig17_traces(cfg, out, cache, progress, say) -> list[Path]:
 def fig20_21_ablations(cfg, out, cache, progress, say) -> list[Path]:
     """Fig. 20: per-shard vs per-step adaptation (deadline misses, stall share). Fig. 21: adaptive
     bits vs fixed 8-bit (p10 PSNR / SSIM: the low tail)."""
-    import matplotlib.pyplot as plt
-
     res20, res21 = {}, {}
     for workload in [w for w in cfg.workloads if w != "mb-sd"] or cfg.workloads:
-        benches = _benches(cfg, workload, cache, say)
+        benches = B.workload_benches(workload, cfg, cache, say)
 
         def run(tb, i, trace, start):
             info = PackInfo.from_bytes(tb.files["sakura"].raw)
             return [B.run_one(tb, i, "sakura", trace, start),
-                    _variant_run(tb, i, StepCoarseEncoding(info), "sakura-coarse", trace, start),
-                    _variant_run(tb, i, Fixed8Encoding(info), "sakura-fixed8", trace, start)]
+                    B.run_one(tb, i, "sakura", trace, start, policy=_Variant("sakura-coarse"),
+                              encoding=StepCoarseEncoding(info)),
+                    B.run_one(tb, i, "sakura", trace, start, policy=_Variant("sakura-fixed8"),
+                              encoding=Fixed8Encoding(info))]
 
         rows = _sweep(cfg, workload, benches, run, progress, f"fig 20/21 {workload}")
         res20[workload] = {s: {"miss_rate": float(np.mean([r["deadline_misses"] / r["shards"] for r in rows if r["system"] == s])),
@@ -211,34 +185,31 @@ def fig20_21_ablations(cfg, out, cache, progress, say) -> list[Path]:
                                "ssim_p10": float(np.percentile([r["ssim"] for r in rows if r["system"] == s], 10)),
                                "psnr_mean": float(np.mean([r["psnr"] for r in rows if r["system"] == s]))}
                            for s in ("sakura", "sakura-fixed8")}
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
-    ws = list(res20)
-    x = np.arange(len(ws))
-    for j, s in enumerate(("sakura", "sakura-coarse")):
-        axes[0].bar(x + 0.4 * j, [100 * res20[w][s]["miss_rate"] for w in ws], 0.4, color=P.COLORS[s], label=P.NAMES[s])
-        axes[1].bar(x + 0.4 * j, [100 * res20[w][s]["stall_share"] for w in ws], 0.4, color=P.COLORS[s], label=P.NAMES[s])
-    axes[0].set_ylabel("shards missing their deadline (%)")
-    axes[1].set_ylabel("stall share of latency (%)")
-    for ax in axes:
-        ax.set_xticks(x + 0.2, ws)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "fig20_granularity.png", dpi=120)
-    plt.close(fig)
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
-    for j, s in enumerate(("sakura", "sakura-fixed8")):
-        axes[0].bar(x + 0.4 * j, [res21[w][s]["psnr_p10"] for w in ws], 0.4, color=P.COLORS[s], label=P.NAMES[s])
-        axes[1].bar(x + 0.4 * j, [res21[w][s]["ssim_p10"] for w in ws], 0.4, color=P.COLORS[s], label=P.NAMES[s])
-    axes[0].set_ylabel("p10 PSNR (dB)")
-    axes[1].set_ylabel("p10 SSIM")
-    for ax in axes:
-        ax.set_xticks(x + 0.2, ws)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "fig21_adaptive_bits.png", dpi=120)
-    plt.close(fig)
+    _paired_bars(res20, ("sakura", "sakura-coarse"), [("miss_rate", 100, "shards missing their deadline (%)"),
+                                                       ("stall_share", 100, "stall share of latency (%)")],
+                 out / "fig20_granularity.png")
+    _paired_bars(res21, ("sakura", "sakura-fixed8"), [("psnr_p10", 1, "p10 PSNR (dB)"), ("ssim_p10", 1, "p10 SSIM")],
+                 out / "fig21_adaptive_bits.png")
     return [out / "fig20_granularity.png", out / "fig21_adaptive_bits.png", _dump(out, "fig20", res20),
             _dump(out, "fig21", res21)]
+
+
+def _paired_bars(res: dict, systems: tuple[str, str], panels: list[tuple[str, float, str]], path: Path) -> None:
+    """One panel per (metric, factor, label): two systems' bars side by side for each workload."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.4))
+    ws = list(res)
+    x = np.arange(len(ws))
+    for ax, (metric, factor, label) in zip(axes, panels):
+        for j, s in enumerate(systems):
+            ax.bar(x + 0.4 * j, [factor * res[w][s][metric] for w in ws], 0.4, color=P.COLORS[s], label=P.NAMES[s])
+        ax.set_ylabel(label)
+        ax.set_xticks(x + 0.2, ws)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def fig19_q_sweep(cfg, out, cache, progress, say, qs=(0.0, 0.25, 0.5, 1.0), ratios=(5, 15, 50)) -> list[Path]:
@@ -249,23 +220,19 @@ def fig19_q_sweep(cfg, out, cache, progress, say, qs=(0.0, 0.25, 0.5, 1.0), rati
     from sakura.offline.pack import write_pack
 
     workload = cfg.workloads[0]
-    benches = _benches(cfg, workload, cache, say)
+    benches = B.workload_benches(workload, cfg, cache, say)
     results = {str(q): {str(r): [] for r in ratios} for q in qs}
     task = progress.add_task("fig 19", total=len(benches) * len(qs)) if progress else None
     qdir = out / "q-sweep-packs"
     qdir.mkdir(parents=True, exist_ok=True)
     for tb in benches:
         importance = load_importance(cfg.packs, tb.template.id)
-        from sakura.kvcache import KVCache
-
         m = tb.model
-        cache = KVCache(m.num_steps, m.num_layers, m.heads, m.head_dim, torch_reuse(m, tb))
-        for key, (k, v) in tb.fp16_kv.items():
-            cache.k[key], cache.v[key] = k.half(), v.half()
+        fp16_cache = tb.fp16_cache().to(torch.float16)
         shard_size = tb.compute.shards[0][2] - tb.compute.shards[0][1]
         for q in qs:
             path = qdir / f"{tb.template.id}-q{q}.pack"
-            info = write_pack(path, cache, importance, q=q, max_rank=cfg.max_rank, shard_size=shard_size,
+            info = write_pack(path, fp16_cache, importance, q=q, max_rank=cfg.max_rank, shard_size=shard_size,
                               model_id=m.model_id, template_id=tb.template.id)
             raw = path.read_bytes()
             for ratio in ratios:
@@ -295,12 +262,6 @@ def fig19_q_sweep(cfg, out, cache, progress, say, qs=(0.0, 0.25, 0.5, 1.0), rati
     fig.savefig(out / "fig19_q_sweep.png", dpi=120)
     plt.close(fig)
     return [out / "fig19_q_sweep.png", _dump(out, "fig19_q_sweep", means)]
-
-
-def torch_reuse(model, tb):
-    import torch
-
-    return torch.nonzero(~model.token_mask(tb.request(0).mask)).flatten()
 
 
 # -- dispatch ----------------------------------------------------------------------------------------

@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 
 from sakura.eval import bench as B
-from sakura.eval.metrics import quality
 from sakura.net.client import RangeClient
 from sakura.net.shaping import RateSpec
 from sakura.net.traces import load_trace
@@ -17,20 +16,18 @@ from sakura.offline.builder import file_id
 from sakura.online.encodings import encoding_from_header
 from sakura.online.policies import get_policy
 from sakura.runtime.stream import StreamedEdit, read_header
+from sakura.runtime.timeline import Timeline
 from sakura.server.run import start_server
 
 
 def run_one_real(tb: B.TemplateBench, req_index: int, system: str, trace: str, scale: float, start: float,
                  base_url: str) -> dict:
     req = tb.request(req_index)
-    ref = tb.reference(req_index)
     pol = get_policy(system)
-    if system == "local":
-        res = tb.model.full_edit(req)
-        latency, out, tl = res.seconds, res.image, None
-    elif system == "oracle":
-        res = tb.model.masked_edit(req, lambda s, l: tb.fp16_kv[(s, l)])
-        latency, out, tl = res.seconds, res.image, None
+    if system in ("local", "oracle"):
+        res = (tb.model.full_edit(req) if system == "local"
+               else tb.model.masked_edit(req, lambda s, l: tb.fp16_kv[(s, l)]))
+        tl = Timeline(system, "real", latency_s=res.seconds)
     else:
         fid = file_id(tb.template.id, pol.encoding)
         link = RangeClient(base_url, rate=RateSpec(trace, start, scale))
@@ -38,36 +35,25 @@ def run_one_real(tb: B.TemplateBench, req_index: int, system: str, trace: str, s
         link.reset_link()
         initial = float(load_trace(trace).scaled(scale).rate_at(start)) * 1e6
         res, tl = StreamedEdit(tb.model, enc, pol, link, fid, tb.compute, initial).run(req)
-        latency, out = tl.latency_s, res.image
         link.close()
-    q = quality(out, ref, req.mask)
-    return {"template": tb.template.id, "request": req_index, "system": system, "start_s": start,
-            "latency_s": latency, "stall_s": tl.stall_s if tl else 0.0, "bytes": tl.bytes_total if tl else 0,
-            "deadline_misses": tl.deadline_misses if tl else 0, "shards": len(tl.shards) if tl else 1,
-            "peak_cache_bytes": tl.peak_cache_bytes if tl else 0, "levels": [u.level for u in tl.units] if tl else [],
-            "clock": "real", **q}
+    return {**B.record(tb, req_index, system, start, tl, res.image), "clock": "real"}
 
 
 def run_bench_real(cfg: B.BenchConfig, out: Path, progress=None, say=print) -> dict:
-    from sakura.catalog import load_catalog
-
     out.mkdir(parents=True, exist_ok=True)
     base_trace = load_trace(cfg.trace)
     rng = np.random.default_rng(cfg.seed)
     summary: dict = {"config": {**{k: str(v) for k, v in cfg.__dict__.items()}, "clock": "real"}, "workloads": {}}
     with start_server(cfg.packs, port=0, process=True) as srv, (out / "records.jsonl").open("w") as rec_file:
         for workload in cfg.workloads:
-            tbs = [B.prepare_template(t, cfg.packs, cfg.max_rank, say=say)
-                   for t in B.workload_templates(load_catalog(), workload)]
+            tbs = B.workload_benches(workload, cfg, {}, say)
             scales = {tb.template.id: B.regime_scale(tb, base_trace, cfg.regime, cfg.trace_scale) for tb in tbs}
             starts = rng.uniform(0, base_trace.duration, size=cfg.starts)
             records = []
             task = progress.add_task(f"bench {workload} (real clock)", total=cfg.starts * len(cfg.systems)) if progress else None
-            for k, start in enumerate(starts):
-                tb = tbs[k % len(tbs)]
-                req_index = (k // len(tbs)) % len(tb.template.eval_requests)
+            for tb, req_index, start in B.offset_plan(tbs, starts):
                 for system in cfg.systems:
-                    r = run_one_real(tb, req_index, system, cfg.trace, scales[tb.template.id], float(start), srv.url)
+                    r = run_one_real(tb, req_index, system, cfg.trace, scales[tb.template.id], start, srv.url)
                     r["workload"] = workload
                     records.append(r)
                     rec_file.write(json.dumps(r) + "\n")

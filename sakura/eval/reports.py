@@ -47,7 +47,7 @@ def importance_report(tb: B.TemplateBench, packs: Path, out: Path) -> dict:
         errs.append(e)
     share = (np.array(errs) / max(sum(errs), 1e-30)).tolist()
     # (b) top-10% overlap, profiling (summed) vs each held-out request
-    cache = _kvcache(tb)
+    cache = tb.fp16_cache()
     overlaps, mass = [], []
     for i, r in enumerate(tb.template.eval_requests):
         held = profile_importance(tb.model, tb.template, cache, requests=[r])
@@ -73,17 +73,6 @@ def importance_report(tb: B.TemplateBench, packs: Path, out: Path) -> dict:
     plt.close(fig)
     (out / f"fig02_importance_{tb.template.id}.json").write_text(json.dumps(report, indent=1))
     return report
-
-
-def _kvcache(tb: B.TemplateBench):
-    from sakura.kvcache import KVCache
-
-    m = tb.model
-    reuse = torch.nonzero(~m.token_mask(tb.request(0).mask)).flatten()
-    cache = KVCache(m.num_steps, m.num_layers, m.heads, m.head_dim, reuse)
-    for key, (k, v) in tb.fp16_kv.items():
-        cache.k[key], cache.v[key] = k, v
-    return cache
 
 
 def tradeoff_report(tb: B.TemplateBench, packs: Path, out: Path, shard: int = 0,

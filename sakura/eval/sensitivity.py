@@ -327,36 +327,8 @@ def measure_compute_cpu(adapter, req, cache, shard_size: int, repeats: int = 3):
 
 def run_one_cpu(tb: B.TemplateBench, req_index: int, system: str, trace, start: float) -> dict:
     """:func:`sakura.eval.bench.run_one` with the rebuild (decode) times on the same CPU clock as the
-    compute profile: the simulator's ``rebuild_model`` hook decodes the chosen bytes for real and
-    returns their thread CPU time (its own hook times decodes on the wall clock)."""
-    if system not in STREAMED:
-        return B.run_one(tb, req_index, system, trace, start)
-    from sakura.eval.metrics import quality
-    from sakura.online.policies import get_policy
-    from sakura.runtime.sim import LinkModel, simulate
-
-    req, ref = tb.request(req_index), tb.reference(req_index)
-    pol = get_policy(system)
-    f = tb.files[pol.encoding]
-    enc = f.encoding().fresh()  # decodes this edit (CacheGen keeps per-edit chunk state)
-    pre = enc.preamble_ranges()
-    if pre:
-        enc.set_preamble(f.fetch(pre))
-    kv: dict = {}
-
-    def rebuild(unit, level) -> float:
-        blobs = f.fetch(enc.ranges(unit, level))
-        t0 = time.thread_time()
-        kv.update(enc.decode(unit, level, blobs))
-        return time.thread_time() - t0
-
-    tl, _ = simulate(f.encoding(), pol, tb.compute, LinkModel(trace, start), None, rebuild_model=rebuild)
-    out = tb.model.masked_edit(req, lambda s, l: kv[(s, l)]).image
-    q = quality(out, ref, req.mask)
-    return {"template": tb.template.id, "request": req_index, "system": system, "start_s": start,
-            "latency_s": tl.latency_s, "stall_s": tl.stall_s, "bytes": tl.bytes_total,
-            "deadline_misses": tl.deadline_misses, "shards": len(tl.shards), "levels": [u.level for u in tl.units],
-            "peak_cache_bytes": tl.peak_cache_bytes, **q}
+    compute profile (thread CPU time)."""
+    return B.run_one(tb, req_index, system, trace, start, timer=time.thread_time)
 
 
 def _prepare(catalog, packs: Path, cfg, cache: dict, say, compute_clock: str = "cpu") -> list[B.TemplateBench]:

@@ -113,6 +113,28 @@ def build_template(template, out_dir: str | Path, *, q: float = 0.5, max_rank: i
     return report
 
 
+def build_with_progress(templates, out_dir: str | Path, **kw) -> list[BuildReport]:
+    """``build_template`` for each template, under one rich progress bar (CLI and demo)."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    encodings = kw.get("encodings", ("sakura", "fp16", "intq", "cachegen"))
+    steps = 2 + len(encodings)  # capture, importance, then one per stored format
+    reports = []
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn()) as bar:
+        task = bar.add_task("build", total=len(templates) * steps)
+        for tpl in templates:
+            def say(stage: str, tpl=tpl) -> None:
+                bar.update(task, description=f"{tpl.id}: {stage}", advance=0 if stage == "capture" else 1)
+
+            report = build_template(tpl, out_dir, progress=say, **kw)
+            bar.advance(task)
+            bar.console.print(f"{tpl.id}: FP16 {report.fp16_bytes / 1e6:.1f} MB, SAKURA {report.storage['sakura'] / 1e6:.1f} MB "
+                              f"({report.fp16_bytes / report.storage['sakura']:.2f}x smaller)")
+            reports.append(report)
+    return reports
+
+
 def load_importance(pack_dir: str | Path, template_id: str) -> dict[tuple[int, int], torch.Tensor]:
     raw = load_file(str(Path(pack_dir) / f"{template_id}.importance.safetensors"))
     return {tuple(int(x) for x in k.split(".")): v for k, v in raw.items()}

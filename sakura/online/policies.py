@@ -144,5 +144,4 @@ POLICIES = {"sakura": SakuraPolicy, "fp16": Fp16Policy, "intq": IntQPolicy, "cac
 def get_policy(name: str, **kw) -> Policy:
     if name not in POLICIES:
         raise KeyError(f"unknown system {name!r}; choose from {', '.join(POLICIES)}")
-    cls = POLICIES[name]
-    return cls(**kw) if kw and "gamma" in cls.__init__.__code__.co_varnames else cls()
+    return POLICIES[name](**kw)

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -19,39 +16,19 @@ from sakura.online.encodings import encoding_from_header
 from sakura.online.policies import get_policy
 from sakura.runtime.compute import measure_compute, zero_cache
 from sakura.runtime.stream import StreamedEdit, read_header
+from sakura.server.run import start_server
 
 DEFAULT_PACKS = Path("packs")
 
 
 @contextlib.contextmanager
 def server_for(packs: Path, url: str | None):
-    """Use the server at ``url``, or start ``sakura serve`` on a free port for the duration."""
+    """Use the server at ``url``, or run one on ``packs`` in its own process for the duration."""
     if url:
         yield url.rstrip("/")
         return
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "sakura.cli", "serve", "--packs", str(packs), "--port", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        import httpx
-
-        for _ in range(200):
-            if proc.poll() is not None:
-                raise RuntimeError(f"template server exited: {proc.stderr.read().decode()[-300:]}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(base + "/healthz", timeout=0.5).status_code == 200:
-                    break
-            time.sleep(0.05)
-        yield base
-    finally:
-        proc.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=5)
+    with start_server(packs, port=0, process=True) as srv:
+        yield srv.url
 
 
 def ensure_packs(packs: Path, template, model_path=None) -> None:

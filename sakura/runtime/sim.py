@@ -52,13 +52,15 @@ def predict_need(shard: int, now: float, compute: ComputeProfile, starts: list[f
 def simulate(encoding: StreamEncoding, policy: Policy, compute: ComputeProfile, link: LinkModel,
              fetch: Fetch | None, ahead: int = 2, keep: bool = True,
              rebuild_model: Callable[[FetchUnit, object], float] | None = None,
-             predicted: ComputeProfile | None = None) -> tuple[Timeline, KV]:
+             predicted: ComputeProfile | None = None,
+             timer: Callable[[], float] = time.perf_counter) -> tuple[Timeline, KV]:
     """Run one edit on the simulated clock. Returns its timeline and the rebuilt cache (for quality).
 
     Rebuild times are measured by decoding the chosen bytes for real; with ``rebuild_model`` (and no
     ``fetch``) nothing is decoded and the model gives the time (paper-scale projections).
     ``predicted`` is what the device believes about its compute (default: ``compute`` itself); replaying
-    a real run passes the profile the real runtime predicted with and the compute it really did."""
+    a real run passes the profile the real runtime predicted with and the compute it really did.
+    ``timer`` measures the decodes; use the clock the compute profile was measured on."""
     predicted = predicted or compute
     encoding = encoding.fresh()
     units: list[FetchUnit] = encoding.units
@@ -90,7 +92,8 @@ def simulate(encoding: StreamEncoding, policy: Policy, compute: ComputeProfile, 
         if fetch is not None:
             encoding.set_preamble(fetch(pre))
         tl.extras["preamble_bytes"] = nbytes
-    held: list[tuple[float, float, int]] = []  # (from, to, bytes) device memory intervals
+    received: list[tuple[float, float, int]] = []  # (from, to, bytes): bytes in flight or waiting to rebuild
+    rebuilt_held: list[tuple[float, int, int]] = []  # (from, shard, bytes): rebuilt K/V, freed when the shard ends
     for u in units:
         run_until(u.needed_by - 1)
         gate = starts[u.needed_by - ahead] if u.needed_by - ahead >= 0 else 0.0
@@ -105,9 +108,9 @@ def simulate(encoding: StreamEncoding, policy: Policy, compute: ComputeProfile, 
             kv, rebuild_s = {}, rebuild_model(u, d.level)
         else:
             blobs = fetch(ranges)
-            t0 = time.perf_counter()
+            t0 = timer()
             kv = encoding.decode(u, d.level, blobs)
-            rebuild_s = time.perf_counter() - t0
+            rebuild_s = timer() - t0
         t_ready = max(t_arr, rebuild_free) + rebuild_s
         rebuild_free = t_ready
         ready[u.needed_by] = max(ready[u.needed_by], t_ready)
@@ -118,12 +121,12 @@ def simulate(encoding: StreamEncoding, policy: Policy, compute: ComputeProfile, 
         tl.units.append(UnitRecord(u.index, u.needed_by, u.label, d.level.label, d.level.nbytes, d.budget_bytes,
                                    d.window_s, d.rate_bps / 1e6, d.fits, t_req, t_arr, t_ready, deadline,
                                    ranges=len(ranges)))
-        held.append((t_req, t_ready, d.level.nbytes))
-        held.append((t_ready, -float(u.needed_by) - 1, rebuilt))  # until its shard ends (filled below)
+        received.append((t_req, t_ready, d.level.nbytes))
+        rebuilt_held.append((t_ready, u.needed_by, rebuilt))
     run_until(nshards - 1)
     for rec in tl.units:
         rec.needed_t = starts[rec.needed_by]
-    intervals = [(a, ends[int(-b) - 1] if b < 0 else b, n) for a, b, n in held]
+    intervals = received + [(a, ends[shard], n) for a, shard, n in rebuilt_held]
     tl.peak_cache_bytes = peak_concurrent(intervals)
     tl.latency_s = ends[-1]
     tl.bytes_total = sum(r.nbytes for r in tl.units) + tl.extras.get("preamble_bytes", 0)
