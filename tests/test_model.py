@@ -134,3 +134,23 @@ def test_model_folder_roundtrip_and_errors(tmp_path):
         load_model_folder(tmp_path / "m")
     with pytest.raises(ModelLoadError, match="unknown embedded model|does not exist"):
         load_model("sakura-huge")
+
+
+def test_fill_style_tasks_never_see_the_template_under_the_mask(tmp_path):
+    """With ``codec.blank_tasks`` the edit cannot depend on the hidden pixels (and the setting
+    survives a save/load); without it, the same change of hidden pixels changes the edit."""
+    m = sharpened("sakura-tiny")
+    req = request("fs")
+    other = req.template.copy()
+    other[req.mask] = 1.0 - other[req.mask]  # different content under the mask only
+    changed = EditRequest(other, req.mask, "fs", reference=req.reference, seed=req.seed)
+    assert np.abs(m.full_edit(changed).image - m.full_edit(req).image)[req.mask].max() > 1e-2
+    m.codec.blank_tasks = ("fs", "vton")
+    save_model(m, tmp_path / "fill")
+    fill = load_model(tmp_path / "fill")
+    assert fill.codec.blank_tasks == ("fs", "vton")
+    np.testing.assert_array_equal(fill.full_edit(changed).image[req.mask], fill.full_edit(req).image[req.mask])
+    # the cached path agrees with the full path under fill-style conditioning too
+    base = fill.self_conditioned(req)
+    cache = fill.full_edit(base, capture=True)
+    np.testing.assert_allclose(fill.masked_edit(base, cache.cache.provider()).image, cache.image, atol=2e-5)

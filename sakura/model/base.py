@@ -59,6 +59,9 @@ class CodecConfig:
     patch: int = 8
     ref_size: int = 64  # reference crops are resized to this (ref_size/patch)² tokens
     num_steps: int = 4
+    # Tasks whose template pixels under the mask are hidden from the model (fill-style, like
+    # FLUX.1 Fill): the edit must then take its context from the reusable tokens around the mask.
+    blank_tasks: tuple[str, ...] = ()
 
     @property
     def grid(self) -> int:
@@ -81,6 +84,13 @@ def patchify(img: torch.Tensor, p: int) -> torch.Tensor:
 
 def unpatchify(tokens: torch.Tensor, p: int, h: int, w: int, c: int = 3) -> torch.Tensor:
     return tokens.reshape(h // p, w // p, p, p, c).permute(0, 2, 1, 3, 4).reshape(h, w, c)
+
+
+def blank_masked(x0: torch.Tensor, mask_px: torch.Tensor) -> torch.Tensor:
+    """Template tokens (..., N, p·p·3) with the masked pixels set to 0 (mid-gray in [-1, 1]);
+    ``mask_px`` is the patchified pixel mask (..., N, p·p)."""
+    keep = (1 - mask_px).unsqueeze(-1)
+    return (x0.unflatten(-1, (-1, 3)) * keep).flatten(-2)
 
 
 def resize_image(img: np.ndarray, size: int) -> np.ndarray:
@@ -236,6 +246,14 @@ class DiTAdapter(ABC):
         g = torch.Generator().manual_seed(req.seed)
         return x0, torch.randn(x0.shape, generator=g)
 
+    def conditioning_tokens(self, req: EditRequest, x0: torch.Tensor) -> torch.Tensor:
+        """What the model sees of the template: ``x0``, with the masked pixels blanked for the
+        codec's fill-style tasks."""
+        if req.task not in self.codec.blank_tasks:
+            return x0
+        m = torch.from_numpy(np.ascontiguousarray(req.mask, dtype=np.float32))[..., None]
+        return blank_masked(x0, patchify(m, self.codec.patch))
+
     def reference_tokens(self, req: EditRequest) -> torch.Tensor | None:
         if req.task not in ("fs", "vton") or req.reference is None:
             return None
@@ -252,7 +270,8 @@ class DiTAdapter(ABC):
     def _velocity(self, x: torch.Tensor, x0: torch.Tensor, tmask: torch.Tensor, t: float,
                   text: tuple[torch.Tensor, torch.Tensor], ref: torch.Tensor | None,
                   rows: torch.Tensor | None) -> torch.Tensor:
-        """Velocity for image tokens ``rows`` (all tokens when None) given the full token state x."""
+        """Velocity for image tokens ``rows`` (all tokens when None) given the full token state x;
+        ``x0`` is the template conditioning (masked pixels blanked for ``codec.blank_tasks``)."""
 
     def _sample(self, req: EditRequest, rows: torch.Tensor | None) -> np.ndarray:
         self.validate(req)
@@ -261,13 +280,14 @@ class DiTAdapter(ABC):
         text = self.text_encoder.encode(req.prompt or "")
         ref = self.reference_tokens(req)
         sig = self.sigmas()
+        cond = self.conditioning_tokens(req, x0)
         x = noise.clone()
         for i in range(self.num_steps):
             t, t_next = float(sig[i]), float(sig[i + 1])
             self.ctx.step = i
             # unmasked tokens always sit on the template's own trajectory (request independent)
             x = torch.where(tmask[:, None], x, (1 - t) * x0 + t * noise)
-            v = self._velocity(x, x0, tmask, t, text, ref, rows)
+            v = self._velocity(x, cond, tmask, t, text, ref, rows)
             if rows is None:
                 x = x + (t_next - t) * v
             else:

@@ -72,6 +72,8 @@ def save_model(adapter: DiTAdapter, folder: str | Path) -> None:
     (folder / "text_encoder" / "config.json").write_text(json.dumps(adapter.text_encoder.config_dict()))
     meta = {"family": adapter.family, "model_id": adapter.model_id, "resolution": c.resolution,
             "patch": c.patch, "ref_size": c.ref_size, "num_steps": c.num_steps}
+    if c.blank_tasks:
+        meta["blank_tasks"] = list(c.blank_tasks)
     (folder / "sakura.json").write_text(json.dumps(meta, indent=1))
 
 
@@ -102,7 +104,8 @@ def load_model_folder(folder: str | Path, dtype: torch.dtype = torch.float32) ->
     text_cfg = TextEncoderConfig(**json.loads((folder / "text_encoder" / "config.json").read_text()))
     text_encoder = TinyTextEncoder(text_cfg)
     text_encoder.load_state_dict(load_file(str(folder / "text_encoder" / "model.safetensors")))
-    codec = CodecConfig(meta["resolution"], meta["patch"], meta.get("ref_size", 64), meta["num_steps"])
+    codec = CodecConfig(meta["resolution"], meta["patch"], meta.get("ref_size", 64), meta["num_steps"],
+                        tuple(meta.get("blank_tasks", ())))
     return _adapter_for(family)(transformer, text_encoder.to(dtype), codec, meta.get("model_id", folder.name))
 
 

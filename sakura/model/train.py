@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from sakura.model.base import EditRequest, patchify
+from sakura.model.base import EditRequest, blank_masked, patchify
 from sakura.model.edit_data import TASKS, EditExample, EditSynth, heldout_examples
 from sakura.model.embedded import WEIGHTS_DIR, save_model, seeded_model
 from sakura.model.text_encoder import tokenize
@@ -45,7 +45,7 @@ class Trainer:
     def __init__(self, model: str = "sakura-tiny", out: str | Path = "runs/tiny", batch: int = 4,
                  lr: float = 3e-4, schedule: str = "cosine", ema: float = 0.999, seed: int = 0,
                  t_sampling: str = "mixed", full_prob: float = 0.03, device: torch.device | None = None,
-                 warmup: int = 50):
+                 warmup: int = 50, blank_tasks: tuple[str, ...] | None = None):
         self.model_name, self.out = model, Path(out)
         self.batch, self.lr, self.schedule, self.ema_decay = batch, lr, schedule, ema
         self.seed, self.t_sampling, self.full_prob, self.warmup = seed, t_sampling, full_prob, warmup
@@ -54,6 +54,8 @@ class Trainer:
         self.adapter.detach()
         self.sd3 = self.adapter.family == "sd3"
         self.codec = self.adapter.codec
+        if blank_tasks is not None:
+            self.codec.blank_tasks = tuple(blank_tasks)
         self.transformer = self.adapter.transformer.to(self.device).train()
         self.text_encoder = self.adapter.text_encoder.to(self.device).train()
         params = list(self.transformer.parameters()) + list(self.text_encoder.parameters())
@@ -92,6 +94,8 @@ class Trainer:
         tgt = torch.stack([patchify(to(e.target) * 2 - 1, p) for e in examples])
         mpx = torch.stack([patchify(to(e.mask)[..., None], p) for e in examples])
         tmask = mpx.amax(-1) > 0
+        if examples[0].task in self.codec.blank_tasks:  # what the model is conditioned on (base._sample)
+            x0 = blank_masked(x0, mpx)
         text = torch.stack([tokenize(e.prompt, self.text_encoder.cfg) for e in examples])
         ref = None
         if examples[0].task in ("fs", "vton") and not self.sd3:
@@ -220,7 +224,8 @@ class Trainer:
     def config(self) -> dict:
         return {"model": self.model_name, "batch": self.batch, "lr": self.lr, "schedule": self.schedule,
                 "ema": self.ema_decay, "seed": self.seed, "t_sampling": self.t_sampling,
-                "full_prob": self.full_prob, "warmup": self.warmup, "unmasked_weight": UNMASKED_WEIGHT}
+                "full_prob": self.full_prob, "warmup": self.warmup, "unmasked_weight": UNMASKED_WEIGHT,
+                "blank_tasks": list(self.codec.blank_tasks)}
 
     def save(self, path: Path | None = None) -> Path:
         path = path or self.out / "ckpt.pt"
@@ -336,6 +341,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--ema", type=float, default=0.999, help="EMA decay (0 = off)")
     ap.add_argument("--t-sampling", choices=["mixed", "logit", "uniform"], default="mixed")
     ap.add_argument("--full-prob", type=float, default=0.03, help="share of batches on the whole token grid")
+    ap.add_argument("--blank-tasks", default=None, help="comma list of tasks trained fill-style (template hidden "
+                                                         "under the mask), e.g. fs,vton; default: the model's codec")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--ckpt-minutes", type=float, default=5.0)
@@ -348,7 +355,8 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out or f"runs/{args.model}")
     device = torch.device(args.device) if args.device else default_device()
     tr = Trainer(args.model, out, args.batch, args.lr, args.schedule, args.ema, args.seed, args.t_sampling,
-                 args.full_prob, device)
+                 args.full_prob, device,
+                 blank_tasks=None if args.blank_tasks is None else [t for t in args.blank_tasks.split(",") if t])
     if args.resume or args.ship:
         if (out / "ckpt.pt").exists():
             tr.load()
