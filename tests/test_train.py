@@ -143,3 +143,20 @@ def test_training_forward_is_the_samplers_velocity(tmp_path):
         pred, _, _ = tr.predict(b)
         vel = a._velocity(xt, cond, b["tmask"][0], 0.75, a.text_encoder.encode(req.prompt), a.reference_tokens(req), None)
     torch.testing.assert_close(pred[0], vel, atol=1e-4, rtol=1e-4)
+
+
+def test_fill_style_setting_follows_the_checkpoint(tmp_path):
+    """Resuming or shipping a fill-style run without repeating --blank-tasks keeps it fill-style."""
+    from sakura.model.train import Trainer, ship
+
+    tr = Trainer("sakura-tiny", tmp_path / "run", batch=2, device=torch.device("cpu"), blank_tasks=["fs", "vton"])
+    tr.save()
+    again = Trainer("sakura-tiny", tmp_path / "run", batch=2, device=torch.device("cpu"))
+    again.load()
+    assert again.codec.blank_tasks == ("fs", "vton")
+    from sakura.model.embedded import load_model_folder
+
+    assert load_model_folder(ship(again, tmp_path / "w")).codec.blank_tasks == ("fs", "vton")
+    switched = Trainer("sakura-tiny", tmp_path / "run", batch=2, device=torch.device("cpu"), blank_tasks=[])
+    switched.load()
+    assert switched.codec.blank_tasks == ()

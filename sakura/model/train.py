@@ -54,6 +54,7 @@ class Trainer:
         self.adapter.detach()
         self.sd3 = self.adapter.family == "sd3"
         self.codec = self.adapter.codec
+        self.blank_given = blank_tasks is not None  # else a resumed run keeps its checkpoint's setting
         if blank_tasks is not None:
             self.codec.blank_tasks = tuple(blank_tasks)
         self.transformer = self.adapter.transformer.to(self.device).train()
@@ -246,6 +247,8 @@ class Trainer:
             self.ema_tr.load_state_dict(s["ema_transformer"])
             self.ema_te.load_state_dict(s["ema_text_encoder"])
         self.step, self.elapsed, self.history = s["step"], s["elapsed"], [tuple(h) for h in s["history"]]
+        if not self.blank_given:  # shipping or resuming a fill-style run must stay fill-style
+            self.codec.blank_tasks = tuple(s["config"].get("blank_tasks", ()))
 
     def inference_adapter(self, ema: bool = True):
         """A CPU fp32 adapter holding the (EMA) weights, for sampling / evaluation / shipping."""
