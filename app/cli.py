@@ -68,7 +68,8 @@ def run_demo(host: str = "127.0.0.1", port: int = 7860, packs: Path = Path("pack
         stack.callback(bridge.close)
         if getattr(bridge, "url", None):
             echo(f"  device agent: {bridge.url}")
-        from app.server import bind, create_app, url_of
+        from app.server import create_app, url_of
+        from sakura.server.run import bind_socket
 
         first = next((t.id for t in catalog if not missing_packs(catalog, packs, [t.id])), None)
         if first:  # load the model and calibrate compute while the browser opens
@@ -76,7 +77,7 @@ def run_demo(host: str = "127.0.0.1", port: int = 7860, packs: Path = Path("pack
         echo("starting the app…")
         app = create_app(bridge, data_dir=data, packs_dir=packs)
         try:
-            sock = bind(host, port)
+            sock = bind_socket(host, port)
         except OSError as e:
             raise typer.BadParameter(f"cannot listen on {host}:{port} ({e.strerror}); pick another --port") from None
         config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=3)

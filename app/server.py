@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import socket
 import threading
-import time
 from pathlib import Path
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
@@ -25,6 +24,7 @@ from app.edit_page import EditPage  # noqa: E402
 from app.explorer import Explorer  # noqa: E402
 from app.explorer_page import ExplorerPage  # noqa: E402
 from app.study_page import DEFAULT_SYSTEMS, StudyPage, make_generator, make_store  # noqa: E402
+from sakura.server.run import bind_socket, serve_in_thread  # noqa: E402
 
 STATIC = Path(__file__).resolve().parent.parent / "static"
 STATIC_URL = "/sakura-static"
@@ -111,13 +111,6 @@ class RunningApp:
         self.stop()
 
 
-def bind(host: str, port: int) -> socket.socket:
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    return sock
-
-
 def url_of(host: str, sock: socket.socket) -> str:
     shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
     return f"http://{f'[{shown}]' if ':' in shown else shown}:{sock.getsockname()[1]}/"
@@ -125,14 +118,7 @@ def url_of(host: str, sock: socket.socket) -> str:
 
 def start_app(app: FastAPI, host: str = "127.0.0.1", port: int = 0, timeout: float = 60.0) -> RunningApp:
     """Serve ``app`` from a background thread (tests, embedding); port 0 = a free port."""
-    sock = bind(host, port)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name="sakura-app")
-    thread.start()
-    deadline = time.monotonic() + timeout
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            server.should_exit = True
-            raise RuntimeError(f"the app did not start on {url_of(host, sock)}")
-        time.sleep(0.02)
+    sock = bind_socket(host, port)
+    server, thread = serve_in_thread(uvicorn.Config(app, log_level="warning", lifespan="on"), sock, name="sakura-app",
+                                     what=f"the app on {url_of(host, sock)}", timeout=timeout)
     return RunningApp(server, thread, url_of(host, sock))

@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from device_bridge.agent import DeviceAgent, EditFailed, EditRejected, one_line
+from sakura.server.run import bind_socket, serve_in_thread
 
 READY_PREFIX = "sakura device agent listening on "
 WS_MAX_BYTES = 64 * 1024 * 1024  # a 20 MB photo in base64 plus the job must fit one message
@@ -131,15 +132,6 @@ def parse_listen(listen: str) -> tuple[str, int]:
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
-def bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.bind((host, port))
-    return sock
-
-
 def agent_url(host: str, sock: socket.socket) -> str:
     return f"ws://{f'[{host}]' if ':' in host else host}:{sock.getsockname()[1]}"
 
@@ -153,7 +145,7 @@ def serve_agent(agent: DeviceAgent, listen: str = "127.0.0.1:8700", log_level: s
     """Serve until interrupted. Prints ``sakura device agent listening on ws://HOST:PORT`` once bound
     (port 0 = any free port)."""
     host, port = parse_listen(listen)
-    sock = bind(host, port)
+    sock = bind_socket(host, port)
     print(f"{READY_PREFIX}{agent_url(host, sock)}", flush=True)
     uvicorn.Server(uvicorn_config(create_app(agent), log_level)).run(sockets=[sock])
 
@@ -162,19 +154,11 @@ class AgentServerThread:
     """The agent's server in a background thread of this process (tests, embedding in an app)."""
 
     def __init__(self, agent: DeviceAgent, host: str = "127.0.0.1", port: int = 0) -> None:
-        sock = bind(host, port)
+        sock = bind_socket(host, port)
         self.url = agent_url(host, sock)
-        self._server = uvicorn.Server(uvicorn_config(create_app(agent)))
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, daemon=True,
-                                        name="device-agent-server")
-        self._thread.start()
-        import time
-
-        deadline = time.monotonic() + 20
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"device agent server did not start on {self.url}")
-            time.sleep(0.01)
+        self._server, self._thread = serve_in_thread(uvicorn_config(create_app(agent)), sock,
+                                                     name="device-agent-server",
+                                                     what=f"device agent server on {self.url}")
 
     def stop(self) -> None:
         self._server.should_exit = True

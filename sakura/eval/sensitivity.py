@@ -502,6 +502,16 @@ def growth_factors(by_res: dict[int, dict], systems) -> dict:
 
 
 # -- plots ------------------------------------------------------------------------------------------------
+def _finish(fig, result: dict, kind: str, path: Path) -> None:
+    from sakura.eval.plots import plt
+
+    fig.suptitle(f"{result['template']}: {kind} sensitivity ({result['trace']}, {result['starts']} offsets, "
+                 f"trace scale {result['trace_scale']:.3g})", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def plot_mask_ratio(result: dict, systems, path: Path) -> None:
     from sakura.eval import plots as P
 
@@ -523,11 +533,7 @@ def plot_mask_ratio(result: dict, systems, path: Path) -> None:
     for ax in axes:
         ax.set_xlabel("mask ratio (% of image tokens)")
         ax.legend(fontsize=7)
-    fig.suptitle(f"{result['template']}: mask-ratio sensitivity ({result['trace']}, {result['starts']} offsets, "
-                 f"trace scale {result['trace_scale']:.3g})", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _finish(fig, result, "mask-ratio", path)
 
 
 def plot_resolution(result: dict, systems, path: Path) -> None:
@@ -558,9 +564,5 @@ def plot_resolution(result: dict, systems, path: Path) -> None:
     for ax in axes:
         ax.set_xticks(x, labels, fontsize=8)
         ax.legend(fontsize=7)
-    fig.suptitle(f"{result['template']}: resolution sensitivity ({result['trace']}, {result['starts']} offsets, "
-                 f"trace scale {result['trace_scale']:.3g})", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _finish(fig, result, "resolution", path)
 

@@ -26,15 +26,31 @@ def _config(app: object, log_level: str) -> uvicorn.Config:
     )
 
 
-def _bind(host: str, port: int) -> socket.socket:
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A bound TCP socket for uvicorn (port 0 = a free port; the real one is then known at once)."""
     # proto=IPPROTO_TCP matters: asyncio sets TCP_NODELAY only on sockets that say so, and without
     # it Nagle + delayed ACK add ~40 ms to every keep-alive response (headers and body are 2 writes).
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.bind((host, port))  # bound here so that the real port is known when port == 0
+    sock.bind((host, port))
     return sock
+
+
+def serve_in_thread(config: uvicorn.Config, sock: socket.socket, *, name: str, what: str,
+                    timeout: float = 20.0) -> tuple[uvicorn.Server, threading.Thread]:
+    """Run a uvicorn server on ``sock`` in a daemon thread; return once it accepts connections."""
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name=name)
+    thread.start()
+    deadline = time.monotonic() + timeout
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            server.should_exit = True
+            raise RuntimeError(f"{what} did not start")
+        time.sleep(0.01)
+    return server, thread
 
 
 def _url(host: str, sock: socket.socket) -> str:
@@ -55,7 +71,7 @@ def serve(
     Prints one line ``sakura server listening on http://HOST:PORT`` once bound (port 0 = any free).
     """
     app = create_app(packs_dir, access_log=access_log, trace_dir=trace_dir)
-    sock = _bind(host, port)
+    sock = bind_socket(host, port)
     print(f"{READY_PREFIX}{_url(host, sock)}", flush=True)
     uvicorn.Server(_config(app, log_level)).run(sockets=[sock])
 
@@ -109,16 +125,9 @@ def start_server(
     if process:
         return _start_process(packs_dir, host, port, access_log, trace_dir, log_level, timeout)
     app = create_app(packs_dir, access_log=access_log, trace_dir=trace_dir)
-    sock = _bind(host, port)
-    server = uvicorn.Server(_config(app, log_level))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name="sakura-server")
-    thread.start()
-    deadline = time.monotonic() + timeout
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            server.should_exit = True
-            raise RuntimeError(f"template server did not start on {_url(host, sock)}")
-        time.sleep(0.01)
+    sock = bind_socket(host, port)
+    server, thread = serve_in_thread(_config(app, log_level), sock, name="sakura-server",
+                                     what=f"template server on {_url(host, sock)}", timeout=timeout)
     return RunningServer(_url(host, sock), server=server, thread=thread)
 
 
