@@ -1,7 +1,10 @@
 """``sakura demo``: everything on one machine — template server, device agent, app — until Ctrl-C.
 
-Wire into ``sakura/cli.py`` with ``app.command()(demo)`` (imports stay inside the function, so
-``sakura --help`` stays fast). Also runnable as ``python -m app``.
+This is the app's start-up, and the one module of ``app/`` that imports ``sakura``: it starts the
+template server on the pack folder, builds missing packs in the background (a template the user picks
+goes first), connects to the device agent through ``device_bridge`` and hands the app the quality
+explorer. Registered as the ``demo`` command through the ``sakura.commands`` entry point; also
+runnable as ``python -m app``.
 """
 
 from __future__ import annotations
@@ -13,34 +16,44 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+import uvicorn
+from fastapi import FastAPI
 
-ENCODINGS = ("sakura", "fp16", "intq", "cachegen")
+from app.server import create_app
+from device_bridge import BridgeError, connect
+from sakura.catalog import CatalogError, load_catalog
+from sakura.eval.explorer import Explorer
+from sakura.net.listen import bind_socket, serve_in_thread, url_of
+from sakura.offline.build_queue import BuildQueue
+from sakura.server.run import start_server
 
 
-def missing_packs(catalog, packs: Path, ids: list[str] | None = None) -> list:
-    """Templates of ``catalog`` (or just ``ids``) lacking one of their four stored files in ``packs``."""
-    from sakura.offline.builder import file_id
+class RunningApp:
+    def __init__(self, server: uvicorn.Server, thread: threading.Thread, url: str):
+        self.server, self.thread, self.url = server, thread, url
 
-    chosen = [catalog.get(i) for i in ids] if ids else list(catalog)
-    return [t for t in chosen if not all((packs / f"{file_id(t.id, e)}.pack").is_file() for e in ENCODINGS)]
+    def stop(self, timeout: float = 10.0) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout)
+
+    def __enter__(self) -> "RunningApp":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
 
 
-def build_missing(catalog, packs: Path, ids: list[str] | None = None, echo=typer.echo) -> None:
-    """Build the missing templates' packs, with a progress bar (first run only)."""
-    todo = missing_packs(catalog, packs, ids)
-    if not todo:
-        return
-    from sakura.offline.builder import build_with_progress
-
-    echo(f"building packs for {len(todo)} template(s) into {packs} (first run only; a few minutes each)…")
-    build_with_progress(todo, packs)
+def start_app(app: FastAPI, host: str = "127.0.0.1", port: int = 0, timeout: float = 60.0) -> RunningApp:
+    """Serve ``app`` from a background thread (tests, embedding); port 0 = a free port."""
+    sock = bind_socket(host, port)
+    server, thread = serve_in_thread(uvicorn.Config(app, log_level="warning", lifespan="on"), sock, name="sakura-app",
+                                     what=f"the app on {url_of(host, sock)}", timeout=timeout)
+    return RunningApp(server, thread, url_of(host, sock) + "/")
 
 
 def connect_device(device: str, server_url: str):
     """A bridge to the device agent: ``subprocess`` / ``inprocess`` use our template server; a remote
     agent (``tcp://…``, ``ws://…``, ``adb``) already knows its own."""
-    from device_bridge import connect
-
     if device in ("subprocess", "inprocess"):
         return connect(device, server_url=server_url)
     return connect(device)
@@ -48,17 +61,14 @@ def connect_device(device: str, server_url: str):
 
 def run_demo(host: str = "127.0.0.1", port: int = 7860, packs: Path = Path("packs"), device: str = "subprocess",
              templates: list[str] | None = None, data: Path = Path("runs/app"), echo=typer.echo) -> None:
-    import uvicorn
-
-    from sakura.catalog import load_catalog
-    from sakura.server.run import start_server
-
     catalog = load_catalog()
-    packs = Path(packs)
-    data = Path(data)
-    build_missing(catalog, packs, templates, echo)
+    packs, data = Path(packs), Path(data)
+    packs.mkdir(parents=True, exist_ok=True)
     data.mkdir(parents=True, exist_ok=True)
+    chosen = [catalog.get(i) for i in templates] if templates else list(catalog)
+    builds = BuildQueue(chosen, packs).start()  # behind the page: the user never waits for all of them
     with contextlib.ExitStack() as stack:
+        stack.callback(builds.stop)
         echo("starting the template server…")
         server = start_server(packs, process=True, access_log=data / "template-server-access.log")
         stack.callback(server.stop)
@@ -68,20 +78,21 @@ def run_demo(host: str = "127.0.0.1", port: int = 7860, packs: Path = Path("pack
         stack.callback(bridge.close)
         if getattr(bridge, "url", None):
             echo(f"  device agent: {bridge.url}")
-        from app.server import create_app, url_of
-        from sakura.server.run import bind_socket
-
-        first = next((t.id for t in catalog if not missing_packs(catalog, packs, [t.id])), None)
+        first = next((t.id for t in chosen if builds.ready(t.id)), None)
         if first:  # load the model and calibrate compute while the browser opens
             threading.Thread(target=_quiet, args=(bridge.warmup, first), daemon=True).start()
         echo("starting the app…")
-        app = create_app(bridge, data_dir=data, packs_dir=packs)
+        app = create_app(bridge, data_dir=data, explorer=Explorer(packs, data / "explorer"), builds=builds)
         try:
             sock = bind_socket(host, port)
         except OSError as e:
             raise typer.BadParameter(f"cannot listen on {host}:{port} ({e.strerror}); pick another --port") from None
         config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=3)
-        echo(f"\nSAKURA demo running at {url_of(host, sock)}  (Ctrl-C stops everything)\n")
+        summary = builds.summary()
+        echo(f"\nSAKURA demo running at {url_of(host, sock)}/  (Ctrl-C stops everything)")
+        if not summary["done"]:
+            echo(f"  packs: {summary['ready']}/{summary['total']} templates ready; the rest build in the background "
+                 "(progress on the page)\n")
         uvicorn.Server(config).run(sockets=[sock])
         echo("stopping… (the device agent finishes the step it is in: at most ~10 s)")
     echo("stopped.")
@@ -95,14 +106,14 @@ def _quiet(fn, *args) -> None:
 def demo(
     host: str = typer.Option("127.0.0.1", "--host", help="Address the app listens on."),
     port: int = typer.Option(7860, "--port", help="Port of the app."),
-    packs: Path = typer.Option(Path("packs"), "--packs", help="Pack folder (missing packs are built first)."),
+    packs: Path = typer.Option(Path("packs"), "--packs", help="Pack folder (missing packs are built in the background)."),
     device: str = typer.Option("subprocess", "--device",
                                help="Device agent: subprocess, inprocess, tcp://HOST:PORT, ws://HOST:PORT or adb[:SERIAL]."),
-    templates: Optional[str] = typer.Option(None, "--templates", help="Comma-separated template ids to build "
+    templates: Optional[str] = typer.Option(None, "--templates", help="Comma-separated template ids to offer "
                                             "(default: every template in the catalog)."),
     data: Path = typer.Option(Path("runs/app"), "--data", help="App data: study votes, explorer cache, logs."),
 ):
-    """Run the demo: template server (building missing packs first), a device agent, and the app."""
+    """Run the demo: template server, a device agent, and the app (missing packs build behind it)."""
     ids = [t.strip() for t in templates.split(",") if t.strip()] if templates else None
     try:
         run_demo(host, port, packs, device, ids, data)
@@ -110,15 +121,9 @@ def demo(
         typer.echo("\nstopped.")
     except typer.BadParameter:
         raise
-    except Exception as e:  # noqa: BLE001 - one line, not a traceback
-        from device_bridge import BridgeError
-
-        from sakura.catalog import CatalogError
-
-        if isinstance(e, (BridgeError, CatalogError, RuntimeError, OSError, ValueError)):
-            typer.echo(f"error: {' '.join(str(e).split())}", err=True)
-            raise typer.Exit(2)
-        raise
+    except (BridgeError, CatalogError, RuntimeError, OSError, ValueError) as e:
+        typer.echo(f"error: {' '.join(str(e).split())}", err=True)
+        raise typer.Exit(2)
 
 
 def main() -> None:  # python -m app

@@ -1,5 +1,6 @@
 """The app's only way to the device: a :mod:`device_bridge` bridge, plus a helper that turns a
-blocking ``bridge.edit(job, on_event)`` into an iterator of events (for Gradio generators)."""
+blocking ``bridge.edit(job, on_event)`` into an iterator of events (for Gradio generators).
+System names and labels come from the one registry, through the protocol."""
 
 from __future__ import annotations
 
@@ -9,11 +10,10 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from device_bridge import Bridge, BridgeError, EditFailed, EditRejected
+from device_bridge import SYSTEMS, Bridge, BridgeError, EditFailed, EditRejected, Job
 
-SYSTEM_LABELS = {"sakura": "SAKURA", "fp16": "FP16 (uncompressed)", "intq": "IntQ", "cachegen": "CacheGen",
-                 "local": "Local (no cache)", "oracle": "Oracle (cache on device)"}
-COMPARE_ORDER = ("sakura", "intq", "cachegen", "fp16", "local", "oracle")
+SYSTEM_TITLES = {name: s.title for name, s in SYSTEMS.items()}  # the app's longer labels
+COMPARE_ORDER = tuple(SYSTEMS)  # "Compare all" runs every system, in the registry's order
 
 
 class EditProblem(Exception):
@@ -30,7 +30,7 @@ class EditRun:
     """One edit in a worker thread; iterate :meth:`events` for what happens, read ``result``/``problem``."""
 
     bridge: Bridge
-    job: dict
+    job: Job
     result: dict | None = None
     problem: EditProblem | None = None
     _q: queue.Queue = field(default_factory=queue.Queue)

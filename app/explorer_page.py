@@ -8,9 +8,10 @@ import math
 import gradio as gr
 from PIL import Image
 
-from app.explorer import SYSTEMS, Explorer, frontier_figure
+from app.explorer import SYSTEMS_SHOWN, at_budget, frontier_figure
+from device_bridge import SYSTEMS
 
-NAMES = {"sakura": "SAKURA", "intq": "IntQ", "cachegen": "CacheGen"}
+NAMES = {s: SYSTEMS[s].label for s in SYSTEMS_SHOWN}
 SLIDER_MAX = 100
 
 
@@ -28,7 +29,8 @@ def slider_of(budget: float, data: dict) -> float:
 
 
 class ExplorerPage:
-    def __init__(self, explorer: Explorer):
+    def __init__(self, explorer):
+        """``explorer``: a :class:`sakura.eval.explorer.Explorer` (made by ``app/cli.py``)."""
         self.ex = explorer
 
     def build(self) -> None:
@@ -57,7 +59,7 @@ class ExplorerPage:
         with gr.Row(equal_height=True):
             ref = gr.Image(label="FP16-cache reference", type="pil", interactive=False, height=240)
             imgs = [gr.Image(label=NAMES[s], type="pil", interactive=False, height=240, elem_id=f"ex-img-{s}")
-                    for s in SYSTEMS]
+                    for s in SYSTEMS_SHOWN]
         table = gr.HTML("", elem_id="ex-table")
 
         tpl.change(lambda t: gr.update(choices=self._requests(t), value=0), tpl, req, queue=False)
@@ -86,7 +88,7 @@ class ExplorerPage:
             msg = f"Cannot compute this frontier: {' '.join(str(e).split())[:300]}"
             gr.Warning(msg)
             return (f"<div class='sk-status sk-warn'>{html.escape(msg)}</div>", None, gr.update(), "", None, None,
-                    *([None] * len(SYSTEMS)), "")
+                    *([None] * len(SYSTEMS_SHOWN)), "")
         folder = self.ex.folder(template_id, int(request))
         ref = Image.open(folder / data["reference"]).convert("RGB")
         shown = self.show(data, slider)
@@ -96,12 +98,12 @@ class ExplorerPage:
 
     def show(self, data, slider):
         if not data:
-            return ("", None, *([None] * len(SYSTEMS)), "")
+            return ("", None, *([None] * len(SYSTEMS_SHOWN)), "")
         b = budget_of(slider, data)
-        best = Explorer.at_budget(data, b)
+        best = at_budget(data, b)
         folder = self.ex.folder(data["template_id"], data["request"])
         images, rows = [], []
-        for s in SYSTEMS:
+        for s in SYSTEMS_SHOWN:
             p = best[s]
             if p is None:
                 images.append(gr.update(value=None, label=f"{NAMES[s]}: nothing fits this budget"))

@@ -1,30 +1,28 @@
 """One FastAPI process: our static files, a health route, and the Gradio UI mounted at ``/``.
 
->>> app = create_app(bridge, data_dir="runs/app", packs_dir="packs")
->>> srv = start_app(app, port=0); print(srv.url); ...; srv.stop()
+>>> app = create_app(bridge, data_dir="runs/app", explorer=Explorer("packs", "runs/app/explorer"))
+>>> srv = start_app(app, port=0); print(srv.url); ...; srv.stop()      # start_app: app/cli.py
+
+The app reaches the device only through ``bridge``; the quality explorer (which decodes packs) is
+handed in ready-made by ``app/cli.py``, the one module of the app that imports ``sakura``.
 """
 
 from __future__ import annotations
 
 import os
-import socket
-import threading
 from pathlib import Path
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import gradio as gr  # noqa: E402
-import uvicorn  # noqa: E402
 from fastapi import FastAPI  # noqa: E402
 from fastapi.staticfiles import StaticFiles  # noqa: E402
 
 from app.device import EditProblem, templates_of  # noqa: E402
 from app.edit_page import EditPage  # noqa: E402
-from app.explorer import Explorer  # noqa: E402
 from app.explorer_page import ExplorerPage  # noqa: E402
 from app.study_page import DEFAULT_SYSTEMS, StudyPage, make_generator, make_store  # noqa: E402
-from sakura.server.run import bind_socket, serve_in_thread  # noqa: E402
 
 STATIC = Path(__file__).resolve().parent.parent / "static"
 STATIC_URL = "/sakura-static"
@@ -37,9 +35,15 @@ def _theme():
                           font_mono=["ui-monospace", "SFMono-Regular", "Menlo", "monospace"])
 
 
-def build_blocks(bridge, *, data_dir: str | Path, packs_dir: str | Path | None = None, catalog=None,
-                 study_systems=DEFAULT_SYSTEMS, study_requests: int = 2, study_templates: list[str] | None = None,
-                 explorer_options: dict | None = None) -> gr.Blocks:
+DEVICE_NOTE = ("Here the “device” is an agent process on this computer running the masked model on its CPU "
+               "(eager PyTorch unless started with --executor executorch), over an emulated link shaped by the "
+               "chosen trace; no phone runs these edits unless one is attached through the adb transport.")
+
+
+def build_blocks(bridge, *, data_dir: str | Path, explorer=None, builds=None, study_systems=DEFAULT_SYSTEMS,
+                 study_requests: int = 2, study_templates: list[str] | None = None) -> gr.Blocks:
+    """``builds``: the background pack builds (``sakura.offline.build_queue.BuildQueue``), or None when
+    every pack is there already."""
     data = Path(data_dir)
     data.mkdir(parents=True, exist_ok=True)
     try:
@@ -52,35 +56,35 @@ def build_blocks(bridge, *, data_dir: str | Path, packs_dir: str | Path | None =
         gr.HTML(f"""<header class="sk-header"><img src="{STATIC_URL}/sakura.svg" alt="" width="40" height="40">
 <div><h1>SAKURA</h1><p>Edit a photo on your phone with a diffusion transformer: the template's attention
 cache streams from the cloud, compressed to fit the link shard by shard; your photo and your words never leave
-the device.</p></div></header>""", elem_id="sk-header")
+the device.</p><p class="sk-device-note" id="sk-device-note">{DEVICE_NOTE}</p></div></header>""",
+                elem_id="sk-header")
         if problem:
             gr.HTML(f"<div class='sk-status sk-error'>{problem}</div>")
         with gr.Tabs(elem_id="sk-tabs"):
             with gr.Tab("Edit", id="tab-edit", elem_id="tab-edit"):
                 if templates:
-                    EditPage(bridge, templates).build()
+                    EditPage(bridge, templates, builds).build()
                 else:
                     gr.HTML("<div class='sk-status sk-warn'>The device lists no templates.</div>")
             with gr.Tab("Quality explorer", id="tab-explorer", elem_id="tab-explorer"):
-                if packs_dir is None:
+                if explorer is None:
                     gr.HTML("<div class='sk-status sk-warn'>The quality explorer needs the pack folder "
                             "(start the app with --packs).</div>")
                 else:
-                    ExplorerPage(Explorer(packs_dir, data / "explorer", catalog, **(explorer_options or {}))).build()
+                    ExplorerPage(explorer).build()
             with gr.Tab("User study", id="tab-study", elem_id="tab-study"):
                 store = make_store(data / "study", templates, study_systems, study_requests, study_templates)
-                StudyPage(store, make_generator(bridge, catalog)).build()
+                StudyPage(store, make_generator(bridge)).build()
     return demo
 
 
-def create_app(bridge, *, data_dir: str | Path, packs_dir: str | Path | None = None, catalog=None,
-               study_systems=DEFAULT_SYSTEMS, study_requests: int = 2, study_templates: list[str] | None = None,
-               explorer_options: dict | None = None, max_file_size: str = "25mb") -> FastAPI:
+def create_app(bridge, *, data_dir: str | Path, explorer=None, builds=None, study_systems=DEFAULT_SYSTEMS,
+               study_requests: int = 2, study_templates: list[str] | None = None,
+               max_file_size: str = "25mb") -> FastAPI:
     """The whole app as one ASGI application (Gradio at ``/``, static files at ``/sakura-static``)."""
     os.environ.setdefault("GRADIO_TEMP_DIR", str(Path(data_dir).resolve() / "gradio-tmp"))
-    demo = build_blocks(bridge, data_dir=data_dir, packs_dir=packs_dir, catalog=catalog, study_systems=study_systems,
-                        study_requests=study_requests, study_templates=study_templates,
-                        explorer_options=explorer_options)
+    demo = build_blocks(bridge, data_dir=data_dir, explorer=explorer, builds=builds, study_systems=study_systems,
+                        study_requests=study_requests, study_templates=study_templates)
     demo.queue(default_concurrency_limit=2)
     api = FastAPI(title="SAKURA app", docs_url=None, redoc_url=None, openapi_url=None)
 
@@ -94,31 +98,3 @@ def create_app(bridge, *, data_dir: str | Path, packs_dir: str | Path | None = N
     return gr.mount_gradio_app(api, demo, path="/", theme=_theme(), css_paths=[STATIC / "app.css"], head=head,
                                footer_links=[], run_history=False, max_file_size=max_file_size, show_error=False,
                                ssr_mode=False)
-
-
-class RunningApp:
-    def __init__(self, server: uvicorn.Server, thread: threading.Thread, url: str):
-        self.server, self.thread, self.url = server, thread, url
-
-    def stop(self, timeout: float = 10.0) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout)
-
-    def __enter__(self) -> "RunningApp":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-
-def url_of(host: str, sock: socket.socket) -> str:
-    shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
-    return f"http://{f'[{shown}]' if ':' in shown else shown}:{sock.getsockname()[1]}/"
-
-
-def start_app(app: FastAPI, host: str = "127.0.0.1", port: int = 0, timeout: float = 60.0) -> RunningApp:
-    """Serve ``app`` from a background thread (tests, embedding); port 0 = a free port."""
-    sock = bind_socket(host, port)
-    server, thread = serve_in_thread(uvicorn.Config(app, log_level="warning", lifespan="on"), sock, name="sakura-app",
-                                     what=f"the app on {url_of(host, sock)}", timeout=timeout)
-    return RunningApp(server, thread, url_of(host, sock))

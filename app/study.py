@@ -28,8 +28,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Iterable
 
-SYSTEM_NAMES = {"sakura": "SAKURA", "fp16": "FP16", "intq": "IntQ", "cachegen": "CacheGen", "local": "Local",
-                "oracle": "Oracle"}
+from device_bridge import SYSTEMS
+
 WORKLOAD_NAMES = {"fs": "FS", "vton": "VTON", "mb": "MB", "mb-sd": "MB-SD"}
 PARTICIPANT = re.compile(r"^[\w.@+ -]{1,64}$")
 
@@ -263,7 +263,7 @@ class StudyStore:
         header = ["system"] + [WORKLOAD_NAMES.get(w, w) if w != "all" else "all workloads" for w in workloads]
         body = []
         for s in dict.fromkeys(r["system"] for r in rows):
-            line = [SYSTEM_NAMES.get(s, s)]
+            line = [(SYSTEMS[s].label if s in SYSTEMS else s)]
             for w in workloads:
                 r = next(x for x in rows if x["system"] == s and x["workload"] == w)
                 line.append("—" if not r["n"] else

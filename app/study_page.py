@@ -12,10 +12,10 @@ import gradio as gr
 from PIL import Image
 
 from app.device import EditProblem
-from app.images import png_b64
 from app.study import Item, StudyError, StudyStore, plan_items
+from device_bridge import COMPRESSED, Job, NetworkSpec
 
-DEFAULT_SYSTEMS = ("sakura", "intq", "cachegen")
+DEFAULT_SYSTEMS = COMPRESSED  # the systems whose pictures differ with the link
 STUDY_TRACE = "5g"
 
 
@@ -37,23 +37,15 @@ def study_workloads(templates: list[dict], requests_per_template: int = 2,
     return out
 
 
-def make_generator(bridge, catalog_path=None, trace: str = STUDY_TRACE, regime: str = "paper"):
-    """``generate(item)`` for :meth:`StudyStore.ensure_candidate`: the catalog's evaluation request,
-    edited on the device by the item's system; the trace start is fixed per (template, request) so
-    every system of a pair sees the same link."""
-    from sakura.catalog import load_catalog
-
-    catalog = load_catalog(catalog_path)
+def make_generator(bridge, trace: str = STUDY_TRACE, regime: str = "paper"):
+    """``generate(item)`` for :meth:`StudyStore.ensure_candidate`: the template's evaluation request
+    (the catalog's input, chosen on the device), edited by the item's system; the trace start is fixed
+    per (template, request) so every system of a pair sees the same link."""
 
     def generate(item: Item) -> dict:
-        tpl = catalog.get(item.template_id)
-        req = tpl.eval_requests[item.request]
         start = random.Random(hashlib.sha256(f"{item.template_id}|{item.request}".encode()).digest()).uniform(0, 550)
-        job = {"template_id": tpl.id, "system": item.system,
-               "prompt": req.prompt if req.is_text else None,
-               "reference_png_b64": None if req.is_text else png_b64(req.reference_image(256)),
-               "network": {"trace": trace, "start": round(start, 1), "scale": None, "regime": regime},
-               "reference_output": True}
+        job = Job(item.template_id, item.system, network=NetworkSpec(trace, round(start, 1), None, regime),
+                  catalog_request=item.request)
         try:
             res = bridge.edit(job)
         except Exception as e:  # noqa: BLE001

@@ -21,7 +21,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--link", choices=("ws", "http"), default="ws", help="how the device fetches cache ranges")
     ap.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
                     help="seconds a shard may be late before the edit fails")
-    ap.add_argument("--workdir-root", default=None, help="where per-edit temporary folders go (default: system temp)")
     ap.add_argument("--warmup", action="append", default=[], metavar="TEMPLATE",
                     help="load the model and calibrate compute for this template before serving")
     ap.add_argument("--calibration", default=None, metavar="FILE",
@@ -32,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
         from device_bridge.cli import run_agent
 
         run_agent(a.listen, a.server, a.packs, catalog=a.catalog, link=a.link, timeout_s=a.timeout,
-                  workdir_root=a.workdir_root, warmup=a.warmup, calibration_file=a.calibration,
+                  warmup=a.warmup, calibration_file=a.calibration,
                   log_level=a.log_level)
     except KeyboardInterrupt:
         return 0

@@ -12,7 +12,7 @@ from device_bridge.agent import DEFAULT_TIMEOUT_S
 
 def run_agent(listen: str = "127.0.0.1:8700", server: str | None = None, packs: str | Path | None = None, *,
               catalog: str | Path | None = None, link: str = "ws", timeout_s: float = DEFAULT_TIMEOUT_S,
-              workdir_root: str | Path | None = None, warmup: list[str] | tuple[str, ...] = (),
+              warmup: list[str] | tuple[str, ...] = (),
               calibration_file: str | Path | None = None, log_level: str = "warning") -> None:
     """Start a :class:`DeviceAgent` (and a local template server over ``packs`` when no ``server``
     is given) and serve it until interrupted."""
@@ -23,7 +23,7 @@ def run_agent(listen: str = "127.0.0.1:8700", server: str | None = None, packs: 
     from sakura.catalog import CatalogError
 
     try:
-        agent = DeviceAgent(server, catalog, packs, link=link, timeout_s=timeout_s, workdir_root=workdir_root,
+        agent = DeviceAgent(server, catalog, packs, link=link, timeout_s=timeout_s,
                             calibration_file=calibration_file)
     except CatalogError as e:
         raise ValueError(str(e)) from None

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import threading
 from typing import Any
 
@@ -19,12 +18,14 @@ from fastapi import FastAPI, WebSocket
 from fastapi.responses import JSONResponse
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
-from device_bridge.agent import DeviceAgent, EditFailed, EditRejected, one_line
-from sakura.server.run import bind_socket, serve_in_thread
+from device_bridge.agent import DeviceAgent
+from device_bridge.errors import EditFailed, EditRejected, one_line
+from sakura.net.listen import bind_socket, serve_in_thread, url_of
 
 READY_PREFIX = "sakura device agent listening on "
 WS_MAX_BYTES = 64 * 1024 * 1024  # a 20 MB photo in base64 plus the job must fit one message
 _DONE = object()
+_NO_JOB = object()
 
 
 def create_app(agent: DeviceAgent) -> FastAPI:
@@ -50,71 +51,85 @@ def create_app(agent: DeviceAgent) -> FastAPI:
     @app.websocket("/v1/edit")
     async def edit(ws: WebSocket) -> None:
         await ws.accept()
-        try:
-            first = await ws.receive()
-        except (WebSocketDisconnect, RuntimeError):
-            return
-        if first["type"] == "websocket.disconnect":
-            return
-        text = first.get("text")
-        if text is None:
-            text = (first.get("bytes") or b"").decode("utf-8", "replace")
-        try:
-            job = json.loads(text)
-        except ValueError:
-            await _send_final(ws, {"type": "error", "code": "rejected",
-                                   "message": "the job is not valid JSON"})
-            return
-        loop = asyncio.get_running_loop()
-        events: asyncio.Queue = asyncio.Queue()
-        cancel = threading.Event()
-
-        def on_event(ev: dict) -> None:
-            loop.call_soon_threadsafe(events.put_nowait, ev)
-
-        def work() -> None:
-            try:
-                agent.edit(job, on_event, cancel=cancel)
-            except (EditRejected, EditFailed):
-                pass  # already sent as an error event
-            except BaseException:  # noqa: BLE001 - never kill the server
-                on_event({"type": "error", "code": "internal", "message": "internal error in the device agent"})
-            finally:
-                loop.call_soon_threadsafe(events.put_nowait, _DONE)
-
-        async def watch() -> None:  # the client sends nothing more: a receive returns only on disconnect
-            try:
-                while True:
-                    msg = await ws.receive()
-                    if msg["type"] == "websocket.disconnect":
-                        break
-            except Exception:  # noqa: BLE001
-                pass
-            cancel.set()
-
-        worker = loop.run_in_executor(None, work)
-        watcher = asyncio.create_task(watch())
-        try:
-            while True:
-                ev = await events.get()
-                if ev is _DONE:
-                    break
-                if cancel.is_set():
-                    continue  # drain: the client is gone
-                try:
-                    await ws.send_text(json.dumps(ev, allow_nan=False))
-                except Exception:  # noqa: BLE001 - client gone mid-edit
-                    cancel.set()
-        finally:
-            await worker
-            watcher.cancel()
-            if not cancel.is_set() and ws.application_state == WebSocketState.CONNECTED:
-                try:
-                    await ws.close()
-                except Exception:  # noqa: BLE001
-                    pass
+        job = await _receive_job(ws)
+        if job is not _NO_JOB:
+            await _run_edit(ws, agent, job)
 
     return app
+
+
+async def _receive_job(ws: WebSocket) -> Any:
+    """The job of an edit connection (its first message, parsed), or ``_NO_JOB`` when there is none
+    (the client left, or sent something that is not JSON: then it has been told so)."""
+    try:
+        first = await ws.receive()
+    except (WebSocketDisconnect, RuntimeError):
+        return _NO_JOB
+    if first["type"] == "websocket.disconnect":
+        return _NO_JOB
+    text = first.get("text")
+    if text is None:
+        text = (first.get("bytes") or b"").decode("utf-8", "replace")
+    try:
+        return json.loads(text)
+    except ValueError:
+        await _send_final(ws, {"type": "error", "code": "rejected", "message": "the job is not valid JSON"})
+        return _NO_JOB
+
+
+async def _run_edit(ws: WebSocket, agent: DeviceAgent, job: Any) -> None:
+    """Run the edit in a worker thread and forward its events as they happen; a client that goes
+    away cancels it."""
+    loop = asyncio.get_running_loop()
+    events: asyncio.Queue = asyncio.Queue()
+    cancel = threading.Event()
+
+    def on_event(ev: dict) -> None:
+        loop.call_soon_threadsafe(events.put_nowait, ev)
+
+    def work() -> None:
+        try:
+            agent.edit(job, on_event, cancel=cancel)
+        except (EditRejected, EditFailed):
+            pass  # already sent as an error event
+        except BaseException:  # noqa: BLE001 - never kill the server
+            on_event({"type": "error", "code": "internal", "message": "internal error in the device agent"})
+        finally:
+            loop.call_soon_threadsafe(events.put_nowait, _DONE)
+
+    worker = loop.run_in_executor(None, work)
+    watcher = asyncio.create_task(_cancel_on_disconnect(ws, cancel))
+    try:
+        while True:
+            ev = await events.get()
+            if ev is _DONE:
+                break
+            if cancel.is_set():
+                continue  # drain: the client is gone
+            try:
+                await ws.send_text(json.dumps(ev, allow_nan=False))
+            except Exception:  # noqa: BLE001 - client gone mid-edit
+                cancel.set()
+    finally:
+        await worker
+        watcher.cancel()
+        if not cancel.is_set() and ws.application_state == WebSocketState.CONNECTED:
+            try:
+                await ws.close()
+            except Exception:  # noqa: BLE001
+                pass
+
+
+async def _cancel_on_disconnect(ws: WebSocket, cancel: threading.Event) -> None:
+    # The client sends nothing more: a receive returns only on disconnect.
+    try:
+        while True:
+            msg = await ws.receive()
+            if msg["type"] == "websocket.disconnect":
+                break
+    except Exception:  # noqa: BLE001
+        pass
+    cancel.set()
 
 
 async def _send_final(ws: WebSocket, ev: dict) -> None:
@@ -132,10 +147,6 @@ def parse_listen(listen: str) -> tuple[str, int]:
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
-def agent_url(host: str, sock: socket.socket) -> str:
-    return f"ws://{f'[{host}]' if ':' in host else host}:{sock.getsockname()[1]}"
-
-
 def uvicorn_config(app: FastAPI, log_level: str = "warning") -> uvicorn.Config:
     return uvicorn.Config(app, log_level=log_level, access_log=False, ws_max_size=WS_MAX_BYTES,
                           ws_per_message_deflate=False, lifespan="off")
@@ -146,7 +157,7 @@ def serve_agent(agent: DeviceAgent, listen: str = "127.0.0.1:8700", log_level: s
     (port 0 = any free port)."""
     host, port = parse_listen(listen)
     sock = bind_socket(host, port)
-    print(f"{READY_PREFIX}{agent_url(host, sock)}", flush=True)
+    print(f"{READY_PREFIX}{url_of(host, sock, 'ws')}", flush=True)
     uvicorn.Server(uvicorn_config(create_app(agent), log_level)).run(sockets=[sock])
 
 
@@ -155,7 +166,7 @@ class AgentServerThread:
 
     def __init__(self, agent: DeviceAgent, host: str = "127.0.0.1", port: int = 0) -> None:
         sock = bind_socket(host, port)
-        self.url = agent_url(host, sock)
+        self.url = url_of(host, sock, 'ws')
         self._server, self._thread = serve_in_thread(uvicorn_config(create_app(agent)), sock,
                                                      name="device-agent-server",
                                                      what=f"device agent server on {self.url}")

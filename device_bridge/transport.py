@@ -34,7 +34,12 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, Callable
 
-from device_bridge.agent import DeviceAgent, EditFailed, EditRejected, one_line
+import httpx
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect as ws_connect
+
+from device_bridge.agent import DeviceAgent
+from device_bridge.protocol import EditFailed, EditRejected, Job, one_line
 
 EventCallback = Callable[[dict], None]
 DEFAULT_ADB_PORT = 8700
@@ -54,7 +59,7 @@ class Bridge(ABC):
     def templates(self) -> list[dict]: ...
 
     @abstractmethod
-    def edit(self, job: dict, on_event: EventCallback | None = None) -> dict: ...
+    def edit(self, job: Job | dict, on_event: EventCallback | None = None) -> dict: ...
 
     def health(self) -> dict:
         return {"status": "ok"}
@@ -89,8 +94,8 @@ class InProcessBridge(Bridge):
     def templates(self) -> list[dict]:
         return self.agent.templates()
 
-    def edit(self, job: dict, on_event: EventCallback | None = None) -> dict:
-        return self.agent.edit(job, on_event)
+    def edit(self, job: Job | dict, on_event: EventCallback | None = None) -> dict:
+        return self.agent.edit(job, on_event)  # the Job object itself: nothing to serialise or re-parse
 
     def health(self) -> dict:
         return self.agent.health()
@@ -117,8 +122,6 @@ class WsBridge(Bridge):
         self.open_timeout, self.event_timeout = open_timeout, event_timeout
 
     def _get(self, path: str, method: str = "GET", timeout: float = 30.0) -> Any:
-        import httpx
-
         try:
             r = httpx.request(method, self.http_url + path, timeout=timeout)
         except httpx.HTTPError as e:
@@ -141,12 +144,9 @@ class WsBridge(Bridge):
     def warmup(self, template_id: str) -> dict:
         return self._get(f"/v1/warmup/{template_id}", method="POST", timeout=600.0)
 
-    def edit(self, job: dict, on_event: EventCallback | None = None) -> dict:
-        from websockets.exceptions import ConnectionClosed
-        from websockets.sync.client import connect as ws_connect
-
+    def edit(self, job: Job | dict, on_event: EventCallback | None = None) -> dict:
         try:
-            payload = json.dumps(job)
+            payload = json.dumps(job.to_wire() if isinstance(job, Job) else job)
         except (TypeError, ValueError) as e:
             raise EditRejected(f"the job is not JSON-serialisable: {one_line(e, 200)}") from None
         try:
@@ -181,7 +181,7 @@ class SubprocessBridge(WsBridge):
 
     def __init__(self, server_url: str | None = None, catalog: str | Path | None = None,
                  packs_dir: str | Path | None = None, *, link: str = "ws", timeout_s: float | None = None,
-                 workdir_root: str | Path | None = None, calibration_file: str | Path | None = None,
+                 calibration_file: str | Path | None = None,
                  extra_args: tuple[str, ...] = (), python: str | None = None) -> None:
         if server_url is None and packs_dir is None:
             raise BridgeError("the subprocess transport needs server_url (or packs_dir to serve)")
@@ -189,7 +189,6 @@ class SubprocessBridge(WsBridge):
         cmd += ["--server", str(server_url)] if server_url else ["--packs", str(packs_dir)]
         cmd += ["--catalog", str(catalog)] if catalog else []
         cmd += ["--timeout", str(timeout_s)] if timeout_s else []
-        cmd += ["--workdir-root", str(workdir_root)] if workdir_root else []
         cmd += ["--calibration", str(calibration_file)] if calibration_file else []
         cmd += list(extra_args)
         root = str(Path(__file__).resolve().parent.parent)
@@ -304,7 +303,7 @@ class AdbBridge(WsBridge):
 def connect(spec: str = "inprocess", **kw: Any) -> Bridge:
     """A bridge from a spec (see the module doc). ``inprocess`` takes DeviceAgent's arguments
     (``server_url``, ``catalog``, ``packs_dir``, …, or ``agent=``); ``subprocess`` takes
-    ``server_url``, ``catalog``, ``packs_dir``, ``link``, ``timeout_s``, ``workdir_root``,
+    ``server_url``, ``catalog``, ``packs_dir``, ``link``, ``timeout_s``,
     ``calibration_file``."""
     s = spec.strip()
     if s == "inprocess":

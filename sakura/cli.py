@@ -16,6 +16,8 @@ from typing import Optional
 
 import typer
 
+from sakura.systems import SYSTEMS
+
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="SAKURA: private image editing on phones by streaming reusable attention state.")
 catalog_app = typer.Typer(no_args_is_help=True, help="The template catalog.")
@@ -32,9 +34,10 @@ def _expected_errors() -> tuple[type[BaseException], ...]:
     from sakura.model import ModelInputError, ModelLoadError
 
     errors += [CatalogError, ModelInputError, ModelLoadError, KeyError]
-    for mod, name in [("sakura.offline.pack", "PackFormatError"), ("sakura.net.traces", "TraceError"),
+    for mod, name in [("sakura.formats", "PackFormatError"), ("sakura.net.traces", "TraceError"),
                       ("sakura.runtime.executors.errors", "BackendUnavailable"),
-                      ("sakura.runtime.stream", "StreamError"), ("sakura.net.client", "FetchError"),
+                      ("sakura.runtime.errors", "StreamError"), ("sakura.runtime.errors", "TemplateUnavailable"),
+                      ("sakura.net.client", "FetchError"),
                       ("sakura.runtime.executors.base", "ShardExecutionError")]:
         try:
             errors.append(getattr(__import__(mod, fromlist=[name]), name))
@@ -109,7 +112,7 @@ def edit(
     catalog: Optional[Path] = CatalogOpt,
     model_path: Optional[Path] = typer.Option(None, "--model-path", help="Local model folder instead of the embedded model."),
     stream: bool = typer.Option(False, "--stream", help="Stream the cache from a template server (see `sakura serve`)."),
-    policy: str = typer.Option("sakura", "--policy", help="With --stream: sakura, fp16, intq, cachegen, local, oracle."),
+    policy: str = typer.Option("sakura", "--policy", help=f"With --stream: {', '.join(SYSTEMS)}."),
     trace: str = typer.Option("5g", "--trace", help="With --stream: 5g, 4g5g, wifi, fixed:MBPS or a trace file."),
     start: float = typer.Option(0.0, "--start", help="With --stream: offset into the trace (s)."),
     trace_scale: Optional[float] = typer.Option(None, "--trace-scale", help="Multiply the trace's bandwidth."),
@@ -118,6 +121,8 @@ def edit(
     packs: Path = typer.Option(Path("packs"), "--packs", help="Pack folder (built if missing)."),
     executor: str = typer.Option("eager", "--executor", help="With --stream: eager | executorch (shard .pte programs)."),
     reconstructor: str = typer.Option("torch", "--reconstructor", help="With --stream: torch | opencl."),
+    calibration: Optional[Path] = typer.Option(None, "--calibration", help="With --stream: JSON file of measured "
+                                               "device compute, shared with `sakura device --calibration`."),
 ):
     """Edit a template locally: full recomputation or masked execution with template KV reuse."""
     if stream:
@@ -129,7 +134,8 @@ def edit(
             raise UserError(f"--reconstructor must be torch or opencl, not {reconstructor!r}")
         stream_edit(template=template, reference=reference, prompt=prompt, out=out, as_json=as_json,
                     catalog=catalog, policy=policy, trace=trace, start=start, trace_scale=trace_scale,
-                    regime=regime, server=server, packs=packs, executor=executor, reconstructor=reconstructor)
+                    regime=regime, server=server, packs=packs, executor=executor, reconstructor=reconstructor,
+                    calibration=calibration)
         return
     if mode not in ("full", "reuse"):
         raise UserError(f"--mode must be full or reuse, not {mode!r}")
@@ -139,7 +145,7 @@ def edit(
 
     from sakura.catalog import load_catalog
     from sakura.editing import edit_request, model_for
-    from sakura.eval.metrics import quality
+    from sakura.quality import quality
 
     tpl = load_catalog(catalog).get(template)
     if tpl.task in ("fs", "vton") and not reference:
@@ -202,7 +208,7 @@ def build(
 def pack_info(path: Path = typer.Argument(..., help="PACKDIR/ID (the template's files in PACKDIR)."),
               as_json: bool = typer.Option(False, "--json")):
     """Sizes of a template's stored formats and its SAKURA pack's frontier."""
-    from sakura.offline.inspect import pack_summary
+    from sakura.formats.inspect import pack_summary
 
     info = pack_summary(path.parent, path.name)
     if as_json:

@@ -1,22 +1,29 @@
-"""The reusable template KV cache as it lives in memory, and the shard grouping.
+"""The reusable template KV cache as it lives in memory, the shard grouping, and the K/V pairing.
 
 A *cache unit* is ``(step, layer, kind)`` with kind ``"k"`` or ``"v"``; its tensor is ``n × d``
 (n reusable image tokens of the template, d = heads × head_dim), post-RoPE for Flux2, in the
-token order of ``reuse_index`` (ascending token indices of the unmasked tokens).
+token order of ``reuse_index`` (ascending token indices of the unmasked tokens). (A stream's
+*fetch unit*, :class:`sakura.formats.FetchUnit`, is something else: what one request fetches.)
 
 A *shard* is a group of consecutive layers at one step; shards are consumed in order
-``(step 0, layers 0..g-1), (step 0, layers g..2g-1), …, (step 1, …)``.
+``(step 0, layers 0..g-1), (step 0, layers g..2g-1), …, (step 1, …)``. Every stored format keeps
+a shard's cache units in :func:`shard_units` order, and every decoder hands its per-unit tensors
+to :func:`kv_pairs` to get the ``{(step, layer): (K, V)}`` the masked run consumes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Mapping
 
 import torch
 from safetensors.torch import load_file, save_file
 
-UnitKey = tuple[int, int]  # (step, layer)
+LayerKey = tuple[int, int]  # (step, layer)
+CacheUnit = tuple[int, int, str]  # (step, layer, "k" | "v")
+KV = dict[LayerKey, tuple[torch.Tensor, torch.Tensor]]  # (step, layer) -> (K, V), each (n, d)
+KINDS = ("k", "v")
 
 
 @dataclass
@@ -28,8 +35,8 @@ class KVCache:
     heads: int
     head_dim: int
     reuse_index: torch.Tensor  # (n,) long, ascending token indices of the reusable tokens
-    k: dict[UnitKey, torch.Tensor] = field(default_factory=dict)
-    v: dict[UnitKey, torch.Tensor] = field(default_factory=dict)
+    k: dict[LayerKey, torch.Tensor] = field(default_factory=dict)
+    v: dict[LayerKey, torch.Tensor] = field(default_factory=dict)
 
     @property
     def num_reused(self) -> int:
@@ -45,6 +52,10 @@ class KVCache:
 
     def get(self, step: int, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.k[(step, layer)], self.v[(step, layer)]
+
+    def unit(self, step: int, layer: int, kind: str) -> torch.Tensor:
+        """The tensor of one cache unit."""
+        return (self.k if kind == "k" else self.v)[(step, layer)]
 
     def provider(self, dtype: torch.dtype | None = None):
         """A provider callback for masked runs serving this cache (optionally cast, e.g. to FP16 and back)."""
@@ -99,3 +110,19 @@ def shard_layers(num_layers: int, shard_size: int) -> list[tuple[int, int]]:
 def shard_plan(num_steps: int, num_layers: int, shard_size: int) -> list[tuple[int, int, int]]:
     """All shards in consumption order as ``(step, layer_start, layer_end)``."""
     return [(s, a, b) for s in range(num_steps) for a, b in shard_layers(num_layers, shard_size)]
+
+
+def shard_units(step: int, layer_start: int, layer_end: int) -> list[CacheUnit]:
+    """The cache units of a shard in storage order: layer-major, K then V."""
+    return [(step, layer, kind) for layer in range(layer_start, layer_end) for kind in KINDS]
+
+
+def kv_pairs(units: Mapping[CacheUnit, torch.Tensor]) -> KV:
+    """``{(step, layer): (K, V)}`` from decoded per-cache-unit tensors (both kinds of each layer needed)."""
+    by_layer: dict[LayerKey, dict[str, torch.Tensor]] = {}
+    for (step, layer, kind), x in units.items():
+        by_layer.setdefault((step, layer), {})[kind] = x
+    try:
+        return {key: (kinds["k"], kinds["v"]) for key, kinds in by_layer.items()}
+    except KeyError as e:
+        raise ValueError(f"a layer has no {e.args[0]!r} tensor: K and V come in pairs") from None

@@ -56,9 +56,10 @@ def _build(out: Path) -> None:
 
     from sakura.catalog import load_catalog
     from sakura.editing import model_for
-    from sakura.offline.builder import build_template, capture_request, file_id
-    from sakura.offline.fp16 import write_fp16
-    from sakura.offline.pack import write_pack
+    from sakura.formats import file_id
+    from sakura.formats.fp16 import write_fp16
+    from sakura.offline.builder import build_template, capture_request
+    from sakura.offline.compress import pack_cache
 
     cat = load_catalog()
     build_template(cat.get(FS), out, max_rank=32)
@@ -66,7 +67,7 @@ def _build(out: Path) -> None:
     model = model_for(mb)
     cache = model.capture(capture_request(mb, model)).to(torch.float16)
     ids = {"model_id": model.model_id, "template_id": mb.id}
-    write_pack(out / f"{file_id(mb.id, 'sakura')}.pack", cache, None, q=0.0, max_rank=8, shard_size=2, **ids)
+    pack_cache(out / f"{file_id(mb.id, 'sakura')}.pack", cache, None, q=0.0, max_rank=8, shard_size=2, **ids)
     write_fp16(out / f"{file_id(mb.id, 'fp16')}.pack", cache, shard_size=2, **ids)
 
 
@@ -98,7 +99,9 @@ class Stack:
 
 @pytest.fixture(scope="module")
 def stack(app_packs, tmp_path_factory):
-    from app.server import create_app, start_app
+    from app.cli import start_app
+    from app.server import create_app
+    from sakura.eval.explorer import Explorer
     from device_bridge import connect
     from sakura.server.run import start_server
 
@@ -110,8 +113,9 @@ def stack(app_packs, tmp_path_factory):
     try:
         bridge = connect("subprocess", server_url=server.url)
         bridge.warmup(FS)  # model load + compute calibration, once, outside the timed UI steps
-        app = create_app(bridge, data_dir=data, packs_dir=app_packs, study_templates=[FS], study_requests=1,
-                         study_systems=("sakura", "intq"), explorer_options={"budgets": 2, "baseline_levels": 1})
+        explorer = Explorer(app_packs, data / "explorer", budgets=2, baseline_levels=1)
+        app = create_app(bridge, data_dir=data, explorer=explorer, study_templates=[FS], study_requests=1,
+                         study_systems=("sakura", "intq"))
         running = start_app(app)
         yield Stack(running.url, data, log, bridge)
     finally:

@@ -11,12 +11,14 @@ import pytest
 from PIL import Image
 
 from app.edit_page import check_trace_upload, compare_rows, metrics_html, network_spec, privacy_html, privacy_rows
-from app.explorer import Explorer, _spread, frontier_figure
+from app.explorer import at_budget, frontier_figure
 from app.explorer_page import budget_of, slider_of
-from app.images import UploadError, check_upload, diff_heatmap, from_b64, png_b64
+from app.images import UploadError, diff_heatmap, from_b64, png_b64
 from app.study import Item, StudyError, StudyStore, balanced_order, plan_items, wilson
 from app.study_page import study_workloads, workload_of
-from app.timeline import EditTimeline, latency_figure
+from app.timeline import latency_figure, timeline_figure
+from device_bridge import EditProgress, EditRejected, NetworkSpec, Photo, TraceUpload
+from sakura.eval.explorer import _spread
 
 
 # ------------------------------------------------------------------------------------------- study
@@ -134,31 +136,37 @@ def _events():
 
 
 def test_timeline_folds_events_and_draws():
-    tl = EditTimeline(system="SAKURA")
+    progress = EditProgress(system="SAKURA")
     for ev in _events():
-        tl.apply(ev)
-    assert tl.planned and len(tl.shards) == 2 and tl.progress() == (0, 2)
+        progress.apply(ev)
+    tl = progress.timeline  # the runtime's own Timeline, folded from its events
+    assert progress.planned and len(tl.shards) == 2
+    assert sum(s.exec_end_t is not None for s in tl.shards) == 0
     assert tl.stall_s == pytest.approx(0.02) and tl.bytes_received == 100
-    assert "shards executed 0/2" in tl.status_line()
-    fig = tl.figure()
+    assert "shards executed 0/2" in progress.status_line()
+    fig = timeline_figure(progress)
     names = {t.name for t in fig.data}
     assert {"link (trace)", "in flight", "execute", "stall", "deadline", "rebuild"} <= names
     assert any(n and n.startswith("transfer") for n in names)
-    tl.apply({"type": "shard_end", "shard": 0, "t": 0.3})
-    tl.apply({"type": "error", "message": "boom"})
-    assert tl.done and "boom" in tl.status_line()
-    tl.apply({"type": "something-new", "x": 1})  # unknown events are ignored
+    progress.apply({"type": "shard_end", "shard": 0, "t": 0.3})
+    assert tl.shards[0].exec_end_t == pytest.approx(0.3)
+    progress.apply({"type": "error", "message": "boom"})
+    assert progress.done and "boom" in progress.status_line()
+    progress.apply({"type": "something-new", "x": 1})  # unknown events are ignored
     latency_figure([{"system": "SAKURA", "latency_s": 1, "stall_s": 0.1, "transfer_hidden_s": 0.3, "bytes": 10,
                      "fp16_bytes": 100}])
 
 
 # ------------------------------------------------------------------------------------------ uploads
-def test_check_upload(tmp_path):
+def test_photo_is_checked_once_and_travels_as_pixels(tmp_path):
     good = tmp_path / "face.png"
     Image.new("RGB", (1200, 800), (10, 20, 30)).save(good)
-    img = check_upload(good)
-    assert max(img.size) == 512
-    assert from_b64(png_b64(img)).size == img.size
+    photo = Photo.from_file(good)
+    assert photo.pixels.shape == (256, 256, 3) and photo.pixels.dtype == np.uint8
+    assert tuple(photo.pixels[128, 128]) == (10, 20, 30)
+    again = Photo.from_wire(photo.to_wire())  # no image codec on the way: the same pixels
+    np.testing.assert_array_equal(again.pixels, photo.pixels)
+    assert from_b64(png_b64(photo.pixels)).size == (256, 256)
     bad = tmp_path / "notes.png"
     bad.write_text("not an image")
     empty = tmp_path / "empty.jpg"
@@ -167,10 +175,12 @@ def test_check_upload(tmp_path):
     Image.new("L", (7000, 7000)).save(huge)
     tiny = tmp_path / "tiny.png"
     Image.new("RGB", (4, 4)).save(tiny)
-    for path, words in ((bad, "not an image"), (empty, "empty"), (huge, "MP"),
-                        (tiny, "at least"), (None, "upload a photo")):
-        with pytest.raises(UploadError, match=words):
-            check_upload(path)
+    for path, words in ((bad, "not an image"), (empty, "empty"), (huge, "too large"), (tiny, "at least")):
+        with pytest.raises(EditRejected, match=words):
+            Photo.from_file(path)
+    for wire in ({"rgb8_b64": "AAAA", "size": 256}, {"size": 256}, "pixels"):
+        with pytest.raises(EditRejected):
+            Photo.from_wire(wire)
 
 
 def test_diff_heatmap_marks_differences():
@@ -187,10 +197,11 @@ def test_trace_upload_validation(tmp_path):
     good = tmp_path / "walk.csv"
     good.write_text("time_s,mbps\n0,100\n1,50\n2,80\n")
     tr = check_trace_upload(good)
-    assert tr["name"] == "walk.csv" and "median" in tr["summary"] and tr["csv"].startswith("time_s")
+    assert tr.name == "walk.csv" and "median" in tr.summary() and tr.mbps == (100.0, 50.0, 80.0)
+    assert TraceUpload.from_wire(tr.to_wire()).trace().median_mbps == tr.trace().median_mbps  # samples, not text
     ws = tmp_path / "two.txt"
     ws.write_text("0 10\n1 20\n")
-    assert check_trace_upload(ws)["name"] == "two.txt"
+    assert check_trace_upload(ws).name == "two.txt"
     for text in ("time_s,mbps\n0,abc\n", "hello world\n", "time_s,mbps\n", "\x00\x01\x02", "0 0\n1 0\n"):
         bad = tmp_path / "bad.csv"
         bad.write_text(text)
@@ -203,12 +214,12 @@ def test_trace_upload_validation(tmp_path):
 
 
 def test_network_spec():
-    assert network_spec("fixed", 2000, None, "", True) == {"trace": "fixed:2000", "regime": "none", "scale": None,
-                                                            "start": None}
-    assert network_spec("5g", None, None, "12.5", False)["start"] == 12.5
-    assert network_spec("wifi", None, None, "random", True)["regime"] == "paper"
-    up = network_spec("upload", None, {"name": "t.csv", "csv": "time_s,mbps\n0,1\n"}, None, True)
-    assert up["trace_csv"].startswith("time_s") and up["trace"] == "t.csv"
+    assert network_spec("fixed", 2000, None, "", True) == NetworkSpec("fixed:2000", None, None, "none")
+    assert network_spec("5g", None, None, "12.5", False).start == 12.5
+    assert network_spec("wifi", None, None, "random", True).regime == "paper"
+    upload = TraceUpload.from_text("time_s,mbps\n0,1\n", "t.csv")
+    up = network_spec("upload", None, upload, None, True)
+    assert up.upload is upload and up.trace == "t.csv"
     for args in (("fixed", "x", None, "", True), ("fixed", -5, None, "", True), ("upload", None, None, "", True),
                  ("5g", None, None, "soon", True), ("5g", None, None, "-1", True), ("nope", None, None, "", True)):
         with pytest.raises(UploadError):
@@ -240,9 +251,9 @@ def _frontier():
 
 def test_explorer_budget_choice_and_slider_mapping():
     data = _frontier()
-    best = Explorer.at_budget(data, 450)
+    best = at_budget(data, 450)
     assert best["sakura"]["config"] == "r32" and best["intq"]["config"] == "int2" and best["cachegen"] is None
-    assert Explorer.at_budget(data, 50) == {"sakura": None, "intq": None, "cachegen": None}
+    assert at_budget(data, 50) == {"sakura": None, "intq": None, "cachegen": None}
     for b in (95, 450, 2000):
         assert budget_of(slider_of(b, data), data) == pytest.approx(b, rel=1e-6)
     assert budget_of(100, data) == pytest.approx(2000)
@@ -270,7 +281,7 @@ class FakeBridge:
         from device_bridge import EditFailed, EditRejected
 
         self.jobs.append(job)
-        kind = self.fail.get(job["system"])
+        kind = self.fail.get(job.system)
         if kind == "rejected":
             on_event({"type": "error", "code": "rejected", "message": "bad photo"})
             raise EditRejected("bad photo")
@@ -280,7 +291,7 @@ class FakeBridge:
         for ev in _events():
             on_event(ev)
         img = png_b64(Image.new("RGB", (16, 16), (10, 20, 30)))
-        res = {"type": "result", "system": job["system"], "image_png_b64": img, "reference_png_b64": img,
+        res = {"type": "result", "system": job.system, "image_png_b64": img, "reference_png_b64": img,
                "mask_png_b64": png_b64(np.zeros((16, 16), np.uint8)),
                "metrics": {"psnr": 50.0, "ssim": 1.0, "psnr_masked": 45.0, "ssim_masked": 1.0},
                "summary": {"latency_s": 0.5, "stall_s": 0.02, "bytes": 100, "fp16_bytes": 1000,
@@ -309,13 +320,13 @@ def _html_of(updates, page, name):
 def test_run_generator_compare_all_uses_one_trace_start():
     bridge = FakeBridge()
     page = _page(bridge)
-    photo = png_b64(Image.new("RGB", (32, 32)))
+    photo = Photo(np.zeros((256, 256, 3), np.uint8))
     ups = list(page.run("fs-a", photo, "", "5g", None, None, "", True, "all"))
-    systems = [j["system"] for j in bridge.jobs]
+    systems = [j.system for j in bridge.jobs]
     assert systems == ["sakura", "intq", "cachegen", "fp16", "local", "oracle"]
-    starts = {j["network"]["start"] for j in bridge.jobs}
+    starts = {j.network.start for j in bridge.jobs}
     assert len(starts) == 1 and None not in starts
-    assert all(j["reference_png_b64"] == photo and j["prompt"] is None for j in bridge.jobs)
+    assert all(j.photo is photo and j.prompt == "" for j in bridge.jobs)  # the checked photo itself, once
     final = ups[-1]
     assert "Done: 6 systems ran" in final[page._c["status"]]
     assert len(final[page._c["compare"]]["value"]) == 6
@@ -326,7 +337,7 @@ def test_run_generator_compare_all_uses_one_trace_start():
 
 
 def test_run_generator_reports_problems_in_the_page():
-    photo = png_b64(Image.new("RGB", (32, 32)))
+    photo = Photo(np.zeros((256, 256, 3), np.uint8))
     page = _page(FakeBridge(fail={"sakura": "rejected"}))
     ups = list(page.run("fs-a", photo, "", "fixed", 100, None, "", True, "sakura"))
     assert "bad photo" in ups[-1][page._c["status"]] and "sk-warn" in ups[-1][page._c["status"]]
@@ -348,8 +359,8 @@ def test_run_generator_reports_problems_in_the_page():
     # a prompt goes as the prompt, with no photo
     list(page.run("mb-a", photo, "make it blue", "5g", None, None, "3", False, "sakura"))
     job = bridge.jobs[-1]
-    assert job["prompt"] == "make it blue" and job["reference_png_b64"] is None
-    assert job["network"] == {"trace": "5g", "regime": "none", "scale": None, "start": 3.0}
+    assert job.prompt == "make it blue" and job.photo is None
+    assert job.network == NetworkSpec("5g", 3.0, None, "none")
 
 
 def test_study_page_without_questions_says_so(tmp_path):

@@ -15,11 +15,11 @@ from sakura.net.traces import TraceError, load_trace, synthetic
 def test_sim_clock_pacing_follows_trace_integral_exactly() -> None:
     tr, start, n = synthetic("5g"), 12.0, 40_000_000
     clock = SimClock(100.0)
-    sh = TraceShaper(tr, start, clock=clock)
+    shaper = TraceShaper(tr, start, clock=clock)
     sent = 0
-    for chunk in sh.send_chunks(bytes(n)):
+    for chunk in shaper.send_chunks(bytes(n)):
         sent += len(chunk)
-        allowed = tr.bytes_between(start, sh.trace_time()) + BUCKET_BYTES
+        allowed = tr.bytes_between(start, shaper.trace_time()) + BUCKET_BYTES
         assert sent <= allowed + 1  # never ahead of the link
     assert sent == n
     assert clock.now() - 100.0 == pytest.approx(tr.time_to_send(n - BUCKET_BYTES, start), rel=1e-9)
@@ -27,20 +27,20 @@ def test_sim_clock_pacing_follows_trace_integral_exactly() -> None:
 
 def test_idle_credit_is_capped_at_bucket_depth() -> None:
     tr, clock = load_trace("fixed:80"), SimClock()
-    sh = TraceShaper(tr, 0.0, clock=clock)
-    list(sh.send_chunks(bytes(1_000_000)))
+    shaper = TraceShaper(tr, 0.0, clock=clock)
+    list(shaper.send_chunks(bytes(1_000_000)))
     clock.sleep(10.0)  # idle link: 100 MB of capacity passes unused
     t = clock.now()
-    list(sh.send_chunks(bytes(1_000_000)))
+    list(shaper.send_chunks(bytes(1_000_000)))
     assert clock.now() - t == pytest.approx((1_000_000 - BUCKET_BYTES) * 8 / 80e6, rel=1e-6)
 
 
 def test_async_variant_in_sim_time() -> None:
     tr, clock = synthetic("4g5g"), SimClock()
-    sh = TraceShaper(tr, 25.0, clock=clock)
+    shaper = TraceShaper(tr, 25.0, clock=clock)
 
     async def go() -> int:
-        return sum([len(c) async for c in sh.asend_chunks(bytes(3_000_000))])
+        return sum([len(c) async for c in shaper.asend_chunks(bytes(3_000_000))])
 
     assert asyncio.run(go()) == 3_000_000
     assert clock.now() == pytest.approx(tr.time_to_send(3_000_000 - BUCKET_BYTES, 25.0), rel=1e-9)
@@ -48,9 +48,9 @@ def test_async_variant_in_sim_time() -> None:
 
 def test_wall_clock_pacing_fixed_80mbps() -> None:
     n = 2_000_000  # 0.2 s at 80 Mbps
-    sh = TraceShaper(load_trace("fixed:80"), clock=RealClock())
+    shaper = TraceShaper(load_trace("fixed:80"), clock=RealClock())
     t = time.monotonic()
-    assert sum(len(c) for c in sh.send_chunks(bytes(n))) == n
+    assert sum(len(c) for c in shaper.send_chunks(bytes(n))) == n
     took = time.monotonic() - t
     assert took == pytest.approx(n * 8 / 80e6, rel=0.15)
 
@@ -58,11 +58,11 @@ def test_wall_clock_pacing_fixed_80mbps() -> None:
 def test_wall_clock_pacing_async_on_a_trace() -> None:
     tr, start, n = synthetic("5g").scaled(0.1), 30.0, 3_000_000
     expected = tr.time_to_send(n - BUCKET_BYTES, start)
-    sh = TraceShaper(tr, start)
+    shaper = TraceShaper(tr, start)
 
     async def go() -> float:
         t = time.monotonic()
-        async for _ in sh.asend_chunks(bytes(n)):
+        async for _ in shaper.asend_chunks(bytes(n)):
             pass
         return time.monotonic() - t
 

@@ -6,10 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from sakura.offline import PackFormatError
-from sakura.offline.cachegen import CacheGenInfo, CacheGenReader, decode_cachegen_shard, write_cachegen
-from sakura.offline.intq import (IntQInfo, IntQReader, decode_intq_shard, decode_unit, encode_unit, unit_bytes,
-                                 write_intq)
+from sakura.formats import PackFormatError, cachegen, intq
+from sakura.formats.cachegen import CacheGenInfo, CacheGenReader, write_cachegen
+from sakura.formats.intq import IntQInfo, IntQReader, decode_unit, encode_unit, unit_bytes, write_intq
 from sakura.offline.synthetic import synthetic_cache
 
 
@@ -53,7 +52,7 @@ def test_intq_file(small, tmp_path):
     hdr = IntQInfo.from_bytes(r.file.header_bytes)
     blobs = r.read(3, 4)
     assert len(blobs) == 1
-    out = decode_intq_shard(hdr, 3, 4, blobs)
+    out = intq.decode(hdr, 3, 4, blobs)
     assert torch.equal(out[(1, 3)][0], r.decode(3, 4)[(1, 3)][0])
     raw = bytearray((tmp_path / "t.intq").read_bytes())
     (o, n), = hdr.ranges(3, 4)
@@ -95,7 +94,7 @@ def test_cachegen_mixed_levels_from_received_bytes(small, cg):
     blobs = r.read(1, levels)
     assert len(blobs) == 3 + 4  # three models + one range per chunk
     info = CacheGenInfo.from_bytes(r.file.header_bytes)
-    out = decode_cachegen_shard(info, 1, levels, blobs)
+    out = cachegen.decode(info, 1, levels, blobs)
     for c, lv in enumerate(levels):
         ref = r.decode(1, [lv] * 4)
         t0, t1 = info.geometry.token_chunks()[c]

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from sakura.offline.lowrank import row_weights, single_threaded, weighted_lowrank
-from sakura.offline.quant import dequantize, from_planes, quantize, to_planes, truncate
+from sakura.formats.bitplanes import dequantize, from_planes, quantize, to_planes, truncate
 from sakura.offline.synthetic import synthetic_cache
 
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from sakura.offline import PackFormatError, PackInfo, PackReader, best_config, decode_shard, frontier, write_pack
-from sakura.offline.pack import Geometry
-from sakura.offline.quant import quantize_factors
+from sakura.formats import PackFormatError
+from sakura.formats.pack import Geometry, PackInfo, PackReader, decode_shard
+from sakura.offline import best_config, frontier, pack_cache, quantize_factors
 from sakura.offline.lowrank import weighted_lowrank
 from sakura.offline.synthetic import synthetic_cache
 from sakura.offline.tradeoff import ShardInputs, profile_shard, rank_grid
@@ -25,7 +25,7 @@ def small():
 def pack(small, tmp_path_factory):
     cache, imp = small
     path = tmp_path_factory.mktemp("pack") / "t.pack"
-    write_pack(path, cache, imp, q=0.5, max_rank=64, shard_size=2, model_id="embedded", template_id="t0")
+    pack_cache(path, cache, imp, q=0.5, max_rank=64, shard_size=2, model_id="embedded", template_id="t0")
     return path
 
 
@@ -40,10 +40,10 @@ def rel_err(out, cache, imp=None):
 
 
 def profile_inputs(cache, imp, info, shard):
-    """(X, importance, quantised factors) of a shard's units, built as write_pack builds them."""
+    """(X, importance, quantised factors) of a shard's cache units, built as compress_cache builds them."""
     out = []
     for step, layer, kind in info.units(shard):
-        x, s = (cache.k if kind == "k" else cache.v)[(step, layer)], imp[(step, layer)]
+        x, s = cache.unit(step, layer, kind), imp[(step, layer)]
         out.append((x, s, quantize_factors(weighted_lowrank(x, s, max_rank=64), s)))
     return out
 
@@ -53,7 +53,7 @@ def test_full_rank_8_bits_rebuilds_within_bound(small, tmp_path):
     # normalised squared error < 1e-3 (what is left is 8-bit noise summed over all d components).
     cache, imp = synthetic_cache(num_steps=1, num_layers=2)
     path = tmp_path / "full.pack"
-    info = write_pack(path, cache, imp, max_rank=256, shard_size=2, tradeoff=False)
+    info = pack_cache(path, cache, imp, max_rank=256, shard_size=2, tradeoff=False)
     assert info.geometry.rank == 256
     out = PackReader(path).decode(0, 256, 8, 8)
     for key, (k, v) in out.items():
@@ -236,7 +236,7 @@ def test_out_of_range_configs_rejected(pack):
 
 def test_mean_only_and_missing_importance(small, tmp_path):
     cache, _ = small
-    info = write_pack(tmp_path / "u.pack", cache, None, max_rank=16, shard_size=4, tradeoff=False)
+    info = pack_cache(tmp_path / "u.pack", cache, None, max_rank=16, shard_size=4, tradeoff=False)
     r = PackReader(tmp_path / "u.pack")
     assert info.num_shards == 2 and r.frontier(0) == []
     k, v = r.decode(0, 0, 1, 1)[(0, 3)]
@@ -246,7 +246,7 @@ def test_mean_only_and_missing_importance(small, tmp_path):
 def test_storage_ratio_and_build_time(tmp_path):
     cache, imp = synthetic_cache()  # 4 steps × 8 layers = 64 units, n = 903, d = 256
     t0 = time.process_time()  # CPU seconds: the bound must not depend on what else the machine runs
-    info = write_pack(tmp_path / "full.pack", cache, imp, q=0.5, max_rank=64, shard_size=2)
+    info = pack_cache(tmp_path / "full.pack", cache, imp, q=0.5, max_rank=64, shard_size=2)
     assert time.process_time() - t0 < 60
     assert cache.nbytes() / info.file_size >= 4.0
     assert info.file_size - info.index.data_start < cache.nbytes() / 4

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from sakura.offline.container import PackFormatError
-from sakura.offline.pack import PackReader, decode_factors, decode_shard, write_pack
+from sakura.formats import PackFormatError
+from sakura.formats.pack import PackReader, decode_factors, decode_shard, shard_bytes
+from sakura.offline.compress import pack_cache
 from sakura.offline.synthetic import synthetic_cache
 from sakura.runtime.reconstruct import BackendUnavailable, default_reconstructor, get_reconstructor
-from sakura.runtime.reconstruct.base import shard_bytes
 
 RANK = 32
 # (r, b_A, b_B): full, mid, 1-bit planes, odd bit counts, means only, asymmetric, rank = stored rank
@@ -22,7 +22,7 @@ TOL = 1e-5  # K/V max abs difference (the factors themselves are bit-identical)
 def pack(tmp_path_factory):
     cache, imp = synthetic_cache(num_steps=2, num_layers=2, seed=3)  # importance → spiky components, dead zones
     path = tmp_path_factory.mktemp("packs") / "t.pack"
-    write_pack(path, cache, imp, max_rank=RANK, shard_size=1, tradeoff=False)
+    pack_cache(path, cache, imp, max_rank=RANK, shard_size=1, tradeoff=False)
     return PackReader(path)
 
 

@@ -1,36 +1,40 @@
-"""The streamed edit on the real clock (real server, real sockets) and on the simulated clock."""
+"""The streamed edit on the real clock (real server, real sockets) and on the simulated clock, each
+put together by an edit session."""
+
+import random
 
 import numpy as np
 import pytest
-import torch
 
-from sakura.editing import edit_request, model_for
+from sakura.formats import encoding_from_header, file_id
 from sakura.net.client import RangeClient
-from sakura.net.shaping import RateSpec
-from sakura.net.traces import load_trace
-from sakura.offline.builder import file_id
-from sakura.online.encodings import encoding_from_header
+from sakura.net.traces import Trace, load_trace
 from sakura.online.policies import get_policy
-from sakura.runtime.compute import ComputeProfile, measure_compute, zero_cache
+from sakura.runtime.calibration import CalibrationStore
+from sakura.runtime.compute import ComputeProfile
+from sakura.runtime.errors import StreamError
+from sakura.runtime.session import DeviceRuntime, Network
 from sakura.runtime.sim import LinkModel, simulate
-from sakura.runtime.stream import StreamedEdit, StreamError, read_header
 from sakura.server.run import start_server
+
+UNLIMITED = Network(Trace.constant(1e7), "fixed:1e7", 0.0, 1.0, "none")
 
 
 @pytest.fixture(scope="module")
 def setup(fs_packs):
     packs, tpl = fs_packs
-    model = model_for(tpl)
-    req = edit_request(tpl, tpl.eval_requests[0])
-    compute = measure_compute(model, req, zero_cache(model, req), shard_size=2, repeats=2)
-    with start_server(packs, port=0, process=True) as srv:
-        yield packs, tpl, model, req, compute, srv.url
+    with start_server(packs, port=0, process=True) as srv, RangeClient(srv.url) as client:
+        for fmt in ("sakura", "fp16", "intq", "cachegen"):  # the server's first range request is slow (lazy init)
+            client.fetch(file_id(tpl.id, fmt), [(0, 8)])
+        runtime = DeviceRuntime(client, calibration=CalibrationStore(repeats=2))
+        req = runtime.session(tpl, "oracle", UNLIMITED).request(catalog_request=tpl.eval_requests[0])
+        yield packs, tpl, runtime, req, client
 
 
-def local_from_levels(packs, tpl, encoding_name, levels, model, req):
+def local_from_levels(packs, tpl, format_name, levels, model, req):
     """The edit built locally (no network) from the same per-unit levels."""
-    raw = (packs / f"{file_id(tpl.id, encoding_name)}.pack").read_bytes()
-    enc = encoding_from_header(encoding_name, raw).fresh()
+    raw = (packs / f"{file_id(tpl.id, format_name)}.pack").read_bytes()
+    enc = encoding_from_header(format_name, raw).fresh()
     kv = {}
     enc.set_preamble([raw[o:o + n] for o, n in enc.preamble_ranges()])
     for unit, label in zip(enc.units, levels):
@@ -41,17 +45,15 @@ def local_from_levels(packs, tpl, encoding_name, levels, model, req):
 
 @pytest.mark.parametrize("system", ["sakura", "cachegen"])
 def test_unlimited_stream_equals_local_edit_from_same_configs(setup, system):
-    packs, tpl, model, req, compute, base = setup
-    link = RangeClient(base)
-    pol = get_policy(system)
-    fid = file_id(tpl.id, pol.encoding)
-    enc = encoding_from_header(pol.encoding, read_header(link, fid))
-    res, tl = StreamedEdit(model, enc, pol, link, fid, compute, initial_bps=1e12).run(req)
+    packs, tpl, runtime, req, _ = setup
+    session = runtime.session(tpl, system, UNLIMITED)
+    outcome = session.run(req)
+    tl, enc, model = outcome.timeline, session.encoding, session.model
     levels = [u.level for u in tl.units]
     assert len(levels) == len(enc.units)
     if system == "sakura":  # unlimited bandwidth: the best stored configuration everywhere
         assert all(lv == enc.units[i].levels[-1].label for i, lv in enumerate(levels))
-    np.testing.assert_array_equal(res.image, local_from_levels(packs, tpl, pol.encoding, levels, model, req))
+    np.testing.assert_array_equal(outcome.image, local_from_levels(packs, tpl, system, levels, model, req))
     # bounded device memory: the executing shard + `ahead` (2) rebuilt ones + one being received
     n = int((~model.token_mask(req.mask)).sum())
     shard_bytes = 2 * 2 * n * model.heads * model.head_dim * 4  # 2 layers × (K, V) × float32
@@ -64,31 +66,21 @@ def test_stream_with_reconstructor_and_executor_backends(setup):
     from sakura.runtime.executors import get_executor
     from sakura.runtime.reconstruct import get_reconstructor
 
-    packs, tpl, model, req, compute, base = setup
-    link = RangeClient(base)
-    fid = file_id(tpl.id, "sakura")
-    header = read_header(link, fid)
-    default, _ = StreamedEdit(model, encoding_from_header("sakura", header), get_policy("sakura"), link, fid,
-                              compute, 1e12).run(req)
-    enc = encoding_from_header("sakura", header)
-    enc.reconstructor = get_reconstructor("torch")
-    plugged, tl = StreamedEdit(model, enc, get_policy("sakura"), link, fid, compute, 1e12,
-                               executor=get_executor("eager", model)).run(req)
-    assert len(tl.shards) == len(compute.shards) and tl.stall_s >= 0
+    packs, tpl, runtime, req, _ = setup
+    default = runtime.session(tpl, "sakura", UNLIMITED).run(req)
+    model = runtime.template_state(tpl).model
+    plugged = runtime.session(tpl, "sakura", UNLIMITED, reconstructor=get_reconstructor("torch"),
+                              executor=get_executor("eager", model)).run(req)
+    assert len(plugged.timeline.shards) == len(runtime.template_state(tpl).compute.shards)
+    assert plugged.timeline.stall_s >= 0
     np.testing.assert_allclose(plugged.image, default.image, atol=1e-5)
 
 
 def test_every_configuration_fits_the_budget_the_policy_computed(setup):
-    packs, tpl, model, req, compute, base = setup
-    scale = 0.02
-    link = RangeClient(base, rate=RateSpec("5g", 40.0, scale))
-    pol = get_policy("sakura")
-    fid = file_id(tpl.id, "sakura")
-    enc = encoding_from_header("sakura", read_header(link, fid))
-    link.reset_link()
-    initial = float(load_trace("5g").scaled(scale).rate_at(40.0)) * 1e6
-    _, tl = StreamedEdit(model, enc, pol, link, fid, compute, initial).run(req)
-    smallest = {u.index: min(lv.nbytes for lv in u.levels) for u in enc.units}
+    packs, tpl, runtime, req, _ = setup
+    session = runtime.session(tpl, "sakura", Network(load_trace("5g"), "5g", 40.0, 0.02))
+    tl = session.run(req).timeline
+    smallest = {u.index: min(lv.nbytes for lv in u.levels) for u in session.encoding.units}
     for rec in tl.units:
         if rec.fits:
             assert rec.nbytes <= rec.budget_bytes
@@ -99,37 +91,43 @@ def test_every_configuration_fits_the_budget_the_policy_computed(setup):
 
 @pytest.mark.parametrize("system,scale", [("fp16", 0.05), ("intq", 0.02)])
 def test_simulated_clock_agrees_with_real_clock(setup, system, scale):
-    """Same trace segment, same policy: simulated latency within 15% of the real run's. The sim
-    replays the compute the real run measured, so what is checked is the link and pipeline model."""
-    packs, tpl, model, req, compute, base = setup
-    trace, start = "5g", 120.0
-    pol = get_policy(system)
-    fid = file_id(tpl.id, pol.encoding)
-    link = RangeClient(base, rate=RateSpec(trace, start, scale))
-    enc = encoding_from_header(pol.encoding, read_header(link, fid))
-    link.reset_link()
-    initial = float(load_trace(trace).scaled(scale).rate_at(start)) * 1e6
-    _, real = StreamedEdit(model, enc, pol, link, fid, compute, initial).run(req)
-    raw = (packs / f"{fid}.pack").read_bytes()
+    """Same session set-up, same trace segment: simulated latency within 15% of the real run's. The
+    sim replays the compute the real run measured, so what is checked is the link and pipeline model."""
+    packs, tpl, runtime, req, client = setup
+    session = runtime.session(tpl, system, Network(load_trace("5g"), "5g", 120.0, scale))
+    real = session.run(req).timeline
     replay = ComputeProfile.from_timeline(real)
-    sim, _ = simulate(enc, get_policy(system), replay, LinkModel(load_trace(trace).scaled(scale), start),
-                      lambda ranges: [raw[o:o + n] for o, n in ranges], keep=False, predicted=compute)
+    fid = file_id(tpl.id, system)
+    sim, _ = simulate(session.encoding, get_policy(system), replay, LinkModel(session.trace, session.start),
+                      lambda ranges: client.fetch(fid, ranges), keep=False, predicted=session.compute)
     assert [u.level for u in sim.units] == [u.level for u in real.units]
     assert abs(sim.latency_s - real.latency_s) / real.latency_s < 0.15
 
 
+def test_sessions_share_one_setup_on_both_clocks(setup):
+    """The scale, start, link and encoding a session chooses do not depend on the clock it then runs on."""
+    packs, tpl, runtime, req, _ = setup
+    net = Network(load_trace("5g"), "5g", None, None, "paper")
+    a = runtime.session(tpl, "sakura", net, rng=random.Random(7))
+    b = runtime.session(tpl, "sakura", net, rng=random.Random(7))
+    assert a.plan() == b.plan() and a.scale == b.scale and a.start == b.start
+    sim = a.simulate(req).timeline
+    assert sim.clock == "sim" and [u.unit for u in sim.units] == [u.index for u in a.encoding.units]
+
+
 def test_truncated_stream_fails_cleanly(setup):
     """A link that delivers garbage raises a one-line StreamError; the edit never hangs."""
-    packs, tpl, model, req, compute, base = setup
-    link = RangeClient(base)
-    fid = file_id(tpl.id, "sakura")
-    enc = encoding_from_header("sakura", read_header(link, fid))
+    packs, tpl, runtime, req, client = setup
 
     class Corrupting:
+        def header_bytes(self, file_id):
+            return client.header_bytes(file_id)
+
         def fetch_timed(self, file_id, ranges):
-            tr = link.fetch_timed(file_id, ranges)
+            tr = client.fetch_timed(file_id, ranges)
             tr.parts = [p[: len(p) // 2] for p in tr.parts]
             return tr
 
-    with pytest.raises(StreamError, match="rebuilding unit 0 failed"):
-        StreamedEdit(model, enc, get_policy("sakura"), Corrupting(), fid, compute, 1e12, timeout_s=20).run(req)
+    session = runtime.session(tpl, "sakura", UNLIMITED, source=Corrupting(), timeout_s=20)
+    with pytest.raises(StreamError, match="rebuilding fetch unit 0 failed"):
+        session.run(req)

@@ -162,6 +162,54 @@ def test_range_client_many_ranges(server: RunningServer, data: bytes) -> None:
         assert ei.value.status == 416
 
 
+def _stored_with_header(d: Path, file_id: str, header: dict) -> bytes:
+    head = json.dumps(header).encode()
+    raw = struct.pack("<Q", len(head)) + head
+    (d / f"{file_id}.pack").write_bytes(raw + b"\x00" * 100)
+    return raw
+
+
+def test_range_client_header_bytes(tmp_path: Path) -> None:
+    """The raw 8 + N header bytes: one request through /header on the SAKURA server, two range
+    requests elsewhere; an implausible length is refused before anything that size is fetched."""
+    d = tmp_path / "packs"
+    d.mkdir()
+    raw = _stored_with_header(d, "tpl.fp16", {"format": "fp16", "units": [1, 2]})
+    (d / "bogus.pack").write_bytes(struct.pack("<Q", 1 << 40) + b"{}" + b"\x00" * 100)
+    big = {"pad": "x" * (17 << 20)}  # valid JSON, but over the client's 16 MiB limit
+    _stored_with_header(d, "big", big)
+    log = tmp_path / "access.log"
+
+    def requests(file_id: str, expect: int) -> list[str]:
+        """The logged paths of ``file_id``, once ``expect`` arrived (the server logs after sending)."""
+        deadline = time.monotonic() + 5
+        while True:
+            paths = [json.loads(ln)["path"] for ln in log.read_text().splitlines()]
+            paths = [p for p in paths if p.startswith(f"/packs/{file_id}")]
+            if len(paths) >= expect or time.monotonic() > deadline:
+                return paths
+            time.sleep(0.01)
+
+    with start_server(d, access_log=log) as srv:
+        with RangeClient(srv.url) as c:
+            assert c.header_bytes("tpl.fp16") == raw
+            assert requests("tpl.fp16", 1) == ["/packs/tpl.fp16/header"]
+            assert c.header("tpl.fp16") == {"format": "fp16", "units": [1, 2]}
+            with pytest.raises(FetchError) as ei:
+                c.header_bytes("bogus")
+            assert ei.value.status == 422
+            with pytest.raises(FetchError) as ei:
+                c.header_bytes("big")
+            assert ei.value.status == 422 and "16777216" in str(ei.value)
+        # a static server's layout (no /header endpoint): the length, then the JSON
+        with RangeClient(srv.url, pack_path="/packs/{id}?static=1") as c:
+            assert c.header_bytes("tpl.fp16") == raw
+            assert requests("tpl.fp16?static=1", 2) == ["/packs/tpl.fp16?static=1"] * 2
+            with pytest.raises(FetchError) as ei:
+                c.header_bytes("bogus")
+            assert ei.value.status == 422 and requests("bogus?static=1", 1) == ["/packs/bogus?static=1"]
+
+
 def test_shaped_http_response(server: RunningServer, http: httpx.Client, data: bytes) -> None:
     n = 2_000_000  # 0.4 s at 40 Mbps
     expected = (n - 16384) * 8 / 40e6  # the bucket's 16 KiB leave at once

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import struct
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -90,6 +91,22 @@ def test_ws_unknown_template_is_404(server: RunningServer) -> None:
     with pytest.raises(FetchError) as ei, WsRangeClient(server.url) as c:
         c.fetch("..", [(0, 1)])
     assert ei.value.status in (400, 404)
+
+
+def test_ws_header_bytes(tmp_path: Path) -> None:
+    """The raw 8 + N header bytes by two range requests; an implausible length is refused first."""
+    d = tmp_path / "packs"
+    d.mkdir()
+    head = json.dumps({"format": "intq", "units": [3]}).encode()
+    raw = struct.pack("<Q", len(head)) + head
+    (d / "tpl.intq.pack").write_bytes(raw + b"\x00" * 100)
+    (d / "bogus.pack").write_bytes(struct.pack("<Q", 1 << 40) + b"{}")
+    with start_server(d) as srv, WsRangeClient(srv.url) as c:
+        assert c.header_bytes("tpl.intq") == raw
+        assert c.header("tpl.intq") == {"format": "intq", "units": [3]}
+        with pytest.raises(FetchError) as ei:
+            c.header_bytes("bogus")
+        assert ei.value.status == 422
 
 
 def test_ws_shaped_transfer_follows_trace(server: RunningServer, data: bytes) -> None:

@@ -9,32 +9,31 @@ produced by the received cache vs the image produced with the exact FP16 cache.
 
 from __future__ import annotations
 
-import functools
 import json
 import resource
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Callable, Iterator
 
 import numpy as np
 import torch
 
-from sakura.editing import edit_request, model_for
-from sakura.eval.metrics import quality
+from sakura.editing import edit_request
+from sakura.formats import file_id
 from sakura.kvcache import KVCache
-from sakura.net.traces import Trace, load_trace, paper_regime_scale
-from sakura.offline.builder import build_template, file_id
-from sakura.online.encodings import encoding_from_header
-from sakura.online.policies import get_policy
-from sakura.runtime.compute import ComputeProfile, measure_compute, zero_cache
-from sakura.runtime.sim import LinkModel, simulate, simulate_local
+from sakura.net.folder import FolderSource
+from sakura.net.traces import Trace, load_trace
+from sakura.offline.builder import build_template
+from sakura.quality import quality
+from sakura.runtime.calibration import CalibrationStore
+from sakura.runtime.session import DeviceRuntime, Network, network_scale
+from sakura.systems import STREAMING, SYSTEMS
 
 WORKLOADS = {"fs": ("fs", "sakura-tiny"), "vton": ("vton", "sakura-tiny"), "mb": ("mb", "sakura-tiny"),
              "mb-sd": ("mb", "sakura-tiny-sd3")}
-SYSTEMS = ("sakura", "intq", "cachegen", "fp16", "local", "oracle")
-STREAMING = ("sakura", "intq", "cachegen", "fp16")
 
 
 def workload_templates(catalog, workload: str) -> list:
@@ -47,45 +46,39 @@ def workload_templates(catalog, workload: str) -> list:
     return found
 
 
-@dataclass
-class StoredFile:
-    raw: bytes
-    encoding_name: str
-
-    @functools.cached_property
-    def _parsed(self):  # the header is parsed once per template, not once per simulated edit
-        return encoding_from_header(self.encoding_name, self.raw)
-
-    def encoding(self):
-        """A fresh per-edit view (CacheGen keeps chunk-assembly state per edit)."""
-        return self._parsed.fresh()
-
-    def fetch(self, ranges):
-        return [self.raw[o:o + n] for o, n in ranges]
-
-
-@dataclass
 class TemplateBench:
-    """What the harness precomputes once per template."""
+    """One template as the harness sees it: a device runtime reading the pack folder in-process, the
+    template's state in it (model, headers, calibrated compute), and its evaluation requests."""
 
-    template: object
-    model: object
-    files: dict[str, StoredFile]
-    fp16_kv: dict
-    compute: ComputeProfile
-    fp16_bytes: int
-    storage: dict[str, int]
-    references: dict[int, np.ndarray] = field(default_factory=dict)  # request index → FP16-cache output
-    local_outputs: dict[int, np.ndarray] = field(default_factory=dict)
+    def __init__(self, template, packs: Path, calibration: CalibrationStore):
+        self.template, self.packs = template, Path(packs)
+        self.runtime = DeviceRuntime(FolderSource(self.packs), calibration=calibration, reference_caches=1)
+        self.state = self.runtime.template_state(template)
+        self.model, self.compute, self.fp16_bytes = self.state.model, self.state.compute, self.state.fp16_bytes
+        self.storage = {name: (self.packs / f"{file_id(template.id, SYSTEMS[name].format)}.pack").stat().st_size
+                        for name in STREAMING}
+
+    def header(self, format_name: str) -> bytes:
+        return self.runtime.header(self.state, format_name)
+
+    @property
+    def fp16_kv(self) -> dict:
+        return self.runtime.reference_kv(self.state)
 
     def request(self, i: int):
         tpl, m = self.template, self.model
         return edit_request(tpl, tpl.eval_requests[i], resolution=m.codec.resolution, ref_size=m.codec.ref_size)
 
+    def session(self, system: str, network: Network, **kw):
+        return self.runtime.session(self.template, system, network, **kw)
+
+    @cached_property
+    def _reference_session(self):
+        return self.session("oracle", Network(Trace.constant(1.0), "none", 0.0, 1.0))
+
     def reference(self, i: int) -> np.ndarray:
-        if i not in self.references:
-            self.references[i] = self.model.masked_edit(self.request(i), lambda s, l: self.fp16_kv[(s, l)]).image
-        return self.references[i]
+        """The FP16-cache output of evaluation request ``i`` (computed once)."""
+        return self._reference_session.reference(self.request(i), request_key=i)
 
     def fp16_cache(self) -> KVCache:
         """The exact FP16 cache as a KVCache (for profiling and re-packing)."""
@@ -96,31 +89,15 @@ class TemplateBench:
             cache.k[key], cache.v[key] = k, v
         return cache
 
-    def local_output(self, i: int) -> np.ndarray:
-        if i not in self.local_outputs:
-            self.local_outputs[i] = self.model.full_edit(self.request(i)).image
-        return self.local_outputs[i]
-
 
 def prepare_template(tpl, packs: Path, max_rank: int = 128, q: float = 0.5, say: Callable[[str], None] = print,
-                     repeats: int = 3) -> TemplateBench:
+                     repeats: int = 3, calibration: CalibrationStore | None = None) -> TemplateBench:
     packs = Path(packs)
     if not (packs / f"{file_id(tpl.id, 'sakura')}.pack").exists():
         say(f"building packs for {tpl.id}")
         build_template(tpl, packs, max_rank=max_rank, q=q)
-    model = model_for(tpl)
-    files = {enc: StoredFile((packs / f"{file_id(tpl.id, enc)}.pack").read_bytes(), enc) for enc in STREAMING}
-    fp16 = files["fp16"].encoding()
-    kv: dict = {}
-    for u in fp16.units:
-        kv.update(fp16.decode(u, u.levels[0], files["fp16"].fetch(fp16.ranges(u, u.levels[0]))))
-    req = edit_request(tpl, tpl.eval_requests[0], resolution=model.codec.resolution, ref_size=model.codec.ref_size)
-    shards = fp16.shards
     say(f"measuring device compute for {tpl.id}")
-    compute = measure_compute(model, req, zero_cache(model, req), shards[0][2] - shards[0][1], repeats=repeats)
-    n, d = next(iter(kv.values()))[0].shape
-    fp16_bytes = 2 * len(kv) * n * d * 2
-    return TemplateBench(tpl, model, files, kv, compute, fp16_bytes, {k: len(f.raw) for k, f in files.items()})
+    return TemplateBench(tpl, packs, calibration or CalibrationStore(repeats=repeats))
 
 
 def record(tb: TemplateBench, req_index: int, system: str, start: float, tl, out: np.ndarray) -> dict:
@@ -135,19 +112,14 @@ def record(tb: TemplateBench, req_index: int, system: str, start: float, tl, out
 
 def run_one(tb: TemplateBench, req_index: int, system: str, trace: Trace, start: float, *, policy=None,
             encoding=None, timer: Callable[[], float] = time.perf_counter) -> dict:
-    """One edit of one system at one trace offset on the simulated clock, with its quality.
+    """One edit of one system at one offset of an (already scaled) trace on the simulated clock, with
+    its quality: an edit session, as the device runs it.
 
     ``policy`` / ``encoding`` replace the system's own (ablation variants); ``timer`` is the clock
     the rebuilds are measured on (it must match the one the compute profile was measured on)."""
-    pol = policy or get_policy(system)
-    if system in ("local", "oracle"):
-        tl = simulate_local(system, tb.compute)
-        out = tb.local_output(req_index) if system == "local" else tb.reference(req_index)
-    else:
-        f = tb.files[pol.encoding]
-        tl, kv = simulate(encoding or f.encoding(), pol, tb.compute, LinkModel(trace, start), f.fetch, timer=timer)
-        out = tb.model.masked_edit(tb.request(req_index), lambda s, l: kv[(s, l)]).image
-    return record(tb, req_index, pol.name, start, tl, out)
+    session = tb.session(system, Network(trace, trace.name, start, scale=1.0), policy=policy, encoding=encoding)
+    outcome = session.simulate(tb.request(req_index), request_key=req_index, timer=timer)
+    return record(tb, req_index, policy.name if policy else system, start, outcome.timeline, outcome.image)
 
 
 def workload_benches(workload: str, cfg: "BenchConfig", cache: dict, say: Callable[[str], None]) -> list[TemplateBench]:
@@ -170,11 +142,8 @@ def offset_plan(tbs: list[TemplateBench], starts) -> Iterator[tuple[TemplateBenc
 
 
 def regime_scale(tb: TemplateBench, trace: Trace, regime: str, trace_scale: float | None) -> float:
-    if trace_scale:
-        return trace_scale
-    if regime == "paper":
-        return paper_regime_scale(trace, tb.fp16_bytes, tb.compute.local_full_s)
-    return 1.0
+    """The session's own rule (:func:`sakura.runtime.session.network_scale`), once per template."""
+    return network_scale(Network(trace, trace.name, 0.0, trace_scale or None, regime), tb.state)
 
 
 def summarize(records: list[dict], storage: dict[str, float]) -> dict:
@@ -225,7 +194,7 @@ def regime_block(tbs: list[TemplateBench], scales: dict[str, float], base_trace:
 @dataclass
 class BenchConfig:
     workloads: tuple[str, ...] = ("fs", "vton", "mb", "mb-sd")
-    systems: tuple[str, ...] = SYSTEMS
+    systems: tuple[str, ...] = tuple(SYSTEMS)
     trace: str = "5g"
     starts: int = 100
     regime: str = "paper"

@@ -15,12 +15,12 @@ import torch
 
 from sakura.eval import bench as B
 from sakura.eval import plots as P
-from sakura.eval.metrics import quality
+from sakura.quality import quality
 from sakura.eval.sensitivity import fig16_mask_ratio, fig18_resolution
 from sakura.net.traces import load_trace
-from sakura.offline.pack import PackInfo, decode_shard
-from sakura.online.encoding import FetchUnit, Level
-from sakura.online.encodings import SakuraPackEncoding
+from sakura.formats import FetchUnit, Level
+from sakura.formats.pack import PackEncoding, PackInfo, decode_shard
+from sakura.offline.compress import pack_cache
 from sakura.online.policies import SakuraPolicy
 
 
@@ -31,7 +31,7 @@ def _dump(out: Path, name: str, data) -> Path:
 
 
 # -- encodings for the ablations ---------------------------------------------------------------------
-class StepCoarseEncoding(SakuraPackEncoding):
+class StepCoarseEncoding(PackEncoding):
     """Fig. 20's coarse granularity: one decision and one transfer per denoising step (all its shards,
     one configuration), needed before the step's first shard."""
 
@@ -66,7 +66,7 @@ class StepCoarseEncoding(SakuraPackEncoding):
         return out
 
 
-class Fixed8Encoding(SakuraPackEncoding):
+class Fixed8Encoding(PackEncoding):
     """Fig. 21's fixed 8-bit: the same pack, but only (r, 8, 8) prefixes; rank adapts to the budget."""
 
     def __init__(self, info: PackInfo):
@@ -217,7 +217,6 @@ def fig19_q_sweep(cfg, out, cache, progress, say, qs=(0.0, 0.25, 0.5, 1.0), rati
     import matplotlib.pyplot as plt
 
     from sakura.offline.builder import load_importance
-    from sakura.offline.pack import write_pack
 
     workload = cfg.workloads[0]
     benches = B.workload_benches(workload, cfg, cache, say)
@@ -232,7 +231,7 @@ def fig19_q_sweep(cfg, out, cache, progress, say, qs=(0.0, 0.25, 0.5, 1.0), rati
         shard_size = tb.compute.shards[0][2] - tb.compute.shards[0][1]
         for q in qs:
             path = qdir / f"{tb.template.id}-q{q}.pack"
-            info = write_pack(path, fp16_cache, importance, q=q, max_rank=cfg.max_rank, shard_size=shard_size,
+            info = pack_cache(path, fp16_cache, importance, q=q, max_rank=cfg.max_rank, shard_size=shard_size,
                               model_id=m.model_id, template_id=tb.template.id)
             raw = path.read_bytes()
             for ratio in ratios:

@@ -15,14 +15,16 @@ from pathlib import Path
 
 import numpy as np
 
-from sakura.eval import bench as B
+from sakura.eval.bench import WORKLOADS, BenchConfig, TemplateBench, workload_benches
+from sakura.eval.plots import COLORS, NAMES, plt
+from sakura.formats import FetchUnit, Level, StreamEncoding
 from sakura.kvcache import shard_plan
-from sakura.net.traces import load_trace, paper_regime_scale
-from sakura.online.encoding import FetchUnit, Level, StreamEncoding
+from sakura.net.traces import Trace, load_trace, paper_regime_scale
 from sakura.online.policies import get_policy
 from sakura.runtime.compute import ComputeProfile
-from sakura.runtime.sim import LinkModel, simulate, simulate_local
-
+from sakura.runtime.sim import LinkModel, simulate, simulate_masked
+from sakura.runtime.timeline import Timeline
+from sakura.systems import SYSTEMS
 
 @dataclass(frozen=True)
 class PaperSetting:
@@ -75,74 +77,87 @@ class ProjectedEncoding(StreamEncoding):
         return [(0, self._pre)] if self._pre else []
 
 
-def project_paper(cfg: B.BenchConfig, out: Path, name: str, cache: dict, progress, say) -> list[Path]:
-    import matplotlib.pyplot as plt
-
-    from sakura.catalog import load_catalog
-
+def project_paper(cfg: BenchConfig, out: Path, name: str, cache: dict, progress, say) -> list[Path]:
     if name not in SETTINGS:
         raise KeyError(f"unknown projection {name!r}; choose from {', '.join(SETTINGS)}")
-    ps = SETTINGS[name]
+    setting = SETTINGS[name]
     base_trace = load_trace(cfg.trace)
-    results: dict = {"setting": ps.__dict__, "label": "PROJECTION (not a measurement)", "workloads": {}}
-    for workload in [w for w in cfg.workloads if B.WORKLOADS[w][1] == "sakura-tiny"] or cfg.workloads:
-        benches = []
-        for tpl in B.workload_templates(load_catalog(), workload):
-            if tpl.id not in cache:
-                cache[tpl.id] = B.prepare_template(tpl, cfg.packs, cfg.max_rank, say=say)
-            benches.append(cache[tpl.id])
-        ratio = float(np.mean([tb.template.token_ratio for tb in benches]))
-        n = int(round((1 - ratio) * ps.tokens))
-        d = ps.heads * ps.head_dim
-        fp16_bytes = 2 * ps.steps * ps.layers * n * d * 2
-        masked_s = min(ps.local_full_s, ps.masked_s_at_10pct * ratio / 0.10)
-        proj_shards = shard_plan(ps.steps, ps.layers, ps.shard_layers)
-        compute = ComputeProfile(proj_shards, [masked_s / len(proj_shards)] * len(proj_shards), 0.0, ps.local_full_s)
-        scale = paper_regime_scale(base_trace, fp16_bytes, ps.local_full_s) if cfg.regime == "paper" else 1.0
-        trace = base_trace.scaled(scale)
-        rng = np.random.default_rng(cfg.seed)
-        starts = rng.uniform(0, base_trace.duration, size=cfg.starts)
-        lat: dict[str, list[float]] = {s: [] for s in cfg.systems}
-        nbytes: dict[str, list[float]] = {s: [] for s in cfg.systems}
-        task = progress.add_task(f"projection {workload}", total=len(starts)) if progress else None
-        for k, start in enumerate(starts):
-            tb = benches[k % len(benches)]
-            base_fp16_shard = tb.fp16_bytes / len(tb.compute.shards)
-            factor = (fp16_bytes / len(proj_shards)) / base_fp16_shard
-            pre_factor = (ps.layers * d) / (tb.model.num_layers * tb.model.heads * tb.model.head_dim)
-            for system in cfg.systems:
-                if system in ("local", "oracle"):
-                    tl = simulate_local(system, compute)
-                else:
-                    pol = get_policy(system)
-                    enc = ProjectedEncoding(tb.files[pol.encoding].encoding(), proj_shards, factor, pre_factor)
-                    tl, _ = simulate(enc, pol, compute, LinkModel(trace, float(start)), None,
-                                     rebuild_model=lambda u, lv: 0.0)
-                lat[system].append(tl.latency_s)
-                nbytes[system].append(tl.bytes_total)
-            if progress:
-                progress.advance(task)
-        summ = {s: {"latency_p50_s": float(np.percentile(v, 50)), "latency_p90_s": float(np.percentile(v, 90)),
-                    "bytes_mean": float(np.mean(nbytes[s]))} for s, v in lat.items()}
-        ratios = {}
-        if "sakura" in summ:
-            sk = summ["sakura"]
-            if "cachegen" in summ:
-                ratios["cachegen_p90_over_sakura"] = summ["cachegen"]["latency_p90_s"] / sk["latency_p90_s"]
-            if "local" in summ:
-                ratios["local_p50_over_sakura"] = summ["local"]["latency_p50_s"] / sk["latency_p50_s"]
-            if "intq" in summ:
-                ratios["intq_p90_over_sakura"] = summ["intq"]["latency_p90_s"] / sk["latency_p90_s"]
-        results["workloads"][workload] = {"fp16_cache_bytes": fp16_bytes, "masked_s": masked_s, "trace_scale": scale,
-                                          "token_mask_ratio": ratio, "systems": summ, "ratios": ratios,
-                                          "paper": {"cachegen_over_sakura": ps.paper_speedup_vs_cachegen,
-                                                    "local_over_sakura": ps.paper_speedup_vs_local}}
+    results: dict = {"setting": setting.__dict__, "label": "PROJECTION (not a measurement)", "workloads": {}}
+    for workload in [w for w in cfg.workloads if WORKLOADS[w][1] == "sakura-tiny"] or cfg.workloads:
+        benches = workload_benches(workload, cfg, cache, say)
+        results["workloads"][workload] = _project_workload(setting, cfg, benches, base_trace, progress,
+                                                           f"projection {workload}")
     path = out / f"projection_{name}.json"
     path.write_text(json.dumps(results, indent=1))
-    fig, axes = plt.subplots(1, len(results["workloads"]), figsize=(4.5 * len(results["workloads"]), 3.6), squeeze=False)
-    from sakura.eval.plots import COLORS, NAMES
+    png = out / f"projection_{name}.png"
+    _plot(results, name, png)
+    return [path, png]
 
-    for ax, (w, r) in zip(axes[0], results["workloads"].items()):
+
+def _project_workload(setting: PaperSetting, cfg: BenchConfig, benches: list[TemplateBench], base_trace: Trace,
+                      progress, label: str) -> dict:
+    """Every system at ``cfg.starts`` offsets of the trace, on the paper's geometry and phone timings."""
+    ratio = float(np.mean([bench.template.token_ratio for bench in benches]))
+    n = int(round((1 - ratio) * setting.tokens))
+    fp16_bytes = 2 * setting.steps * setting.layers * n * setting.heads * setting.head_dim * 2
+    masked_s = min(setting.local_full_s, setting.masked_s_at_10pct * ratio / 0.10)
+    proj_shards = shard_plan(setting.steps, setting.layers, setting.shard_layers)
+    compute = ComputeProfile(proj_shards, [masked_s / len(proj_shards)] * len(proj_shards), 0.0,
+                             setting.local_full_s)
+    scale = paper_regime_scale(base_trace, fp16_bytes, setting.local_full_s) if cfg.regime == "paper" else 1.0
+    trace = base_trace.scaled(scale)
+    starts = np.random.default_rng(cfg.seed).uniform(0, base_trace.duration, size=cfg.starts)
+    lat: dict[str, list[float]] = {s: [] for s in cfg.systems}
+    nbytes: dict[str, list[float]] = {s: [] for s in cfg.systems}
+    task = progress.add_task(label, total=len(starts)) if progress else None
+    for k, start in enumerate(starts):
+        bench = benches[k % len(benches)]
+        for system in cfg.systems:
+            tl = _projected_timeline(setting, bench, system, compute, fp16_bytes, LinkModel(trace, float(start)))
+            lat[system].append(tl.latency_s)
+            nbytes[system].append(tl.bytes_total)
+        if progress:
+            progress.advance(task)
+    summ = {s: {"latency_p50_s": float(np.percentile(v, 50)), "latency_p90_s": float(np.percentile(v, 90)),
+                "bytes_mean": float(np.mean(nbytes[s]))} for s, v in lat.items()}
+    return {"fp16_cache_bytes": fp16_bytes, "masked_s": masked_s, "trace_scale": scale, "token_mask_ratio": ratio,
+            "systems": summ, "ratios": _ratios(summ),
+            "paper": {"cachegen_over_sakura": setting.paper_speedup_vs_cachegen,
+                      "local_over_sakura": setting.paper_speedup_vs_local}}
+
+
+def _projected_timeline(setting: PaperSetting, bench: TemplateBench, system: str, compute: ComputeProfile,
+                        fp16_bytes: int, link: LinkModel) -> Timeline:
+    runner, stored = SYSTEMS[system].runner, SYSTEMS[system].format
+    if runner == "local":
+        return Timeline(system, "sim", latency_s=compute.local_full_s)
+    if runner == "oracle":
+        return simulate_masked(system, compute)
+    m = bench.model
+    factor = (fp16_bytes / len(compute.shards)) / (bench.fp16_bytes / len(bench.compute.shards))
+    pre_factor = (setting.layers * setting.heads * setting.head_dim) / (m.num_layers * m.heads * m.head_dim)
+    enc = ProjectedEncoding(bench.runtime.encoding(bench.state, stored), compute.shards, factor, pre_factor)
+    tl, _ = simulate(enc, get_policy(system), compute, link, None, rebuild_model=lambda u, lv: 0.0)
+    return tl
+
+
+def _ratios(summ: dict) -> dict:
+    ratios = {}
+    if "sakura" in summ:
+        sk = summ["sakura"]
+        if "cachegen" in summ:
+            ratios["cachegen_p90_over_sakura"] = summ["cachegen"]["latency_p90_s"] / sk["latency_p90_s"]
+        if "local" in summ:
+            ratios["local_p50_over_sakura"] = summ["local"]["latency_p50_s"] / sk["latency_p50_s"]
+        if "intq" in summ:
+            ratios["intq_p90_over_sakura"] = summ["intq"]["latency_p90_s"] / sk["latency_p90_s"]
+    return ratios
+
+
+def _plot(results: dict, name: str, png: Path) -> None:
+    workloads = results["workloads"]
+    fig, axes = plt.subplots(1, len(workloads), figsize=(4.5 * len(workloads), 3.6), squeeze=False)
+    for ax, (w, r) in zip(axes[0], workloads.items()):
         systems = list(r["systems"])
         x = np.arange(len(systems))
         ax.bar(x - 0.2, [r["systems"][s]["latency_p50_s"] for s in systems], 0.4, color=[COLORS[s] for s in systems])
@@ -152,7 +167,5 @@ def project_paper(cfg: B.BenchConfig, out: Path, name: str, cache: dict, progres
         ax.set_yscale("log")
         ax.set_title(f"PROJECTION {name}: {w}\np50 / p90 latency (s)", fontsize=9)
     fig.tight_layout()
-    png = out / f"projection_{name}.png"
     fig.savefig(png, dpi=120)
     plt.close(fig)
-    return [path, png]

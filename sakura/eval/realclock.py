@@ -8,61 +8,51 @@ from pathlib import Path
 
 import numpy as np
 
-from sakura.eval import bench as B
+from sakura.eval.bench import (SYSTEMS, BenchConfig, TemplateBench, offset_plan, record, regime_block, regime_scale,
+                               storage_of, summarize, workload_benches)
 from sakura.net.client import RangeClient
-from sakura.net.shaping import RateSpec
-from sakura.net.traces import load_trace
-from sakura.offline.builder import file_id
-from sakura.online.encodings import encoding_from_header
-from sakura.online.policies import get_policy
-from sakura.runtime.stream import StreamedEdit, read_header
-from sakura.runtime.timeline import Timeline
+from sakura.net.traces import Trace, load_trace
+from sakura.runtime.session import DeviceRuntime, Network
 from sakura.server.run import start_server
 
 
-def run_one_real(tb: B.TemplateBench, req_index: int, system: str, trace: str, scale: float, start: float,
-                 base_url: str) -> dict:
+def run_one_real(runtime: DeviceRuntime, tb: TemplateBench, req_index: int, system: str, trace: Trace, scale: float,
+                 start: float) -> dict:
+    """One edit on the real clock: the same session as the simulated sweep's, reading the template
+    server through ``runtime`` (which shares the bench's calibration) over a link paced on the device."""
+    session = runtime.session(tb.template, system, Network(trace, trace.name, start, scale))
     req = tb.request(req_index)
-    pol = get_policy(system)
-    if system in ("local", "oracle"):
-        res = (tb.model.full_edit(req) if system == "local"
-               else tb.model.masked_edit(req, lambda s, l: tb.fp16_kv[(s, l)]))
-        tl = Timeline(system, "real", latency_s=res.seconds)
-    else:
-        fid = file_id(tb.template.id, pol.encoding)
-        link = RangeClient(base_url, rate=RateSpec(trace, start, scale))
-        enc = encoding_from_header(pol.encoding, read_header(link, fid))
-        link.reset_link()
-        initial = float(load_trace(trace).scaled(scale).rate_at(start)) * 1e6
-        res, tl = StreamedEdit(tb.model, enc, pol, link, fid, tb.compute, initial).run(req)
-        link.close()
-    return {**B.record(tb, req_index, system, start, tl, res.image), "clock": "real"}
+    outcome = session.run(req)
+    return {**record(tb, req_index, system, start, outcome.timeline, outcome.image), "clock": "real"}
 
 
-def run_bench_real(cfg: B.BenchConfig, out: Path, progress=None, say=print) -> dict:
+def run_bench_real(cfg: BenchConfig, out: Path, progress=None, say=print) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     base_trace = load_trace(cfg.trace)
     rng = np.random.default_rng(cfg.seed)
     summary: dict = {"config": {**{k: str(v) for k, v in cfg.__dict__.items()}, "clock": "real"}, "workloads": {}}
-    with start_server(cfg.packs, port=0, process=True) as srv, (out / "records.jsonl").open("w") as rec_file:
+    with start_server(cfg.packs, port=0, process=True) as srv, RangeClient(srv.url) as client, \
+            (out / "records.jsonl").open("w") as rec_file:
         for workload in cfg.workloads:
-            tbs = B.workload_benches(workload, cfg, {}, say)
-            scales = {tb.template.id: B.regime_scale(tb, base_trace, cfg.regime, cfg.trace_scale) for tb in tbs}
+            tbs = workload_benches(workload, cfg, {}, say)
+            scales = {tb.template.id: regime_scale(tb, base_trace, cfg.regime, cfg.trace_scale) for tb in tbs}
+            runtimes = {tb.template.id: DeviceRuntime(client, calibration=tb.runtime.calibration) for tb in tbs}
             starts = rng.uniform(0, base_trace.duration, size=cfg.starts)
             records = []
             task = progress.add_task(f"bench {workload} (real clock)", total=cfg.starts * len(cfg.systems)) if progress else None
-            for tb, req_index, start in B.offset_plan(tbs, starts):
+            for tb, req_index, start in offset_plan(tbs, starts):
                 for system in cfg.systems:
-                    r = run_one_real(tb, req_index, system, cfg.trace, scales[tb.template.id], start, srv.url)
+                    r = run_one_real(runtimes[tb.template.id], tb, req_index, system, base_trace,
+                                     scales[tb.template.id], start)
                     r["workload"] = workload
                     records.append(r)
                     rec_file.write(json.dumps(r) + "\n")
                     if progress:
                         progress.advance(task)
-            ws = B.summarize(records, B.storage_of(tbs))
-            ws["regime"] = B.regime_block(tbs, scales, base_trace, cfg.trace)
+            ws = summarize(records, storage_of(tbs))
+            ws["regime"] = regime_block(tbs, scales, base_trace, cfg.trace)
             for system, s in ws.items():
-                if system in B.SYSTEMS:
+                if system in SYSTEMS:
                     s["device_peak_rss_bytes"] = None  # one shared process here: see the sim summary's model
             summary["workloads"][workload] = ws
     (out / "summary.json").write_text(json.dumps(summary, indent=1))

@@ -17,8 +17,8 @@ import torch
 
 from sakura.eval import bench as B
 from sakura.offline.builder import load_importance, profile_importance
-from sakura.offline.intq import decode_unit, encode_unit
-from sakura.offline.pack import PackInfo, decode_shard
+from sakura.formats.intq import decode_unit, encode_unit
+from sakura.formats.pack import PackInfo, decode_shard
 
 
 def _int2_rows(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:

@@ -197,9 +197,9 @@ def _shape(task: str, rng: np.random.Generator) -> np.ndarray:
     elif task == "vton":
         w, h = 1.0, rng.uniform(0.9, 1.35)
         if rng.random() < 0.5:  # torso: neck, shoulders, waist
-            nk, sh, wa = rng.uniform(0.3, 0.5), rng.uniform(0.12, 0.25), rng.uniform(0.75, 0.95)
-            pts = np.array([[-h / 2, -nk / 2], [-h / 2 + sh * h, -w / 2], [h / 2, -wa / 2],
-                            [h / 2, wa / 2], [-h / 2 + sh * h, w / 2], [-h / 2, nk / 2]])
+            neck, shoulder, waist = rng.uniform(0.3, 0.5), rng.uniform(0.12, 0.25), rng.uniform(0.75, 0.95)
+            pts = np.array([[-h / 2, -neck / 2], [-h / 2 + shoulder * h, -w / 2], [h / 2, -waist / 2],
+                            [h / 2, waist / 2], [-h / 2 + shoulder * h, w / 2], [-h / 2, neck / 2]])
         else:  # a (slightly rounded) box
             r = rng.uniform(0.0, 0.15)
             pts = np.array([[-h / 2, -w / 2 + r], [-h / 2 + r, -w / 2], [h / 2 - r, -w / 2], [h / 2, -w / 2 + r],

@@ -59,7 +59,7 @@ def embedded_transformer(name: str, seed: int = 0) -> torch.nn.Module:
     raise ModelLoadError(f"unknown embedded model {name!r}; choose one of {', '.join(EMBEDDED)}")
 
 
-def _adapter_for(family: str):
+def adapter_class(family: str):
     return {"flux2": Flux2Adapter, "sd3": SD3Adapter}[family]
 
 
@@ -106,7 +106,7 @@ def load_model_folder(folder: str | Path, dtype: torch.dtype = torch.float32) ->
     text_encoder.load_state_dict(load_file(str(folder / "text_encoder" / "model.safetensors")))
     codec = CodecConfig(meta["resolution"], meta["patch"], meta.get("ref_size", 64), meta["num_steps"],
                         tuple(meta.get("blank_tasks", ())))
-    return _adapter_for(family)(transformer, text_encoder.to(dtype), codec, meta.get("model_id", folder.name))
+    return adapter_class(family)(transformer, text_encoder.to(dtype), codec, meta.get("model_id", folder.name))
 
 
 def load_model(name_or_path: str | Path = DEFAULT_MODEL, dtype: torch.dtype = torch.float32) -> DiTAdapter:
@@ -125,4 +125,4 @@ def seeded_model(name: str = DEFAULT_MODEL, dtype: torch.dtype = torch.float32, 
     torch.manual_seed(seed + 1)
     text_encoder = TinyTextEncoder()
     family = "sd3" if name.endswith("sd3") else "flux2"
-    return _adapter_for(family)(transformer.to(dtype), text_encoder.to(dtype), embedded_codec(name), name)
+    return adapter_class(family)(transformer.to(dtype), text_encoder.to(dtype), embedded_codec(name), name)

@@ -25,10 +25,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from sakura.model.base import EditRequest
-from sakura.model.edit_data import TASKS, heldout_examples
+from sakura.model.edit_data import TASKS, EditSynth, heldout_examples
 from sakura.model.embedded import WEIGHTS_DIR, load_model, load_model_folder, seeded_model
+from sakura.model.sample_grid import render_grid
 
 TOP = 0.10
 
@@ -97,8 +99,6 @@ def attention_structure(adapter, base: EditRequest, profile: list[EditRequest], 
 
 def synthetic_templates(name: str, heldout: int):
     """Fallback when no catalog is installed: held-out synthetic templates with random requests."""
-    from sakura.model.edit_data import EditSynth
-
     synth = EditSynth("heldout")
     tasks = ("mb",) if name.endswith("sd3") else TASKS
     for ti, task in enumerate(tasks):
@@ -141,8 +141,6 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--skip-attention", action="store_true")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    from tqdm import tqdm
-
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     names = [m.strip() for m in args.models.split(",") if m.strip()]
@@ -164,8 +162,6 @@ def main(argv: list[str] | None = None) -> None:
             if att:
                 rep["attention_mean"] = {w: {m: round(float(np.mean([v[w][m] for v in att.values()])), 4)
                                              for m in ("top10_share", "top10_overlap")} for w in ("trained", "seeded")}
-        from sakura.model.train import render_grid
-
         grid_ex = [e for e in heldout_examples(2) if e.task in tasks]
         fname = "samples.png" if name == "sakura-tiny" else f"samples_{name.split('-')[-1]}.png"
         render_grid(trained, grid_ex, out / fname, title=f"{name}: held-out synthetic edits (trained weights)",

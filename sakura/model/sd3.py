@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from diffusers.models.attention_processor import Attention
 
-from sakura.model.base import DiTAdapter, patchify, unpatchify
+from sakura.model.base import DiTAdapter, ModelInputError, patchify, unpatchify
 
 
 class SD3JointProcessor:
@@ -75,8 +75,6 @@ class SD3Adapter(DiTAdapter):
 
     def validate(self, req):
         if req.task != "mb":
-            from sakura.model.base import ModelInputError
-
             raise ModelInputError(f"the SD3-class model edits by text only (task mb), not {req.task}")
         super().validate(req)
 

@@ -26,10 +26,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
-from sakura.model.base import EditRequest, blank_masked, patchify
+from sakura.model.base import EditRequest, blank_masked, patchify, unpatchify
 from sakura.model.edit_data import TASKS, EditExample, EditSynth, heldout_examples
-from sakura.model.embedded import WEIGHTS_DIR, save_model, seeded_model
+from sakura.model.embedded import WEIGHTS_DIR, adapter_class, save_model, seeded_model
+from sakura.model.sample_grid import render_grid
 from sakura.model.text_encoder import tokenize
 
 UNMASKED_WEIGHT = 0.05
@@ -102,23 +104,22 @@ class Trainer:
         if examples[0].task in ("fs", "vton") and not self.sd3:
             ref = torch.stack([self.adapter.reference_tokens(EditRequest(e.template, e.mask, e.task, e.prompt,
                                                                          e.reference)) for e in examples])
-        B = len(examples)
         if t is None:
-            t = self.sample_t(B, rng)
+            t = self.sample_t(len(examples), rng)
         g = torch.Generator().manual_seed(int(rng.integers(0, 2**31)))
         eps = torch.randn(x0.shape, generator=g)
         return {"x0": x0, "tgt": tgt, "mpx": mpx, "tmask": tmask, "text": text, "ref": ref, "t": t, "eps": eps,
                 "window": window}
 
-    def sample_t(self, B: int, rng: np.random.Generator) -> torch.Tensor:
-        u = torch.from_numpy(rng.random(B)).float()
-        logit = torch.sigmoid(torch.from_numpy(rng.standard_normal(B)).float())
-        grid = self.t_grid[torch.from_numpy(rng.integers(0, len(self.t_grid), B))]
+    def sample_t(self, n: int, rng: np.random.Generator) -> torch.Tensor:
+        u = torch.from_numpy(rng.random(n)).float()
+        logit = torch.sigmoid(torch.from_numpy(rng.standard_normal(n)).float())
+        grid = self.t_grid[torch.from_numpy(rng.integers(0, len(self.t_grid), n))]
         if self.t_sampling == "uniform":
             return u
         if self.t_sampling == "logit":
             return logit
-        return torch.where(torch.from_numpy(rng.random(B) < 0.5), grid, logit)
+        return torch.where(torch.from_numpy(rng.random(n) < 0.5), grid, logit)
 
     # ------------------------------------------------------------------ model
     def predict(self, b: dict, transformer=None, text_encoder=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -156,14 +157,12 @@ class Trainer:
         return out[:, : len(rows)]
 
     def _sd3_forward(self, tr, xt, x0, mpx, t, tokens, pooled, window):
-        from sakura.model.base import unpatchify
-
         p, r = self.codec.patch, self.codec.resolution
         ty, tx, side = window
-        B = xt.shape[0]
+        batch = xt.shape[0]
 
         def spatial(tok, c=3):
-            return torch.stack([unpatchify(tok[i], p, r, r, c) for i in range(B)]).permute(0, 3, 1, 2)
+            return torch.stack([unpatchify(tok[i], p, r, r, c) for i in range(batch)]).permute(0, 3, 1, 2)
 
         m = spatial(mpx, 1) * 2 - 1
         x = torch.cat([spatial(xt), spatial(x0), m], 1)[:, :, ty * p : (ty + side) * p, tx * p : (tx + side) * p]
@@ -181,7 +180,7 @@ class Trainer:
         finally:
             del pe.cropped_pos_embed
         out = out.permute(0, 2, 3, 1)  # (B, side*p, side*p, 3) → tokens in window order
-        return torch.stack([patchify(out[i], p) for i in range(B)])
+        return torch.stack([patchify(out[i], p) for i in range(batch)])
 
     def loss(self, b: dict, **kw) -> torch.Tensor:
         pred, v, tm = self.predict(b, **kw)
@@ -252,12 +251,10 @@ class Trainer:
 
     def inference_adapter(self, ema: bool = True):
         """A CPU fp32 adapter holding the (EMA) weights, for sampling / evaluation / shipping."""
-        from sakura.model.embedded import _adapter_for
-
         tr = self.ema_tr if (ema and self.ema_tr is not None) else self.transformer
         te = self.ema_te if (ema and self.ema_te is not None) else self.text_encoder
         tr2, te2 = copy.deepcopy(tr).float().cpu().eval(), copy.deepcopy(te).float().cpu().eval()
-        return _adapter_for(self.adapter.family)(tr2, te2, self.codec, self.model_name)
+        return adapter_class(self.adapter.family)(tr2, te2, self.codec, self.model_name)
 
     # ------------------------------------------------------------------ reports
     def plot_loss(self) -> None:
@@ -289,36 +286,6 @@ class Trainer:
         tasks = ("mb",) if self.sd3 else TASKS
         examples = examples or [e for e in heldout_examples(2) if e.task in tasks]
         render_grid(self.inference_adapter(), examples, path, title=f"{self.model_name} step {self.step}")
-
-
-def render_grid(adapter, examples: list[EditExample], path: Path, title: str = "", extra=None) -> None:
-    """Rows: template | mask | reference or prompt | ground truth | model edit (| extra columns)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    extra = extra or {}
-    cols = ["template", "mask", "reference / prompt", "ground truth", "model edit"] + list(extra)
-    fig, axes = plt.subplots(len(examples), len(cols), figsize=(2.0 * len(cols), 2.0 * len(examples)), squeeze=False)
-    for i, e in enumerate(examples):
-        req = EditRequest(e.template, e.mask, e.task, e.prompt or "", e.reference, seed=0)
-        out = adapter.full_edit(req).image
-        panels = [e.template, e.mask, e.reference, e.target, out] + [f(e) for f in extra.values()]
-        for j, (ax, im) in enumerate(zip(axes[i], panels)):
-            ax.axis("off")
-            if i == 0:
-                ax.set_title(cols[j], fontsize=8)
-            if j == 2 and im is None:
-                ax.text(0.5, 0.5, f"{e.task}:\n\"{e.prompt}\"", ha="center", va="center", fontsize=8, wrap=True)
-            elif im is not None:
-                ax.imshow(np.clip(im, 0, 1), cmap="gray" if im.ndim == 2 else None, vmin=0, vmax=1)
-    if title:
-        fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
 
 
 def ship(trainer: Trainer, folder: Path | None = None, ema: bool = True) -> Path:
@@ -373,8 +340,6 @@ def main(argv: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(tr.config() | {"minutes": args.minutes, "steps": args.steps,
                                                                "threads": args.threads, "device": str(device)}, indent=1))
-    from tqdm import tqdm
-
     budget = args.minutes * 60
     bar = tqdm(total=int(budget), initial=int(min(tr.elapsed, budget)), unit="s", dynamic_ncols=True,
                desc=args.model, mininterval=5)

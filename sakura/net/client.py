@@ -4,7 +4,10 @@
   parses ``multipart/byteranges`` and also copes with servers that coalesce ranges, answer a
   single range, or ignore ``Range`` and send the whole file (200): it slices what it asked for.
   Works against the SAKURA server and any static server with Range support (nginx, S3).
-* :class:`WsRangeClient` -- the SAKURA server's websocket stream mode (one connection per template).
+* :class:`WsRangeClient` -- the SAKURA server's websocket stream mode (one connection per file).
+
+Files are named by *file id*: a template's pack (``<template>``) or one of its baseline encodings
+(``<template>.fp16``, ``<template>.intq``, ...).
 
 Both return a :class:`Transfer` with the payload and its timing (``time.monotonic()``, the base
 of :class:`sakura.net.clock.RealClock`), so the runtime monitor can use bytes / active time.
@@ -34,6 +37,9 @@ Range = tuple[int, int]  # (offset, length)
 # A Range header has to fit one request-header buffer: nginx's default is 8 KiB, uvicorn/h11
 # accepts 16 KiB. Longer range lists are split over several requests.
 MAX_RANGE_HEADER = 7000
+# A stored file's JSON header is tens of KiB; a larger length prefix means the file is not one
+# (or is corrupt), so it is refused before anything that size is allocated.
+MAX_HEADER_BYTES = 16 << 20
 
 
 class FetchError(RuntimeError):
@@ -179,7 +185,7 @@ def _read_body(r: httpx.Response) -> tuple[bytearray, float]:
 class RangeClient:
     """HTTP range client for a template server or a static server holding the packs.
 
-    ``pack_path`` maps a template id to a URL path: ``/packs/{id}`` for the SAKURA server,
+    ``pack_path`` maps a file id to a URL path: ``/packs/{id}`` for the SAKURA server,
     e.g. ``/{id}.pack`` for nginx serving the pack directory.
     """
 
@@ -221,22 +227,32 @@ class RangeClient:
         self._raise_for(r, "list templates")
         return r.json()
 
-    def header(self, template_id: str) -> dict:
-        """The pack's JSON header (u64 LE length + JSON at the start of the pack)."""
-        if self.pack_path == "/packs/{id}":
-            r = self._http.get(f"/packs/{template_id}/header", headers=self._headers())
-            self._raise_for(r, f"header of {template_id!r}")
-            return r.json()
-        return header_via_ranges(lambda rs: self.fetch(template_id, rs))
+    def header(self, file_id: str) -> dict:
+        """The file's JSON header (u64 LE length + JSON at the start of the file)."""
+        return json.loads(self.header_bytes(file_id)[8:])
 
-    def fetch(self, template_id: str, ranges: Sequence[Sequence[int]]) -> list[bytes]:
-        return self.fetch_timed(template_id, ranges).parts
+    def header_bytes(self, file_id: str) -> bytes:
+        """The raw ``8 + N`` header bytes (u64 LE ``N``, then N bytes of JSON) of a stored file: one
+        request through the SAKURA server's ``/header`` endpoint, else two range requests."""
+        if self.pack_path != "/packs/{id}":
+            return header_bytes_via_ranges(file_id, lambda rs: self.fetch(file_id, rs))
+        with self._http.stream("GET", f"/packs/{file_id}/header", headers=self._headers()) as r:
+            if r.status_code >= 400:
+                r.read()
+                self._raise_for(r, f"header of {file_id!r}")
+            _check_header_length(file_id, int(r.headers.get("content-length", 0)))
+            body = r.read()
+        _check_header_length(file_id, len(body))
+        return struct.pack("<Q", len(body)) + body
 
-    def fetch_timed(self, template_id: str, ranges: Sequence[Sequence[int]]) -> Transfer:
+    def fetch(self, file_id: str, ranges: Sequence[Sequence[int]]) -> list[bytes]:
+        return self.fetch_timed(file_id, ranges).parts
+
+    def fetch_timed(self, file_id: str, ranges: Sequence[Sequence[int]]) -> Transfer:
         """Fetch ``(offset, length)`` ranges with one multi-range request (more only if the
         Range header would exceed :data:`MAX_RANGE_HEADER`)."""
         want = _check_ranges(ranges)
-        url = self.pack_path.format(id=template_id)
+        url = self.pack_path.format(id=file_id)
         segments: list[tuple[int, memoryview]] = []
         wire = 0
         t_req = t_first = t_last = time.monotonic()
@@ -244,7 +260,7 @@ class RangeClient:
             with self._http.stream("GET", url, headers={"Range": rh, **self._headers()}) as r:
                 if r.status_code >= 400:
                     r.read()
-                    self._raise_for(r, f"ranges of {template_id!r}")
+                    self._raise_for(r, f"ranges of {file_id!r}")
                 body, t_got = _read_body(r)
                 t_first = t_got if i == 0 else t_first
                 t_last = time.monotonic()
@@ -273,16 +289,23 @@ class RangeClient:
         self.close()
 
 
-def header_via_ranges(fetch: Callable[[list[Range]], list[bytes]]) -> dict:
-    """Read a u64-LE-length-prefixed JSON header with two range requests."""
+def _check_header_length(file_id: str, n: int) -> None:
+    if n > MAX_HEADER_BYTES:
+        raise FetchError(422, f"{file_id!r} does not start with a plausible header: its length says "
+                              f"{n} bytes (at most {MAX_HEADER_BYTES} expected)")
+
+
+def header_bytes_via_ranges(file_id: str, fetch: Callable[[list[Range]], list[bytes]]) -> bytes:
+    """A u64-LE-length-prefixed header (the 8 length bytes included) read with two range requests."""
     (head,) = fetch([(0, 8)])
     (n,) = struct.unpack("<Q", head)
+    _check_header_length(file_id, n)
     (body,) = fetch([(8, n)])
-    return json.loads(body)
+    return head + body
 
 
 class WsRangeClient:
-    """Websocket range client (sync); one connection per template, opened on first use.
+    """Websocket range client (sync); one connection per file, opened on first use.
 
     Requests on a connection are answered in order; use one instance from one thread.
     """
@@ -303,14 +326,14 @@ class WsRangeClient:
         self._t0 = time.monotonic()
         self._rate_sent: set[str] = set()
 
-    def _conn(self, template_id: str) -> ClientConnection:
-        c = self._conns.get(template_id)
+    def _conn(self, file_id: str) -> ClientConnection:
+        c = self._conns.get(file_id)
         if c is not None:
             return c
         try:
             # No compression: pack bytes don't compress and deflate would cap throughput.
             c = self._stack.enter_context(connect(
-                f"{self.base_url}/ws/{template_id}", compression=None, max_size=None,
+                f"{self.base_url}/ws/{file_id}", compression=None, max_size=None,
                 open_timeout=self.open_timeout,
             ))
         except Exception as e:  # websockets.InvalidStatus carries the HTTP denial response
@@ -318,24 +341,29 @@ class WsRangeClient:
             if resp is not None:
                 raise FetchError(resp.status_code, resp.body.decode("utf-8", "replace")) from None
             raise
-        self._conns[template_id] = c
+        self._conns[file_id] = c
         return c
 
-    def header(self, template_id: str) -> dict:
-        return header_via_ranges(lambda rs: self.fetch(template_id, rs))
+    def header(self, file_id: str) -> dict:
+        """The file's JSON header (u64 LE length + JSON at the start of the file)."""
+        return json.loads(self.header_bytes(file_id)[8:])
 
-    def fetch(self, template_id: str, ranges: Sequence[Sequence[int]]) -> list[bytes]:
-        return self.fetch_timed(template_id, ranges).parts
+    def header_bytes(self, file_id: str) -> bytes:
+        """The raw ``8 + N`` header bytes of a stored file, by two range requests."""
+        return header_bytes_via_ranges(file_id, lambda rs: self.fetch(file_id, rs))
 
-    def fetch_timed(self, template_id: str, ranges: Sequence[Sequence[int]]) -> Transfer:
+    def fetch(self, file_id: str, ranges: Sequence[Sequence[int]]) -> list[bytes]:
+        return self.fetch_timed(file_id, ranges).parts
+
+    def fetch_timed(self, file_id: str, ranges: Sequence[Sequence[int]]) -> Transfer:
         want = _check_ranges(ranges)
-        conn = self._conn(template_id)
+        conn = self._conn(file_id)
         self._next_id += 1
         msg: dict[str, object] = {"id": self._next_id, "ranges": [list(r) for r in want]}
-        if self.rate is not None and template_id not in self._rate_sent:
+        if self.rate is not None and file_id not in self._rate_sent:
             # Sent once per connection (and after reset_link): the server keeps shaping it.
             msg["rate"] = self.rate.shifted(time.monotonic() - self._t0).to_json()
-            self._rate_sent.add(template_id)
+            self._rate_sent.add(file_id)
         conn.send(json.dumps(msg))
         t_req = time.monotonic()
         head = json.loads(conn.recv())

@@ -200,6 +200,12 @@ def read_trace_file(path: str | Path) -> Trace:
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise TraceError(f"{p}: cannot read trace file ({type(e).__name__}: {e})") from None
+    return parse_trace_text(text, name=p.stem, where=str(p))
+
+
+def parse_trace_text(text: str, name: str = "trace", where: str | None = None) -> Trace:
+    """A trace from the text of a trace file; errors name ``where`` (default: ``name``) and a line number."""
+    p = where or name
     lines = [(n, ln.split("#", 1)[0].strip()) for n, ln in enumerate(text.splitlines(), 1)]
     lines = [(n, ln) for n, ln in lines if ln]
     if not lines:
@@ -230,7 +236,7 @@ def read_trace_file(path: str | Path) -> Trace:
         rates.append(r)
     if not any(r > 0 for r in rates):
         raise TraceError(f"{p}: trace has no bandwidth (all rates are 0)")
-    return Trace.from_samples(np.array(times), np.array(rates), name=p.stem)
+    return Trace.from_samples(np.array(times), np.array(rates), name=name)
 
 
 def write_trace_csv(trace: Trace, path: str | Path) -> None:

@@ -1,18 +1,16 @@
-"""Offline, server-side cache construction: weighted low-rank factors, progressive packs, baselines.
+"""Offline, server-side cache construction: what the stored formats hold, computed from a template.
 
 - :mod:`lowrank`   importance-weighted truncated SVD of one cache unit
-- :mod:`quant`     bit-plane scalar quantisation of factor components (centre reconstruction)
-- :mod:`container` the shared file framing: JSON header, chunk index, CRC32s, memory-mapped reads
-- :mod:`pack`      the SAKURA progressive pack: write, read, byte ranges, decode
 - :mod:`tradeoff`  the rank–precision frontier per shard and the budgeted pick
-- :mod:`intq`      IntQ baseline (uniform integer quantisation, 2/3/4/8 bits)
-- :mod:`cachegen`  CacheGen baseline (per-token quantisation, layer-group bins, range coding, levels)
+- :mod:`compress`  cache + importance → per shard quantised factors + frontier (what a pack stores)
+- :mod:`builder`   capture, importance profiling, and writing every format of the registry
 - :mod:`synthetic` a DiT-like synthetic cache for tests and benchmarks
+
+The formats themselves (layout, writers, readers, decoders, stream encodings) live in
+:mod:`sakura.formats`, which imports nothing from here: the device decodes with them.
 """
 
-from sakura.offline.container import PackFormatError
-from sakura.offline.pack import PackInfo, PackReader, decode_factors, decode_shard, write_pack
-from sakura.offline.tradeoff import Config, best_config, frontier
+from sakura.offline.compress import compress_cache, pack_cache, quantize_factors
+from sakura.offline.tradeoff import best_config, frontier
 
-__all__ = ["PackFormatError", "PackInfo", "PackReader", "decode_factors", "decode_shard", "write_pack",
-           "Config", "best_config", "frontier"]
+__all__ = ["compress_cache", "pack_cache", "quantize_factors", "best_config", "frontier"]

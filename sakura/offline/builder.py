@@ -1,6 +1,7 @@
 """Offline, per template (server side): capture, profile importance, write every stored format.
 
-``PACKDIR/<id>.pack`` is SAKURA's progressive pack; ``<id>.fp16.pack``, ``<id>.intq.pack`` and
+Every format of :data:`sakura.formats.FORMATS` is written to ``PACKDIR/<file id>.pack``:
+``<id>.pack`` is SAKURA's progressive pack; ``<id>.fp16.pack``, ``<id>.intq.pack`` and
 ``<id>.cachegen.pack`` hold the baselines in the same container; ``<id>.build.json`` records what
 was built. Token importance goes to ``<id>.importance.safetensors`` for reports only: it is never
 in a served file (the server serves ``*.pack`` files only).
@@ -15,20 +16,17 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from safetensors.torch import load_file, save_file
 
 from sakura.editing import edit_request, model_for
+from sakura.formats import FORMATS
 from sakura.kvcache import KVCache
 from sakura.model import DiTAdapter, EditRequest
+from sakura.offline.compress import compress_cache
 
 DEFAULT_SHARD_SIZE = 2
 DEFAULT_MAX_RANK = 128
-ENCODING_SUFFIX = {"sakura": "", "fp16": ".fp16", "intq": ".intq", "cachegen": ".cachegen"}
-
-
-def file_id(template_id: str, encoding: str) -> str:
-    """The id a server knows a stored file by (``<file_id>.pack`` on disk)."""
-    return template_id + ENCODING_SUFFIX[encoding]
 
 
 @dataclass
@@ -39,7 +37,7 @@ class BuildReport:
     max_rank: int
     shard_size: int
     fp16_bytes: int
-    storage: dict[str, int]  # encoding -> bytes on disk
+    storage: dict[str, int]  # format name -> bytes on disk
     seconds: dict[str, float]
     num_reused: int
 
@@ -67,13 +65,9 @@ def profile_importance(model: DiTAdapter, template, cache: KVCache, requests=Non
 
 def build_template(template, out_dir: str | Path, *, q: float = 0.5, max_rank: int = DEFAULT_MAX_RANK,
                    shard_size: int = DEFAULT_SHARD_SIZE, model_path: str | Path | None = None,
-                   encodings: tuple[str, ...] = ("sakura", "fp16", "intq", "cachegen"),
+                   encodings: tuple[str, ...] = tuple(FORMATS),
                    progress: Callable[[str], None] | None = None) -> BuildReport:
-    from sakura.offline.cachegen import write_cachegen
-    from sakura.offline.fp16 import write_fp16
-    from sakura.offline.intq import write_intq
-    from sakura.offline.pack import write_pack
-
+    """Capture the template's cache, profile its importance and write each format named in ``encodings``."""
     say = progress or (lambda msg: None)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -93,20 +87,17 @@ def build_template(template, out_dir: str | Path, *, q: float = 0.5, max_rank: i
               str(out / f"{template.id}.importance.safetensors"))
     seconds["importance"] = time.perf_counter() - t0
 
-    writers = {
-        "sakura": lambda p: write_pack(p, cache, importance, q=q, max_rank=max_rank, shard_size=shard_size, **ids),
-        "fp16": lambda p: write_fp16(p, cache, shard_size=shard_size, **ids),
-        "intq": lambda p: write_intq(p, cache, shard_size=shard_size, **ids),
-        "cachegen": lambda p: write_cachegen(p, cache, shard_size=shard_size, **ids),
-    }
     storage = {}
-    for enc in encodings:
+    for fmt in (FORMATS[name] for name in encodings):
         t0 = time.perf_counter()
-        say(enc)
-        path = out / f"{file_id(template.id, enc)}.pack"
-        writers[enc](path)
-        storage[enc] = path.stat().st_size
-        seconds[enc] = time.perf_counter() - t0
+        say(fmt.name)
+        path = out / f"{fmt.file_id(template.id)}.pack"
+        if fmt.from_factors:  # the format stores what the offline compression computes, not the cache
+            fmt.write(path, compress_cache(cache, importance, q=q, max_rank=max_rank, shard_size=shard_size), **ids)
+        else:
+            fmt.write(path, cache, shard_size=shard_size, **ids)
+        storage[fmt.name] = path.stat().st_size
+        seconds[fmt.name] = time.perf_counter() - t0
     report = BuildReport(template.id, model.model_id, q, max_rank, shard_size, cache.nbytes(), storage,
                          {k: round(v, 3) for k, v in seconds.items()}, cache.num_reused)
     (out / f"{template.id}.build.json").write_text(report.to_json())
@@ -115,9 +106,7 @@ def build_template(template, out_dir: str | Path, *, q: float = 0.5, max_rank: i
 
 def build_with_progress(templates, out_dir: str | Path, **kw) -> list[BuildReport]:
     """``build_template`` for each template, under one rich progress bar (CLI and demo)."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    encodings = kw.get("encodings", ("sakura", "fp16", "intq", "cachegen"))
+    encodings = kw.get("encodings", tuple(FORMATS))
     steps = 2 + len(encodings)  # capture, importance, then one per stored format
     reports = []
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),

@@ -25,38 +25,17 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
+from sakura.formats.bitplanes import QuantizedFactors
+from sakura.formats.pack import Config
 from sakura.offline.lowrank import normalized_importance
-from sakura.offline.quant import QuantizedFactors
 
 DEFAULT_BITS = (2, 3, 4, 5, 6, 8)
-
-
-@dataclass(frozen=True)
-class Config:
-    """One stored configuration of a shard: ``bytes`` on the wire, ``error`` as defined above."""
-
-    r: int
-    b_a: int
-    b_b: int
-    bytes: int
-    error: float
-
-    @property
-    def key(self) -> tuple[int, int, int]:
-        return self.r, self.b_a, self.b_b
-
-    def to_list(self) -> list:
-        return [self.r, self.b_a, self.b_b, self.bytes, self.error]
-
-    @classmethod
-    def from_list(cls, row: Sequence[Any]) -> "Config":
-        r, ba, bb, nbytes, err = row
-        return cls(int(r), int(ba), int(bb), int(nbytes), float(err))
+QUALITY_METRIC = "mean over units of sum_j s_j*|xhat_j-x_j|^2 / sum_j s_j*|x_j-mean(x)|^2, s = importance (mean 1)"
 
 
 def unit_errors(x: torch.Tensor, importance: torch.Tensor | None, qf: QuantizedFactors,
                 ranks: Sequence[int], bits: Sequence[int]) -> np.ndarray:
-    """Normalised weighted error of one unit for every (b_A, b_B, r): shape (len(bits), len(bits), len(ranks))."""
+    """Normalised weighted error of one cache unit for every (b_A, b_B, r): shape (len(bits), len(bits), len(ranks))."""
     xd = x.detach().float().numpy().astype(np.float64)
     n = xd.shape[0]
     sw = normalized_importance(importance, n).sqrt().numpy()
@@ -87,7 +66,7 @@ def rank_grid(rank: int, group: int) -> list[int]:
 def profile_shard(units: Sequence[tuple[torch.Tensor, torch.Tensor | None, QuantizedFactors]],
                   nbytes: Callable[[int, int, int], int], ranks: Sequence[int],
                   bits: Sequence[int] = DEFAULT_BITS) -> list[Config]:
-    """Score every grid configuration of one shard. ``units`` = (original X, importance, factors)."""
+    """Score every grid configuration of one shard. ``units`` = (original X, importance, factors) per cache unit."""
     err = np.mean([unit_errors(x, s, qf, ranks, bits) for x, s, qf in units], axis=0)
     # errors rounded as stored (4 significant digits) so the frontier stays strictly monotone in the header
     return [Config(r, ba, bb, nbytes(r, ba, bb), float(f"{err[i, k, j]:.4g}"))
@@ -104,7 +83,7 @@ def pareto(configs: Sequence[Config]) -> list[Config]:
 
 
 def frontier(source: Any, shard: int) -> list[Config]:
-    """The stored frontier of ``shard`` from a :class:`~sakura.offline.pack.PackReader` or ``PackInfo``,
+    """The stored frontier of ``shard`` from a :class:`~sakura.formats.pack.PackReader` or ``PackInfo``,
     or one computed from a :class:`ShardInputs` (factors + originals, before a pack exists)."""
     if isinstance(source, ShardInputs):
         return pareto(profile_shard(source.units[shard], source.nbytes[shard], source.ranks, source.bits))
@@ -114,7 +93,7 @@ def frontier(source: Any, shard: int) -> list[Config]:
 
 @dataclass
 class ShardInputs:
-    """What is needed to profile shards before writing: per shard its units and its byte counter."""
+    """What is needed to profile shards before writing: per shard its cache units and its byte counter."""
 
     units: Sequence[Sequence[tuple[torch.Tensor, torch.Tensor | None, QuantizedFactors]]]
     nbytes: Sequence[Callable[[int, int, int], int]]

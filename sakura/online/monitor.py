@@ -1,4 +1,4 @@
-"""Runtime monitor (paper §4.3.1): effective transfer rate and carry-over.
+"""Runtime monitor (paper §4.3.1): the effective transfer rate.
 
 The rate is bytes over *active* receive time (the time a transfer was actually in flight), not
 wall time, so idle gaps while the buffer is full do not read as a slow link. It is the harmonic
@@ -25,14 +25,10 @@ class RuntimeMonitor:
         self.initial_bps = initial_bps
         self.samples: deque[TransferSample] = deque(maxlen=window)
         self.min_active_s = min_active_s
-        self.carry_over_s = 0.0  # H_p: how early the last shard arrived before it was needed
 
     def record_transfer(self, nbytes: int, active_s: float) -> None:
         if nbytes > 0:
             self.samples.append(TransferSample(nbytes, max(active_s, self.min_active_s)))
-
-    def record_arrival(self, ready_at: float, needed_at: float) -> None:
-        self.carry_over_s = max(0.0, needed_at - ready_at)
 
     @property
     def rate_bps(self) -> float:

@@ -1,4 +1,4 @@
-"""Transfer policies: SAKURA and every baseline, as plug-ins over the same runtime and link.
+"""Transfer policies: SAKURA and every streaming baseline, as plug-ins over the same runtime and link.
 
 Every adaptive policy sees the same monitor (rate R̂ from bytes / active receive time) and the
 same deadline (when execution will need the unit, predicted from measured shard compute times
@@ -12,7 +12,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
-from sakura.online.encoding import FetchUnit, Level
+from sakura.formats import FetchUnit, Level
 from sakura.online.monitor import RuntimeMonitor
 
 DEFAULT_GAMMA = 0.8
@@ -28,9 +28,9 @@ class Decision:
 
 
 class Policy(ABC):
+    """Picks a level for each fetch unit. Which stored format it reads is the system's (``sakura.systems``)."""
+
     name: str = ""
-    streams = True  # False: nothing is fetched (local generation, or the cache already on device)
-    encoding: str = ""  # which stored file this policy streams
 
     def begin(self, units: list[FetchUnit], compute_s: float, initial_bps: float) -> None:
         """Called once per edit before the first request; ``compute_s`` = predicted masked compute."""
@@ -40,7 +40,7 @@ class Policy(ABC):
     def choose(self, unit: FetchUnit, now: float, deadline: float, monitor: RuntimeMonitor) -> Decision: ...
 
 
-def _best_within(levels: tuple[Level, ...], budget: float) -> tuple[Level, bool]:
+def best_within(levels: tuple[Level, ...], budget: float) -> tuple[Level, bool]:
     """Lowest error among levels that fit; the smallest level if none fits (stall rather than skip)."""
     fitting = [lv for lv in levels if lv.nbytes <= budget]
     if not fitting:
@@ -57,21 +57,21 @@ def _budget(gamma: float, now: float, deadline: float, monitor: RuntimeMonitor) 
 class SakuraPolicy(Policy):
     """Per-shard budget = R̂ · γ(T_ovlp + H); best profiled (r, b_A, b_B) within it."""
 
-    name, encoding = "sakura", "sakura"
+    name = "sakura"
 
     def __init__(self, gamma: float = DEFAULT_GAMMA):
         self.gamma = gamma
 
     def choose(self, unit, now, deadline, monitor):
         window, budget = _budget(self.gamma, now, deadline, monitor)
-        level, fits = _best_within(unit.levels, budget)
+        level, fits = best_within(unit.levels, budget)
         return Decision(level, monitor.rate_bps, window, budget, fits)
 
 
 class Fp16Policy(Policy):
     """The uncompressed FP16 cache, shard by shard."""
 
-    name, encoding = "fp16", "fp16"
+    name = "fp16"
 
     def choose(self, unit, now, deadline, monitor):
         return Decision(unit.levels[0], monitor.rate_bps, deadline - now, float("inf"), True)
@@ -81,7 +81,7 @@ class IntQPolicy(Policy):
     """One bit width for the whole edit, chosen from the initial bandwidth: the most bits whose whole
     cache transfers within the edit's compute time; INT2 at minimum (paper §6.1)."""
 
-    name, encoding = "intq", "intq"
+    name = "intq"
 
     def __init__(self, gamma: float = DEFAULT_GAMMA):
         self.gamma = gamma
@@ -105,7 +105,7 @@ class CacheGenPolicy(Policy):
     """CacheGen's adaptation: per token chunk, the best stored level such that the chunks still to be
     sent before the same deadline arrive in time at the measured throughput."""
 
-    name, encoding = "cachegen", "cachegen"
+    name = "cachegen"
 
     def __init__(self, gamma: float = DEFAULT_GAMMA):
         self.gamma = gamma
@@ -122,26 +122,10 @@ class CacheGenPolicy(Policy):
         return Decision(min(unit.levels, key=lambda lv: lv.nbytes), rate, window, budget, False)
 
 
-class LocalPolicy(Policy):
-    """No cache: the whole model runs on the device."""
-
-    name, streams = "local", False
-
-    def choose(self, unit, now, deadline, monitor):  # pragma: no cover - never asked
-        raise RuntimeError("local generation fetches nothing")
-
-
-class OraclePolicy(LocalPolicy):
-    """The FP16 cache is already on the device: masked compute only, no transfer (the floor)."""
-
-    name = "oracle"
-
-
-POLICIES = {"sakura": SakuraPolicy, "fp16": Fp16Policy, "intq": IntQPolicy, "cachegen": CacheGenPolicy,
-            "local": LocalPolicy, "oracle": OraclePolicy}
+POLICIES: dict[str, type[Policy]] = {cls.name: cls for cls in (SakuraPolicy, Fp16Policy, IntQPolicy, CacheGenPolicy)}
 
 
 def get_policy(name: str, **kw) -> Policy:
     if name not in POLICIES:
-        raise KeyError(f"unknown system {name!r}; choose from {', '.join(POLICIES)}")
+        raise KeyError(f"no streaming policy {name!r}; known: {', '.join(POLICIES)}")
     return POLICIES[name](**kw)

@@ -22,6 +22,7 @@ import statistics
 import tempfile
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -114,14 +115,10 @@ def bench_device(template_id: str, *, catalog: str | Path | None = None, shard_s
                  pack: str | Path | None = None, importance: bool = False, model_path: str | Path | None = None,
                  random_cache: bool = False, log: Callable[[str], None] = print) -> dict:
     """Run the benchmark and return its report (see module doc)."""
-    import numpy as np
     import torch
 
     from sakura.catalog import load_catalog
     from sakura.editing import edit_request, model_for
-    from sakura.offline.pack import PackReader, write_pack
-    from sakura.runtime.executors import BackendUnavailable, get_executor
-    from sakura.runtime.reconstruct import get_reconstructor
 
     tpl = load_catalog(catalog).get(template_id)
     model = model_for(tpl, model_path)
@@ -129,29 +126,9 @@ def bench_device(template_id: str, *, catalog: str | Path | None = None, shard_s
     req = edit_request(tpl, req_template, resolution=model.codec.resolution, ref_size=model.codec.ref_size)
     report: dict = {"template": tpl.id, "model": model.model_id, "shard_size": shard_size, "repeats": repeats,
                     "mbps": mbps, "torch_threads": torch.get_num_threads()}
-
-    # -- a real pack -----------------------------------------------------------------------------
-    tmp = tempfile.TemporaryDirectory(prefix="sakura-bench-device-")
-    try:
-        if pack:
-            reader = PackReader(pack)
-            report["pack"] = {"path": str(pack), "built": False}
-        else:
-            from sakura.offline.builder import capture_request, profile_importance
-
-            t0 = time.perf_counter()
-            if random_cache:  # times do not depend on the values: skip the capture run
-                cache = _random_cache(model, req)
-                imp = None
-            else:
-                cache = model.capture(capture_request(tpl, model)).to(torch.float16)
-                imp = profile_importance(model, tpl, cache) if importance else None
-            path = Path(tmp.name) / f"{tpl.id}.pack"
-            write_pack(path, cache, imp, max_rank=max_rank, shard_size=shard_size, model_id=model.model_id,
-                       template_id=tpl.id, tradeoff=False)
-            reader = PackReader(path)
-            report["pack"] = {"built": True, "build_s": round(time.perf_counter() - t0, 2),
-                              "importance": bool(imp), "random_cache": random_cache}
+    with tempfile.TemporaryDirectory(prefix="sakura-bench-device-") as tmp:
+        reader, report["pack"] = _open_pack(pack, tpl, model, req, Path(tmp), max_rank=max_rank,
+                                            shard_size=shard_size, importance=importance, random_cache=random_cache)
         info = reader.info
         geo = info.geometry
         if geo.shard_size != shard_size:
@@ -162,109 +139,164 @@ def bench_device(template_id: str, *, catalog: str | Path | None = None, shard_s
                                "shards": info.num_shards})
         report["configs"] = [list(c) for c in cfgs]
         blobs = {(s, c): reader.read(s, *c) for s in range(info.num_shards) for c in cfgs}
-
-        # -- rebuild ------------------------------------------------------------------------------
-        recs, rebuild_ms, rebuild_min, devices = {}, {}, {}, {}
-        for name in reconstructors:
-            try:
-                rec = get_reconstructor(name)
-            except BackendUnavailable as e:
-                devices[name] = f"unavailable: {e}"
-                log(f"reconstructor {name}: unavailable ({e})")
-                continue
-            recs[name] = rec
-            devices[name] = getattr(rec, "device_name", "cpu (numpy + torch)")
-            for c in cfgs:  # warm-up: kernel builds, first allocations
-                rec.rebuild(info, 0, *c, blobs[(0, c)])
-            rebuild_ms[name], rebuild_min[name] = {}, {}
-            for c in cfgs:
-                runs_ = [[_timed(lambda: rec.rebuild(info, s, *c, blobs[(s, c)])) for _ in range(repeats)]
-                         for s in range(info.num_shards)]
-                rebuild_ms[name][_key(c)] = [_median_ms(x) for x in runs_]
-                rebuild_min[name][_key(c)] = [1e3 * min(x) for x in runs_]
-            log(f"rebuild {name}: " + ", ".join(f"{k} {statistics.mean(v):.2f} ms" for k, v in rebuild_ms[name].items()))
-        report["reconstructors"] = devices
+        rebuild = _measure_rebuild(reconstructors, info, cfgs, blobs, repeats, log)
+        report["reconstructors"] = rebuild.devices
 
         # reference K/V: the torch decode of the main configuration (the middle one listed)
         main = cfgs[min(1, len(cfgs) - 1)]
         report["main_config"] = list(main)
-        ref_rec = recs.get("torch") or next(iter(recs.values()))
+        ref_rec = rebuild.recs.get("torch") or next(iter(rebuild.recs.values()))
         kv_all: dict = {}
         for s in range(info.num_shards):
             kv_all.update(ref_rec.rebuild(info, s, *main, blobs[(s, main)]))
-        provider = lambda step, layer: kv_all[(step, layer)]  # noqa: E731
-
-        # -- execute --------------------------------------------------------------------------------
-        execute_ms, execute_min, images, exec_info, runs = {}, {}, {}, {}, {}
-        for name in executors:
-            try:
-                ex = get_executor(name, model, **({"log": log} if name == "executorch" else {}))
-                t0 = time.perf_counter()
-                run = ex.prepare(req, shard_size)
-            except BackendUnavailable as e:
-                exec_info[name] = {"unavailable": str(e)}
-                log(f"executor {name}: unavailable ({e})")
-                continue
-            exec_info[name] = {"prepare_s": round(time.perf_counter() - t0, 2)}
-            if name == "executorch":
-                exec_info[name]["export"] = [{k: m.get(k) for k in ("layers", "export_s", "lower_s", "bytes",
-                                                                   "delegates", "max_abs_vs_eager", "cached")}
-                                             for m in ex.exports]
-            images[name] = run.run(provider)  # warm-up
-            per = []
-            for _ in range(repeats):
-                run = ex.prepare(req, shard_size)
-                images[name] = run.run(provider)
-                per.append([t for *_, t in run.timings.shards])
-            execute_ms[name] = [_median_ms(col) for col in zip(*per)]
-            execute_min[name] = [1e3 * min(col) for col in zip(*per)]
-            exec_info[name]["step_overhead_ms"] = round(1e3 * statistics.mean(
-                [t for _, t in run.timings.begin] + [t for _, t in run.timings.end]), 3)
-            runs[name] = (ex, run.layer_ranges)
-            log(f"execute {name}: {statistics.mean(execute_ms[name]):.2f} ms per shard")
-        report["executors"] = exec_info
-        if "eager" in images and "executorch" in images:
-            report["image_max_abs_executorch_vs_eager"] = float(np.abs(images["executorch"] - images["eager"]).max())
-
-        # -- per shard rows and summary ---------------------------------------------------------------
-        rows = []
-        for s, (step, l0, l1) in enumerate(info.shards):
-            row = {"shard": s, "step": step, "layers": [l0, l1],
-                   "bytes": {_key(c): info.config_bytes(s, *c) for c in cfgs},
-                   "receive_ms": {_key(c): 1e3 * info.config_bytes(s, *c) * 8 / (mbps * 1e6) for c in cfgs},
-                   "rebuild_ms": {n: {k: v[s] for k, v in per.items()} for n, per in rebuild_ms.items()},
-                   "execute_ms": {n: v[s] for n, v in execute_ms.items()}}
-            rows.append(row)
-        report["shards"] = rows
-        summary: dict = {"rebuild_ms_mean": {}, "execute_ms_mean": {}, "rebuild_over_execute": {},
-                         "hidden_share": {}, "pipelined": {},
-                         # best-of-repeats per shard, averaged: an estimate of the uncontended times
-                         "rebuild_ms_min_mean": {n: {k: statistics.mean(v) for k, v in per.items()}
-                                                 for n, per in rebuild_min.items()},
-                         "execute_ms_min_mean": {n: statistics.mean(v) for n, v in execute_min.items()}}
-        for n, per in rebuild_ms.items():
-            summary["rebuild_ms_mean"][n] = {k: statistics.mean(v) for k, v in per.items()}
-        for n, v in execute_ms.items():
-            summary["execute_ms_mean"][n] = statistics.mean(v)
-        mk = _key(main)
-        for rn, per in rebuild_ms.items():
-            for en, ev in execute_ms.items():
-                rb = per[mk]
-                summary["rebuild_over_execute"][f"{rn}/{en}"] = sum(rb) / sum(ev)
-                summary["hidden_share"][f"{rn}/{en}"] = _hidden_share(rb, ev)
+        execute = _measure_execute(executors, model, req, shard_size, lambda step, layer: kv_all[(step, layer)],
+                                   repeats, log)
+        report["executors"] = execute.info
+        if "eager" in execute.images and "executorch" in execute.images:
+            diff = execute.images["executorch"] - execute.images["eager"]
+            report["image_max_abs_executorch_vs_eager"] = float(abs(diff).max())
+        report["shards"] = _shard_rows(info, cfgs, mbps, rebuild.ms, execute.ms)
+        summary = _summary(rebuild, execute, _key(main))
         # measured: a rebuild thread beside the executor on this host's shared cores
-        for rn, rec in recs.items():
-            for en, (ex, ranges) in runs.items():
+        for rn, rec in rebuild.recs.items():
+            for en, (ex, ranges) in execute.runs.items():
                 rebuild_fn = lambda p, rec=rec: rec.rebuild(info, p, *main, blobs[(p, main)])  # noqa: E731
                 wall, stall = min((_pipelined(lambda ex=ex: ex.prepare(req, shard_size), info.shards, rebuild_fn,
                                               ranges) for _ in range(max(1, repeats - 1))), key=lambda x: x[0])
-                serial = sum(execute_ms[en]) / 1e3 + sum(rebuild_ms[rn][mk]) / 1e3
+                serial = sum(execute.ms[en]) / 1e3 + sum(rebuild.ms[rn][_key(main)]) / 1e3
                 summary["pipelined"][f"{rn}/{en}"] = {"wall_ms": 1e3 * wall, "stall_ms": 1e3 * stall,
                                                       "serial_ms": 1e3 * serial}
         report["summary"] = summary
         return report
-    finally:
-        tmp.cleanup()
+
+
+def _open_pack(pack: str | Path | None, tpl, model, req, tmp: Path, *, max_rank: int, shard_size: int,
+               importance: bool, random_cache: bool):
+    """A reader of the given pack, or of a real pack built into ``tmp`` now; and its report entry."""
+    import torch
+
+    from sakura.formats.pack import PackReader
+
+    if pack:
+        return PackReader(pack), {"path": str(pack), "built": False}
+    from sakura.offline.builder import capture_request, profile_importance
+    from sakura.offline.compress import pack_cache
+
+    t0 = time.perf_counter()
+    if random_cache:  # times do not depend on the values: skip the capture run
+        cache, imp = _random_cache(model, req), None
+    else:
+        cache = model.capture(capture_request(tpl, model)).to(torch.float16)
+        imp = profile_importance(model, tpl, cache) if importance else None
+    path = tmp / f"{tpl.id}.pack"
+    pack_cache(path, cache, imp, max_rank=max_rank, shard_size=shard_size, model_id=model.model_id,
+               template_id=tpl.id, tradeoff=False)
+    return PackReader(path), {"built": True, "build_s": round(time.perf_counter() - t0, 2),
+                              "importance": bool(imp), "random_cache": random_cache}
+
+
+@dataclass
+class _Rebuilds:
+    recs: dict = field(default_factory=dict)  # name -> reconstructor
+    ms: dict = field(default_factory=dict)  # name -> config key -> per-shard median ms
+    min_ms: dict = field(default_factory=dict)  # name -> config key -> per-shard best ms
+    devices: dict = field(default_factory=dict)  # name -> device, or why it is unavailable
+
+
+def _measure_rebuild(names: Sequence[str], info, cfgs, blobs, repeats: int, log) -> _Rebuilds:
+    from sakura.runtime.executors import BackendUnavailable
+    from sakura.runtime.reconstruct import get_reconstructor
+
+    out = _Rebuilds()
+    for name in names:
+        try:
+            rec = get_reconstructor(name)
+        except BackendUnavailable as e:
+            out.devices[name] = f"unavailable: {e}"
+            log(f"reconstructor {name}: unavailable ({e})")
+            continue
+        out.recs[name] = rec
+        out.devices[name] = getattr(rec, "device_name", "cpu (numpy + torch)")
+        for c in cfgs:  # warm-up: kernel builds, first allocations
+            rec.rebuild(info, 0, *c, blobs[(0, c)])
+        out.ms[name], out.min_ms[name] = {}, {}
+        for c in cfgs:
+            runs = [[_timed(lambda: rec.rebuild(info, s, *c, blobs[(s, c)])) for _ in range(repeats)]
+                    for s in range(info.num_shards)]
+            out.ms[name][_key(c)] = [_median_ms(x) for x in runs]
+            out.min_ms[name][_key(c)] = [1e3 * min(x) for x in runs]
+        log(f"rebuild {name}: " + ", ".join(f"{k} {statistics.mean(v):.2f} ms" for k, v in out.ms[name].items()))
+    return out
+
+
+@dataclass
+class _Executions:
+    ms: dict = field(default_factory=dict)  # name -> per-shard median ms
+    min_ms: dict = field(default_factory=dict)  # name -> per-shard best ms
+    images: dict = field(default_factory=dict)
+    info: dict = field(default_factory=dict)  # name -> report entry
+    runs: dict = field(default_factory=dict)  # name -> (executor, layer ranges)
+
+
+def _measure_execute(names: Sequence[str], model, req, shard_size: int, provider, repeats: int,
+                     log) -> _Executions:
+    from sakura.runtime.executors import BackendUnavailable, get_executor
+
+    out = _Executions()
+    for name in names:
+        try:
+            ex = get_executor(name, model, **({"log": log} if name == "executorch" else {}))
+            t0 = time.perf_counter()
+            run = ex.prepare(req, shard_size)
+        except BackendUnavailable as e:
+            out.info[name] = {"unavailable": str(e)}
+            log(f"executor {name}: unavailable ({e})")
+            continue
+        out.info[name] = {"prepare_s": round(time.perf_counter() - t0, 2)}
+        if name == "executorch":
+            out.info[name]["export"] = [{k: m.get(k) for k in ("layers", "export_s", "lower_s", "bytes",
+                                                               "delegates", "max_abs_vs_eager", "cached")}
+                                        for m in ex.exports]
+        out.images[name] = run.run(provider)  # warm-up
+        per = []
+        for _ in range(repeats):
+            run = ex.prepare(req, shard_size)
+            out.images[name] = run.run(provider)
+            per.append([t for *_, t in run.timings.shards])
+        out.ms[name] = [_median_ms(col) for col in zip(*per)]
+        out.min_ms[name] = [1e3 * min(col) for col in zip(*per)]
+        out.info[name]["step_overhead_ms"] = round(1e3 * statistics.mean(
+            [t for _, t in run.timings.begin] + [t for _, t in run.timings.end]), 3)
+        out.runs[name] = (ex, run.layer_ranges)
+        log(f"execute {name}: {statistics.mean(out.ms[name]):.2f} ms per shard")
+    return out
+
+
+def _shard_rows(info, cfgs, mbps: float, rebuild_ms: dict, execute_ms: dict) -> list[dict]:
+    return [{"shard": s, "step": step, "layers": [l0, l1],
+             "bytes": {_key(c): info.config_bytes(s, *c) for c in cfgs},
+             "receive_ms": {_key(c): 1e3 * info.config_bytes(s, *c) * 8 / (mbps * 1e6) for c in cfgs},
+             "rebuild_ms": {n: {k: v[s] for k, v in per.items()} for n, per in rebuild_ms.items()},
+             "execute_ms": {n: v[s] for n, v in execute_ms.items()}}
+            for s, (step, l0, l1) in enumerate(info.shards)]
+
+
+def _summary(rebuild: _Rebuilds, execute: _Executions, main_key: str) -> dict:
+    """Means, rebuild / execute ratios and hidden shares (``pipelined`` is filled by the caller)."""
+    summary: dict = {"rebuild_ms_mean": {n: {k: statistics.mean(v) for k, v in per.items()}
+                                         for n, per in rebuild.ms.items()},
+                     "execute_ms_mean": {n: statistics.mean(v) for n, v in execute.ms.items()},
+                     "rebuild_over_execute": {}, "hidden_share": {}, "pipelined": {},
+                     # best-of-repeats per shard, averaged: an estimate of the uncontended times
+                     "rebuild_ms_min_mean": {n: {k: statistics.mean(v) for k, v in per.items()}
+                                             for n, per in rebuild.min_ms.items()},
+                     "execute_ms_min_mean": {n: statistics.mean(v) for n, v in execute.min_ms.items()}}
+    for rn, per in rebuild.ms.items():
+        for en, ev in execute.ms.items():
+            rb = per[main_key]
+            summary["rebuild_over_execute"][f"{rn}/{en}"] = sum(rb) / sum(ev)
+            summary["hidden_share"][f"{rn}/{en}"] = _hidden_share(rb, ev)
+    return summary
 
 
 def _random_cache(model, req):

@@ -14,12 +14,13 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from sakura.formats import KV, FetchUnit, StreamEncoding
 from sakura.net.traces import Trace
-from sakura.online.encoding import KV, FetchUnit, StreamEncoding
+from sakura.online.deadline import predict_need
 from sakura.online.monitor import RuntimeMonitor
 from sakura.online.policies import Policy
 from sakura.runtime.compute import ComputeProfile
-from sakura.runtime.timeline import ShardRecord, Timeline, UnitRecord
+from sakura.runtime.timeline import Timeline, UnitRecord
 
 Fetch = Callable[[list[tuple[int, int]]], list[bytes]]
 
@@ -35,18 +36,6 @@ class LinkModel:
 
     def rate_bps_at(self, at: float) -> float:
         return float(self.trace.rate_at(self.start_s + at)) * 1e6
-
-
-def predict_need(shard: int, now: float, compute: ComputeProfile, starts: list[float | None]) -> float:
-    """When execution will reach ``shard``, as the device would predict it at ``now``: the shard in
-    progress finishes on its measured time, later ones take their measured times, no stalls."""
-    t, c = compute.prelude_s, compute.shard_s
-    for k in range(shard):
-        s = starts[k]
-        if s is None or s > now:  # not started yet: waiting on data (or in the prelude)
-            return max(now, t) + sum(c[k:shard])
-        t = s + c[k]
-    return max(now, t)
 
 
 def simulate(encoding: StreamEncoding, policy: Policy, compute: ComputeProfile, link: LinkModel,
@@ -68,8 +57,7 @@ def simulate(encoding: StreamEncoding, policy: Policy, compute: ComputeProfile, 
     starts: list[float | None] = [None] * nshards
     ends: list[float | None] = [None] * nshards
     ready = [0.0] * nshards
-    tl = Timeline(policy.name, "sim", trace_start_s=link.start_s)
-    tl.shards = [ShardRecord(j, s, (a, b)) for j, (s, a, b) in enumerate(compute.shards)]
+    tl = Timeline.for_shards(policy.name, "sim", compute.shards, trace_start_s=link.start_s)
     cache: KV = {}
 
     def run_until(j: int) -> None:  # execution schedule of shards ≤ j (their data is all known)
@@ -78,8 +66,8 @@ def simulate(encoding: StreamEncoding, policy: Policy, compute: ComputeProfile, 
                 prev_end = compute.prelude_s if k == 0 else ends[k - 1]
                 starts[k] = max(prev_end, ready[k])
                 ends[k] = starts[k] + compute.shard_s[k]
-                tl.shards[k].exec_start_t, tl.shards[k].exec_end_t = starts[k], ends[k]
-                tl.shards[k].stall_s = max(0.0, ready[k] - prev_end)
+                tl.shard_started(k, starts[k], max(0.0, ready[k] - prev_end))
+                tl.shard_ended(k, ends[k])
 
     monitor = RuntimeMonitor(initial_bps=link.rate_bps_at(0.0))
     policy.begin(units, predicted.masked_s, monitor.initial_bps)
@@ -114,13 +102,14 @@ def simulate(encoding: StreamEncoding, policy: Policy, compute: ComputeProfile, 
         t_ready = max(t_arr, rebuild_free) + rebuild_s
         rebuild_free = t_ready
         ready[u.needed_by] = max(ready[u.needed_by], t_ready)
-        monitor.record_arrival(t_ready, deadline)
         rebuilt = sum(k.nbytes + v.nbytes for k, v in kv.values())
         if keep:
             cache.update(kv)
-        tl.units.append(UnitRecord(u.index, u.needed_by, u.label, d.level.label, d.level.nbytes, d.budget_bytes,
-                                   d.window_s, d.rate_bps / 1e6, d.fits, t_req, t_arr, t_ready, deadline,
-                                   ranges=len(ranges)))
+        rec = UnitRecord(u.index, u.needed_by, u.label, d.level.label, d.level.nbytes, d.budget_bytes, d.window_s,
+                         d.rate_bps / 1e6, d.fits, t_req, deadline_t=deadline, ranges=len(ranges))
+        tl.requested(rec)
+        tl.arrived(rec, t_arr, t_arr - t_req, ranges)
+        tl.rebuilt(rec, t_ready)
         received.append((t_req, t_ready, d.level.nbytes))
         rebuilt_held.append((t_ready, u.needed_by, rebuilt))
     run_until(nshards - 1)
@@ -143,15 +132,13 @@ def peak_concurrent(intervals: list[tuple[float, float, int]]) -> int:
     return peak
 
 
-def simulate_local(system: str, compute: ComputeProfile) -> Timeline:
-    """`local` (full model, no cache) and `oracle` (FP16 cache already on the device)."""
-    tl = Timeline(system, "sim")
-    if system == "local":
-        tl.latency_s = compute.local_full_s
-        return tl
+def simulate_masked(system: str, compute: ComputeProfile) -> Timeline:
+    """A masked run with the whole cache already on the device (``oracle``): measured compute, no stalls."""
+    tl = Timeline.for_shards(system, "sim", compute.shards)
     t = compute.prelude_s
-    for j, ((s, a, b), c) in enumerate(zip(compute.shards, compute.shard_s)):
-        tl.shards.append(ShardRecord(j, s, (a, b), t, t + c, 0.0))
+    for j, c in enumerate(compute.shard_s):
+        tl.shard_started(j, t)
+        tl.shard_ended(j, t + c)
         t += c
     tl.latency_s = t
     return tl

@@ -1,16 +1,24 @@
-"""The per-edit timeline: what every shard request looked like, and the run's summary.
+"""The per-edit timeline: every fetch unit's request, arrival and rebuild, every shard's execution.
 
-Times are seconds since the edit started. The same records come from the real runtime and from
-the simulated clock, so plots and tests treat both alike.
+Times are seconds since the edit started. The same records come from the real runtime and from the
+simulated clock, so plots and tests treat both alike. A timeline is also the one model of an edit's
+progress on both sides of the device protocol: the runtime records into it through the methods
+below, each of which emits one event (a JSON-ready dict, ``docs/device-protocol.md``), and a
+viewer (the app) folds the same events back into a :class:`Timeline` with :meth:`Timeline.apply`.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+EventSink = Callable[[dict], None]
 
 
 @dataclass
 class UnitRecord:
+    """One fetch unit of the stream (a shard, or a token chunk of one for CacheGen)."""
+
     unit: int
     needed_by: int  # execution shard index
     label: str  # what the unit covers (e.g. "step 0 layers 0-1")
@@ -21,8 +29,8 @@ class UnitRecord:
     rate_mbps: float = 0.0
     fits: bool = True
     request_t: float = 0.0
-    arrival_t: float = 0.0
-    rebuild_done_t: float = 0.0
+    arrival_t: float | None = None  # None: still in flight
+    rebuild_done_t: float | None = None
     deadline_t: float = 0.0  # predicted need time when requested
     needed_t: float = 0.0  # when execution actually reached it
     ranges: int = 0
@@ -33,9 +41,23 @@ class ShardRecord:
     shard: int
     step: int
     layers: tuple[int, int]
-    exec_start_t: float = 0.0
-    exec_end_t: float = 0.0
+    exec_start_t: float | None = None
+    exec_end_t: float | None = None
     stall_s: float = 0.0
+
+    @property
+    def label(self) -> str:
+        return f"step {self.step} · L{self.layers[0]}–{self.layers[1] - 1}"
+
+
+def _merge(intervals) -> list[list[float]]:
+    out: list[list[float]] = []
+    for a, b in sorted((a, b) for a, b in intervals if b > a):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return out
 
 
 @dataclass
@@ -49,7 +71,73 @@ class Timeline:
     peak_cache_bytes: int = 0
     trace_start_s: float = 0.0
     extras: dict = field(default_factory=dict)
+    on_event: EventSink | None = field(default=None, repr=False, compare=False)
 
+    @classmethod
+    def for_shards(cls, system: str, clock: str, shards, on_event: EventSink | None = None, **kw) -> "Timeline":
+        """An empty timeline over execution shards ``(step, layer_start, layer_end)``."""
+        return cls(system, clock, shards=[ShardRecord(j, s, (a, b)) for j, (s, a, b) in enumerate(shards)],
+                   on_event=on_event, **kw)
+
+    # ------------------------------------------------------------------ recording (the runtime side)
+    def _emit(self, kind: str, **data) -> None:
+        if self.on_event is not None:
+            self.on_event({"type": kind, **data})
+
+    def requested(self, rec: UnitRecord) -> None:
+        self.units.append(rec)
+        self._emit("request", unit=rec.unit, shard=rec.needed_by, label=rec.label, level=rec.level, bytes=rec.nbytes,
+                   t=rec.request_t, deadline=rec.deadline_t, budget_bytes=rec.budget_bytes, window_s=rec.window_s,
+                   rate_mbps=rec.rate_mbps, fits=rec.fits)
+
+    def arrived(self, rec: UnitRecord, t: float, active_s: float, ranges) -> None:
+        rec.arrival_t = t
+        self._emit("arrival", unit=rec.unit, shard=rec.needed_by, level=rec.level, bytes=rec.nbytes, t=t,
+                   deadline=rec.deadline_t, active_s=active_s, ranges=[list(r) for r in ranges])
+
+    def rebuilt(self, rec: UnitRecord, t: float) -> None:
+        rec.rebuild_done_t = t
+        self._emit("rebuilt", unit=rec.unit, shard=rec.needed_by, t=t)
+
+    def shard_started(self, shard: int, t: float, stall_s: float = 0.0) -> None:
+        rec = self.shards[shard]
+        rec.exec_start_t, rec.stall_s = t, stall_s
+        self._emit("shard_start", shard=shard, t=t, stall_s=stall_s)
+
+    def shard_ended(self, shard: int, t: float) -> None:
+        self.shards[shard].exec_end_t = t
+        self._emit("shard_end", shard=shard, t=t)
+
+    # --------------------------------------------------------------------- folding (the viewer side)
+    def apply(self, ev: dict) -> None:
+        """Fold one timeline event in (unknown types are ignored: forward compatible)."""
+        kind, t = ev.get("type"), ev.get("t")
+        if kind == "request":
+            self.units.append(UnitRecord(int(ev["unit"]), int(ev.get("shard", 0)), str(ev.get("label", "")),
+                                         str(ev.get("level", "")), int(ev.get("bytes") or 0),
+                                         _num(ev.get("budget_bytes")), _num(ev.get("window_s")),
+                                         _num(ev.get("rate_mbps")), bool(ev.get("fits", True)), _num(t),
+                                         deadline_t=_num(ev.get("deadline"))))
+        elif kind in ("arrival", "rebuilt"):
+            rec = self.unit(int(ev.get("unit", -1)))
+            if rec is not None and isinstance(t, (int, float)):
+                if kind == "arrival":
+                    rec.arrival_t = float(t)
+                else:
+                    rec.rebuild_done_t = float(t)
+        elif kind in ("shard_start", "shard_end"):
+            j = int(ev.get("shard", 0))
+            while len(self.shards) <= j:
+                self.shards.append(ShardRecord(len(self.shards), 0, (0, 1)))
+            if kind == "shard_start":
+                self.shards[j].exec_start_t, self.shards[j].stall_s = _num(t), _num(ev.get("stall_s"))
+            else:
+                self.shards[j].exec_end_t = _num(t)
+
+    def unit(self, index: int) -> UnitRecord | None:
+        return next((u for u in reversed(self.units) if u.unit == index), None)
+
+    # ------------------------------------------------------------------------------------- summary
     @property
     def stall_s(self) -> float:
         return sum(s.stall_s for s in self.shards)
@@ -57,6 +145,20 @@ class Timeline:
     @property
     def deadline_misses(self) -> int:
         return sum(1 for s in self.shards if s.stall_s > 1e-4)
+
+    @property
+    def bytes_received(self) -> int:
+        return sum(u.nbytes for u in self.units if u.arrival_t is not None)
+
+    def transfer_split(self) -> tuple[float, float, float]:
+        """(transfer time, hidden, exposed): the union of request→arrival intervals, and how much of
+        it overlapped a stall of execution (exposed) or not (hidden behind compute)."""
+        xfer = _merge([(u.request_t, u.arrival_t) for u in self.units if u.arrival_t is not None])
+        stalls = _merge([(s.exec_start_t - s.stall_s, s.exec_start_t) for s in self.shards
+                         if s.stall_s > 0 and s.exec_start_t is not None])
+        total = sum(b - a for a, b in xfer)
+        exposed = sum(max(0.0, min(b, d) - max(a, c)) for a, b in xfer for c, d in stalls)
+        return total, max(0.0, total - exposed), exposed
 
     def summary(self) -> dict:
         return {"system": self.system, "clock": self.clock, "latency_s": self.latency_s,
@@ -66,5 +168,10 @@ class Timeline:
 
     def to_dict(self) -> dict:
         d = asdict(self)
+        d.pop("on_event", None)
         d["summary"] = self.summary()
         return d
+
+
+def _num(x) -> float:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else 0.0

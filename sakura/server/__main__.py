@@ -9,7 +9,7 @@ from sakura.server.run import serve
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m sakura.server", description="SAKURA template server")
-    ap.add_argument("--packs", required=True, help="directory of <template_id>.pack files")
+    ap.add_argument("--packs", required=True, help="directory of <file_id>.pack files")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8600)
     ap.add_argument("--access-log", default=None, help="file for the JSON-lines access log")

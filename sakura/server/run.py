@@ -13,6 +13,7 @@ from pathlib import Path
 
 import uvicorn
 
+from sakura.net.listen import bind_socket, serve_in_thread, url_of
 from sakura.server.app import create_app
 
 READY_PREFIX = "sakura server listening on "
@@ -24,37 +25,6 @@ def _config(app: object, log_level: str) -> uvicorn.Config:
         app, log_level=log_level, access_log=False, ws_per_message_deflate=False,
         ws_max_size=1 << 20, lifespan="off",
     )
-
-
-def bind_socket(host: str, port: int) -> socket.socket:
-    """A bound TCP socket for uvicorn (port 0 = a free port; the real one is then known at once)."""
-    # proto=IPPROTO_TCP matters: asyncio sets TCP_NODELAY only on sockets that say so, and without
-    # it Nagle + delayed ACK add ~40 ms to every keep-alive response (headers and body are 2 writes).
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.bind((host, port))
-    return sock
-
-
-def serve_in_thread(config: uvicorn.Config, sock: socket.socket, *, name: str, what: str,
-                    timeout: float = 20.0) -> tuple[uvicorn.Server, threading.Thread]:
-    """Run a uvicorn server on ``sock`` in a daemon thread; return once it accepts connections."""
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name=name)
-    thread.start()
-    deadline = time.monotonic() + timeout
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            server.should_exit = True
-            raise RuntimeError(f"{what} did not start")
-        time.sleep(0.01)
-    return server, thread
-
-
-def _url(host: str, sock: socket.socket) -> str:
-    return f"http://{f'[{host}]' if ':' in host else host}:{sock.getsockname()[1]}"
 
 
 def serve(
@@ -72,7 +42,7 @@ def serve(
     """
     app = create_app(packs_dir, access_log=access_log, trace_dir=trace_dir)
     sock = bind_socket(host, port)
-    print(f"{READY_PREFIX}{_url(host, sock)}", flush=True)
+    print(f"{READY_PREFIX}{url_of(host, sock)}", flush=True)
     uvicorn.Server(_config(app, log_level)).run(sockets=[sock])
 
 
@@ -127,8 +97,8 @@ def start_server(
     app = create_app(packs_dir, access_log=access_log, trace_dir=trace_dir)
     sock = bind_socket(host, port)
     server, thread = serve_in_thread(_config(app, log_level), sock, name="sakura-server",
-                                     what=f"template server on {_url(host, sock)}", timeout=timeout)
-    return RunningServer(_url(host, sock), server=server, thread=thread)
+                                     what=f"template server on {url_of(host, sock)}", timeout=timeout)
+    return RunningServer(url_of(host, sock), server=server, thread=thread)
 
 
 def _start_process(packs_dir: str | Path, host: str, port: int, access_log: str | Path | None,

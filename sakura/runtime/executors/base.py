@@ -1,7 +1,8 @@
 """The executor seam: run a masked edit shard by shard so the runtime can time and overlap it.
 
 A *shard* is a group of consecutive attention layers at one step (the same grouping as cache
-shards, :func:`sakura.kvcache.shard_plan`). An executor turns a request into a :class:`ShardRun`::
+shards, :func:`sakura.kvcache.shard_plan`). An executor (:mod:`sakura.runtime.executors.executor`)
+turns a request into a :class:`ShardRun`, the family-specific driver defined here::
 
     ex = get_executor("executorch", adapter)           # or "eager"
     run = ex.prepare(req, shard_size=2)                 # static per template: exports/loads graphs
@@ -30,7 +31,7 @@ import numpy as np
 import torch
 
 from sakura.kvcache import shard_layers
-from sakura.model.base import DiTAdapter, EditRequest, EditResult, Provider
+from sakura.model.base import DiTAdapter, EditRequest, Provider
 
 KV = Mapping[tuple[int, int], tuple[torch.Tensor, torch.Tensor]]
 ShardFn = Callable[[list[torch.Tensor]], Sequence[torch.Tensor]]
@@ -173,8 +174,8 @@ class ShardRun(ABC):
         self._expect = (step, "shard", 0)
 
     def run_shard(self, step: int, l0: int, l1: int, kv: KV) -> None:
-        st, phase, i = self._expect
-        if phase != "shard" or st != step or i >= len(self.layer_ranges) or self.layer_ranges[i] != (l0, l1):
+        at_step, phase, i = self._expect
+        if phase != "shard" or at_step != step or i >= len(self.layer_ranges) or self.layer_ranges[i] != (l0, l1):
             raise ShardExecutionError(f"run_shard({step}, {l0}, {l1}) out of order (expected {self._expect}, "
                                       f"shards {self.layer_ranges})")
         dt = self.adapter.dtype
@@ -214,36 +215,3 @@ class ShardRun(ABC):
                 self.run_shard(step, l0, l1, {(step, layer): provider(step, layer) for layer in range(l0, l1)})
             self.end_step(step)
         return self.result()
-
-
-class Executor(ABC):
-    """A way to execute shards. Subclasses give the shard function; the run logic is shared."""
-
-    name: str = ""
-
-    def __init__(self, adapter: DiTAdapter):
-        self.adapter = adapter
-
-    @abstractmethod
-    def _shard_fn(self, run: ShardRun, l0: int, l1: int) -> ShardFn:
-        """A callable ``inputs -> outputs`` for the shard ``[l0, l1)`` of ``run``'s geometry."""
-
-    def prepare(self, req: EditRequest, shard_size: int = 1, *, load: bool = True) -> ShardRun:
-        """Everything static per request/template; ``load`` builds all shard functions now."""
-        from sakura.runtime.executors.flux2 import run_class_for
-
-        t0 = time.perf_counter()
-        run = run_class_for(self.adapter)(self.adapter, req, shard_size, self._shard_fn)
-        run.timings.prepare_s = time.perf_counter() - t0
-        if load:
-            run.load_all()
-        return run
-
-    @torch.no_grad()
-    def run_masked_edit(self, req: EditRequest, provider: Provider, shard_size: int = 1) -> EditResult:
-        """The same edit as ``adapter.masked_edit(req, provider)``, executed shard by shard."""
-        run = self.prepare(req, shard_size)
-        t0 = time.perf_counter()
-        img = run.run(provider)
-        return EditResult(img, time.perf_counter() - t0,
-                          extras={"executor": self.name, "timings": run.timings.as_dict()})

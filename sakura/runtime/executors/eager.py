@@ -9,7 +9,8 @@ from __future__ import annotations
 import torch
 
 from sakura.model.base import DiTAdapter
-from sakura.runtime.executors.base import Executor, ShardFn, ShardRun
+from sakura.runtime.executors.base import ShardFn, ShardRun
+from sakura.runtime.executors.executor import Executor
 
 
 class EagerExecutor(Executor):

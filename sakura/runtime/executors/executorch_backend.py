@@ -23,14 +23,17 @@ import hashlib
 import json
 import os
 import time
+from importlib.metadata import version
 from pathlib import Path
 from typing import Callable, Iterable
 
 import torch
 
 from sakura.model.base import DiTAdapter, EditRequest
-from sakura.runtime.executors.base import Executor, ShardFn, ShardRun
+from sakura.runtime.executors.base import ShardFn, ShardRun
+from sakura.runtime.executors.eager import EagerExecutor
 from sakura.runtime.executors.errors import BackendUnavailable
+from sakura.runtime.executors.executor import Executor
 
 BACKENDS = ("xnnpack", "qnn")
 EXPORT_TOLERANCE = 1e-3  # max abs difference of an exported shard's outputs vs eager (explicit) on export
@@ -51,8 +54,6 @@ def require_executorch() -> str:
         raise BackendUnavailable(f"the executorch backend needs the 'executorch' package (pip install "
                                  f"executorch==1.5.1): {e}") from None
     try:
-        from importlib.metadata import version
-
         return version("executorch")
     except Exception:  # noqa: BLE001 - a missing dist-info only loses the version in the cache key
         return "unknown"
@@ -217,8 +218,6 @@ def export_shards(adapter: DiTAdapter, req: EditRequest, shard_size: int = 1, ba
     """Export every shard of ``req``'s geometry (what ``sakura export`` runs). One dict per shard."""
     if backend == "qnn":
         check_qnn_sdk()
-    from sakura.runtime.executors.eager import EagerExecutor
-
     run = EagerExecutor(adapter, explicit=True).prepare(req, shard_size, load=False)
     rows = []
     for l0, l1 in run.layer_ranges:
@@ -273,8 +272,6 @@ class ExecuTorchExecutor(Executor):
 
     def _shard_fn(self, run: ShardRun, l0: int, l1: int) -> ShardFn:
         if self.offload is not None and not self.offload(l0, l1):
-            from sakura.runtime.executors.eager import EagerExecutor
-
             return EagerExecutor(self.adapter, explicit=True)._shard_fn(run, l0, l1)
         path, meta = ensure_exported(run, l0, l1, self.backend, self.cache_dir, log=self.log)
         self._exports[str(path)] = {"layers": [l0, l1], "path": str(path), **meta}

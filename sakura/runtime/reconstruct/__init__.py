@@ -15,8 +15,13 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
+import torch
+
+from sakura.formats.bitplanes import QuantizedFactors
+from sakura.formats.pack import Geometry, PackReader, PackSource, write_pack
 from sakura.runtime.executors.errors import BackendUnavailable
-from sakura.runtime.reconstruct.base import KVShard, Reconstructor, shard_bytes
+from sakura.runtime.reconstruct.base import Reconstructor
 
 RECONSTRUCTORS = ("torch", "opencl")
 _default: Reconstructor | None = None
@@ -50,14 +55,24 @@ def available_reconstructors() -> dict[str, str]:
     return out
 
 
-def _probe_pack(folder: Path):
-    """A small real pack (synthetic cache, one shard of 2 layers) to time the backends on."""
-    from sakura.offline.pack import PackReader, write_pack
-    from sakura.offline.synthetic import synthetic_cache
+def _probe_pack(folder: Path) -> PackReader:
+    """A small real pack (one shard of 2 layers, n = 903, d = 256, rank 32) to time the backends on.
+    Its factors are random codes: decoding costs the same whatever the values, and the device
+    side has no offline compression to make real ones with."""
+    geo = Geometry(num_steps=1, num_layers=2, heads=4, head_dim=64, n=903, shard_size=2, max_rank=32, rank=32, group=8)
+    rng = np.random.default_rng(1)
 
-    cache, imp = synthetic_cache(num_steps=1, num_layers=2, grid=32, mask_box=11, seed=1)
+    def factors() -> QuantizedFactors:
+        codes = [rng.integers(0, 256, (geo.rank, length), dtype=np.uint8) for length in (geo.n, geo.d)]
+        scales = [rng.random(geo.rank, dtype=np.float32) for _ in range(2)]
+        zero = [rng.integers(0, 256, geo.rank, dtype=np.uint8) for _ in range(2)]
+        return QuantizedFactors(codes[0], scales[0], zero[0], codes[1], scales[1], zero[1],
+                                rng.standard_normal(geo.d).astype(np.float16))
+
+    units = 2 * geo.shard_size  # K and V of each layer of the one shard
+    source = PackSource(geo, [([factors() for _ in range(units)], [])], torch.arange(geo.n), "float32", {}, None)
     path = folder / "probe.pack"
-    write_pack(path, cache.to(__import__("torch").float32), imp, max_rank=32, shard_size=2, tradeoff=False)
+    write_pack(path, source)
     return PackReader(path)
 
 
@@ -91,8 +106,6 @@ def cache_dir() -> Path:
 
 def _choice_key() -> str:
     import platform
-
-    import torch
 
     try:
         from importlib.metadata import version
@@ -155,5 +168,5 @@ def default_report() -> dict | None:
     return _default_report
 
 
-__all__ = ["BackendUnavailable", "KVShard", "RECONSTRUCTORS", "Reconstructor", "available_reconstructors",
-           "default_reconstructor", "default_report", "get_reconstructor", "measure", "shard_bytes"]
+__all__ = ["BackendUnavailable", "RECONSTRUCTORS", "Reconstructor", "available_reconstructors",
+           "default_reconstructor", "default_report", "get_reconstructor", "measure"]

@@ -2,7 +2,7 @@
 
 Kernels unpack the received bit planes and dequantise A and B to the centre of each value's
 remaining interval (or 0 in a component's dead zone) — the same float32 arithmetic as
-:func:`sakura.offline.quant.dequantize`, ``x̂ = ((k_b + ½)·2^(1−b) − 1)·s``, so the factors are
+:func:`sakura.formats.bitplanes.dequantize`, ``x̂ = ((k_b + ½)·2^(1−b) − 1)·s``, so the factors are
 bit-identical to the torch decoder's (docs/pack-format.md §4). The
 ``A·B + μ`` product runs in torch (BLAS) by default: on this CPU a tiled OpenCL matmul is slower
 (``matmul="opencl"`` selects it; see docs/device-backends.md for the measurement).
@@ -24,9 +24,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from sakura.offline.pack import HEAD_BYTES, PackInfo
+from sakura.formats.bitplanes import HEAD_BYTES, FactorBytes
+from sakura.formats.container import Blobs
+from sakura.formats.pack import PackInfo, shard_bytes
+from sakura.kvcache import KV, kv_pairs
 from sakura.runtime.executors.errors import BackendUnavailable
-from sakura.runtime.reconstruct.base import Blobs, FactorBytes, KVShard, Reconstructor, assemble, shard_bytes
+from sakura.runtime.reconstruct.base import Reconstructor
 
 KERNELS = r"""
 #define HEAD %d
@@ -290,7 +293,7 @@ class OpenCLReconstructor(Reconstructor):
         return sb.units, a, b, sb.means
 
     def rebuild(self, info: PackInfo, shard: int, r: int, b_a: int, b_b: int, blobs: Blobs, *,
-                verify: bool = True) -> KVShard:
+                verify: bool = True) -> KV:
         geo = info.geometry
         if r and self.matmul == "opencl":
             return self._rebuild_on_device(info, shard, r, b_a, b_b, blobs, verify)
@@ -300,9 +303,9 @@ class OpenCLReconstructor(Reconstructor):
             kv = m[:, None, :].expand(len(units), geo.n, geo.d).clone()
         else:
             kv = torch.baddbmm(m[:, None, :], torch.from_numpy(a), torch.from_numpy(b))
-        return assemble(units, kv)
+        return kv_pairs(dict(zip(units, kv)))
 
-    def _rebuild_on_device(self, info, shard, r, b_a, b_b, blobs, verify) -> KVShard:
+    def _rebuild_on_device(self, info, shard, r, b_a, b_b, blobs, verify) -> KV:
         cl, mf = self.cl, self.cl.mem_flags
         sb = shard_bytes(info, shard, r, b_a, b_b, blobs, verify=verify)
         U, n, d = len(sb.units), sb.n, sb.d
@@ -317,4 +320,4 @@ class OpenCLReconstructor(Reconstructor):
             cl.enqueue_nd_range_kernel(self.queue, k, (up(d), up(n), U), (16, 16, 1))
             out = np.empty((U, n, d), np.float32)
             cl.enqueue_copy(self.queue, out, obuf, is_blocking=True)
-        return assemble(sb.units, torch.from_numpy(out))
+        return kv_pairs(dict(zip(sb.units, torch.from_numpy(out))))

@@ -10,7 +10,8 @@ few runs), and ``"chunk_crc32"``, a base64 string of little-endian u32 CRC32s, o
 order. Chunk ``i`` starts at ``data_start + sum(lengths[:i])`` where ``data_start = 8 + N``. Each format
 defines what its chunks mean and in which order they come; this module only frames, indexes and
 checks them. A client needs only the header bytes to compute every byte range and to verify each
-chunk it receives against its CRC32.
+chunk it receives against its CRC32: :meth:`ChunkIndex.gather` is the one place a decoder takes a
+chunk out of the received bytes and checks it.
 """
 
 from __future__ import annotations
@@ -21,11 +22,13 @@ import json
 import os
 import zlib
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
 MAX_HEADER_BYTES = 16 << 20  # a sane bound so a corrupt length never makes a reader allocate GBs
+Range = tuple[int, int]  # (offset, length) in the file
+Blobs = Mapping[Range, bytes]  # bytes as received, keyed by the range they were fetched for
 
 
 class PackFormatError(ValueError):
@@ -134,6 +137,18 @@ class ChunkIndex:
         if crc32(data) != self.crcs[i]:
             raise PackFormatError(f"checksum mismatch in chunk {i} (offset {int(self.offsets[i])})")
 
+    def gather(self, ids: Iterable[int], blobs: Blobs, *, verify: bool = True) -> list[bytes]:
+        """The bytes of chunks ``ids`` out of received ``blobs`` (any blob covering a chunk will do),
+        each checked against its length and CRC32 unless ``verify=False``."""
+        source = ByteSource(blobs)
+        out = []
+        for i in ids:
+            data = source.get(*self.span(i))
+            if verify:
+                self.check(i, data)
+            out.append(data)
+        return out
+
 
 def parse_header(buf: bytes, fmt: str, versions: Sequence[int]) -> tuple[dict[str, Any], ChunkIndex]:
     """Parse and validate a header from the file's first bytes (at least :func:`header_size`)."""
@@ -181,7 +196,7 @@ class ContainerFile:
             raise PackFormatError(f"range {offset}+{length} outside the file ({self.size} bytes)")
         return self._mm[offset:offset + length].tobytes()
 
-    def read_ranges(self, ranges: Sequence[tuple[int, int]]) -> dict[tuple[int, int], bytes]:
+    def read_ranges(self, ranges: Sequence[Range]) -> dict[Range, bytes]:
         return {(o, n): self.read(o, n) for o, n in ranges}
 
     def verify(self) -> None:
@@ -194,7 +209,7 @@ class ContainerFile:
 class ByteSource:
     """Bytes received for some ranges, looked up by absolute offset (any covering blob will do)."""
 
-    def __init__(self, blobs: Mapping[tuple[int, int], bytes]):
+    def __init__(self, blobs: Blobs):
         self._blobs = sorted((o, bytes(b) if not isinstance(b, bytes) else b) for (o, _), b in blobs.items())
         self._starts = [o for o, _ in self._blobs]
 
@@ -207,7 +222,7 @@ class ByteSource:
         raise PackFormatError(f"bytes {offset}+{length} were not supplied")
 
 
-def coalesce(ranges: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+def coalesce(ranges: Sequence[Range]) -> list[Range]:
     """Sort ranges and merge the touching/overlapping ones (fewer parts in a multi-range request)."""
     out: list[list[int]] = []
     for o, n in sorted(ranges):

@@ -1,23 +1,24 @@
 """The uncompressed FP16 cache as a stored file (the `fp16` baseline, and the reference cache).
 
-Same container as every other format; one chunk per shard: for each unit of the shard in
-``shard_units`` order, the (n, d) float16 values row-major.
+Same container as every other format; one chunk per shard: for each cache unit of the shard in
+``shard_units`` order, the (n, d) float16 values row-major. Fetch unit = shard, one level.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import torch
 
-from sakura.kvcache import KVCache, shard_plan
-from sakura.offline.container import ByteSource, ContainerFile, PackFormatError, parse_header, write_container
-from sakura.offline.pack import shard_units
+from sakura.formats.base import KV, Level, Range, ShardEncoding
+from sakura.formats.container import Blobs, ContainerFile, PackFormatError, parse_header, write_container
+from sakura.kvcache import KVCache, kv_pairs, shard_plan, shard_units
 
 FORMAT = "sakura-fp16"
 VERSION = 1
+SUFFIX = ".fp16"
 
 
 class Fp16Info:
@@ -40,7 +41,7 @@ class Fp16Info:
     def num_shards(self) -> int:
         return len(self.shards)
 
-    def ranges(self, shard: int) -> list[tuple[int, int]]:
+    def ranges(self, shard: int) -> list[Range]:
         return [self.index.span(shard)]
 
     @property
@@ -52,10 +53,9 @@ def write_fp16(path: str | Path, cache: KVCache, *, shard_size: int = 1, model_i
                template_id: str = "") -> Fp16Info:
     plan = shard_plan(cache.num_steps, cache.num_layers, shard_size)
     chunks = []
-    for step, l0, l1 in plan:
-        parts = [(cache.k if kind == "k" else cache.v)[(s, layer)].to(torch.float16).numpy().astype("<f2").tobytes()
-                 for s, layer, kind in shard_units(step, l0, l1)]
-        chunks.append(b"".join(parts))
+    for shard in plan:
+        chunks.append(b"".join(cache.unit(*unit).to(torch.float16).numpy().astype("<f2").tobytes()
+                               for unit in shard_units(*shard)))
     header = {"format": FORMAT, "version": VERSION, "model_id": model_id, "template_id": template_id,
               "geometry": {"n": cache.num_reused, "d": cache.dim, "num_steps": cache.num_steps,
                            "num_layers": cache.num_layers, "shard_size": shard_size},
@@ -64,15 +64,26 @@ def write_fp16(path: str | Path, cache: KVCache, *, shard_size: int = 1, model_i
     return Fp16Info.from_bytes(ContainerFile(path, FORMAT, [VERSION]).header_bytes)
 
 
-def decode_fp16_shard(info: Fp16Info, shard: int, blobs: Mapping[tuple[int, int], bytes],
-                      dtype: torch.dtype = torch.float32) -> dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]]:
-    span = info.index.span(shard)
-    buf = ByteSource(blobs).get(*span)
-    info.index.check(shard, buf)
-    step, l0, l1 = info.shards[shard]
-    units = shard_units(step, l0, l1)
-    arr = np.frombuffer(buf, dtype="<f2").reshape(len(units), info.n, info.d)
-    out: dict = {}
-    for k, (s, layer, kind) in enumerate(units):
-        out.setdefault((s, layer), {})[kind] = torch.from_numpy(arr[k].astype(np.float32)).to(dtype)
-    return {key: (kv["k"], kv["v"]) for key, kv in out.items()}
+def decode(info: Fp16Info, shard: int, blobs: Blobs, dtype: torch.dtype = torch.float32) -> KV:
+    """K, V (n, d) of every (step, layer) of a shard, from the bytes of its one range."""
+    [data] = info.index.gather([shard], blobs)
+    units = shard_units(*info.shards[shard])
+    values = np.frombuffer(data, dtype="<f2").reshape(len(units), info.n, info.d)
+    return kv_pairs({unit: torch.from_numpy(values[k].astype(np.float32)).to(dtype) for k, unit in enumerate(units)})
+
+
+class Fp16Encoding(ShardEncoding):
+    name, info_cls = "fp16", Fp16Info
+
+    def _levels(self, shard):
+        return (Level("fp16", self.info.ranges(shard)[0][1], 0.0, ()),)
+
+    def ranges(self, fetch_unit, level):
+        return self.info.ranges(fetch_unit.index)
+
+    def _decode(self, shard, key, blobs):
+        return decode(self.info, shard, blobs)
+
+    @property
+    def storage_bytes(self):
+        return self.info.storage_bytes

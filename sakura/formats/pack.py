@@ -1,6 +1,6 @@
 """The progressive SAKURA pack: one file per template serving every (shard, r, b_A, b_B) as a prefix.
 
-Chunk order (see docs/pack-format.md for the byte-level spec). For each shard, with U units
+Chunk order (see docs/pack-format.md for the byte-level spec). For each shard, with U cache units
 (layer-major, K then V) and components in groups of G (``group``):
 
     mean                           U × d float16 — always sent
@@ -13,38 +13,34 @@ of the first b planes of a factor, the first ⌈r/G⌉ group chunks — one cont
 plane. The mean touches A plane 0, so a configuration is ``b_A + b_B`` ranges (one when r = R and
 both factors are at 8 bits), fetched with one multi-range HTTP request. r must be a multiple of G
 (or the stored rank R, or 0 = mean only) so that every chunk received is whole and CRC-checkable.
+
+This module only lays out, serialises and decodes: the factors and the frontier a pack stores are
+computed offline (:mod:`sakura.offline.compress`) and handed to :func:`write_pack` as a
+:class:`PackSource`. Fetch unit = shard; levels = its stored frontier.
 """
 
 from __future__ import annotations
 
-import functools
 import time
 import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 import torch
 
-from sakura.kvcache import KVCache, shard_plan
-from sakura.offline.container import (ByteSource, ContainerFile, PackFormatError, coalesce, header_size,
-                                      parse_header, write_container)
-from sakura.offline.lowrank import SMALL_UNIT, single_threaded, weighted_lowrank
-from sakura.offline.quant import (PLANES, QuantizedFactors, dequantize, from_planes, plane_bytes, quantize_factors,
-                                  to_planes)
-from sakura.offline.tradeoff import DEFAULT_BITS, Config, pareto, profile_shard, rank_grid
+from sakura.formats.base import KV, Level, Range, ShardEncoding
+from sakura.formats.bitplanes import HEAD_BYTES, PLANES, FactorBytes, QuantizedFactors, plane_bytes, plane_records
+from sakura.formats.container import (Blobs, ContainerFile, PackFormatError, coalesce, header_size, parse_header,
+                                      write_container)
+from sakura.kvcache import CacheUnit, kv_pairs, shard_plan, shard_units
 
 FORMAT = "sakura-pack"
 VERSION = 1
 SUPPORTED_VERSIONS = (1,)
+SUFFIX = ""  # the pack is the template's main file: its file id is the template id
 DEFAULT_GROUP = 8
-HEAD_BYTES = 5  # per (component, unit, factor) in plane 0: float32 scale + u8 dead-zone bits
-KINDS = ("k", "v")
-QUALITY_METRIC = "mean over units of sum_j s_j*|xhat_j-x_j|^2 / sum_j s_j*|x_j-mean(x)|^2, s = importance (mean 1)"
-
-UnitId = tuple[int, int, str]  # (step, layer, "k" | "v")
-KVShard = dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]]  # (step, layer) -> (K, V), each (n, d)
 
 
 @dataclass(frozen=True)
@@ -84,7 +80,7 @@ class Geometry:
         return out
 
     def config_bytes(self, units: int, r: int, b_a: int, b_b: int) -> int:
-        """Bytes on the wire for a configuration of a shard of ``units`` units (formula, any r)."""
+        """Bytes on the wire for a configuration of a shard of ``units`` cache units (formula, any r)."""
         if r == 0:
             return units * self.d * 2
         a = r * units * (b_a * plane_bytes(self.n) + HEAD_BYTES)
@@ -92,8 +88,28 @@ class Geometry:
         return units * self.d * 2 + a + b
 
 
-def shard_units(step: int, l0: int, l1: int) -> list[UnitId]:
-    return [(step, layer, kind) for layer in range(l0, l1) for kind in KINDS]
+@dataclass(frozen=True)
+class Config:
+    """One stored configuration of a shard: ``bytes`` on the wire, ``error`` its offline quality
+    proxy (see :mod:`sakura.offline.tradeoff`): one row of a frontier in the header."""
+
+    r: int
+    b_a: int
+    b_b: int
+    bytes: int
+    error: float
+
+    @property
+    def key(self) -> tuple[int, int, int]:
+        return self.r, self.b_a, self.b_b
+
+    def to_list(self) -> list:
+        return [self.r, self.b_a, self.b_b, self.bytes, self.error]
+
+    @classmethod
+    def from_list(cls, row: Sequence[Any]) -> "Config":
+        r, ba, bb, nbytes, err = row
+        return cls(int(r), int(ba), int(bb), int(nbytes), float(err))
 
 
 class PackInfo:
@@ -139,7 +155,8 @@ class PackInfo:
     def template_id(self) -> str:
         return self.header.get("template_id", "")
 
-    def units(self, shard: int) -> list[UnitId]:
+    def units(self, shard: int) -> list[CacheUnit]:
+        """The cache units of ``shard``, in storage order."""
         return shard_units(*self.shards[shard])
 
     def validate(self, shard: int, r: int, b_a: int, b_b: int) -> None:
@@ -164,7 +181,7 @@ class PackInfo:
                     out += range(first, first + groups)
         return out
 
-    def ranges(self, shard: int, r: int, b_a: int, b_b: int) -> list[tuple[int, int]]:
+    def ranges(self, shard: int, r: int, b_a: int, b_b: int) -> list[Range]:
         """Absolute ``(offset, length)`` byte ranges of a configuration, merged where they touch."""
         return coalesce([self.index.span(i) for i in self.chunks(shard, r, b_a, b_b)])
 
@@ -180,73 +197,60 @@ class PackInfo:
 # ---------------------------------------------------------------------------------------------- write
 
 
-def _encode_shard(qfs: Sequence[QuantizedFactors], geo: Geometry) -> list[bytes]:
-    """One shard's chunks in file order from its units' quantised factors."""
-    chunks = [np.stack([qf.mean for qf in qfs]).astype("<f2").tobytes()]
-    for codes, scales, zero in (([qf.a_codes for qf in qfs], [qf.a_scales for qf in qfs], [qf.a_zero for qf in qfs]),
-                                ([qf.b_codes for qf in qfs], [qf.b_scales for qf in qfs], [qf.b_zero for qf in qfs])):
-        planes = to_planes(np.stack(codes, axis=1))  # (8, R, U, ⌈L/8⌉): component-major, then unit
-        head = np.concatenate([np.stack(scales, axis=1).astype("<f4")[..., None].view(np.uint8),
-                               np.stack(zero, axis=1)[..., None]], axis=-1)  # (R, U, 5)
-        for p in range(geo.planes):
-            recs = np.concatenate([head, planes[0]], axis=-1) if p == 0 else planes[p]
+@dataclass
+class PackSource:
+    """What the offline side computed for one pack, for :func:`write_pack` to serialise.
+
+    ``shards`` yields, in shard order, the quantised factors of the shard's cache units (storage
+    order) and its frontier; it may be a generator, so a build never holds more than the encoded
+    chunks. ``tradeoff`` is the header's table without its frontiers (``metric``, ``bits``,
+    ``ranks``); None stores no frontiers. ``build`` gets the seconds spent producing and encoding.
+    """
+
+    geometry: Geometry
+    shards: Iterable[tuple[Sequence[QuantizedFactors], Sequence[Config]]]
+    reuse_index: torch.Tensor
+    source_dtype: str
+    build: dict[str, Any]
+    tradeoff: dict[str, Any] | None
+
+
+def encode_shard(factors: Sequence[QuantizedFactors], geo: Geometry) -> list[bytes]:
+    """One shard's chunks in file order from its cache units' quantised factors."""
+    chunks = [np.stack([qf.mean for qf in factors]).astype("<f2").tobytes()]
+    for records in (plane_records([qf.a_codes for qf in factors], [qf.a_scales for qf in factors],
+                                  [qf.a_zero for qf in factors]),
+                    plane_records([qf.b_codes for qf in factors], [qf.b_scales for qf in factors],
+                                  [qf.b_zero for qf in factors])):
+        for plane in records:
             for g in range(geo.num_groups):
-                chunks.append(np.ascontiguousarray(recs[g * geo.group:(g + 1) * geo.group]).tobytes())
+                chunks.append(np.ascontiguousarray(plane[g * geo.group:(g + 1) * geo.group]).tobytes())
     return chunks
 
 
-def write_pack(path: str | Path, cache: KVCache, importance: Mapping[tuple[int, int], torch.Tensor] | None, *,
-               q: float = 0.5, max_rank: int = 64, shard_size: int = 1, model_id: str = "", template_id: str = "",
-               tradeoff: Mapping[int, Sequence[Config]] | bool | None = None, group: int = DEFAULT_GROUP,
-               bits: Sequence[int] = DEFAULT_BITS,
-               progress: Callable[[int, int], None] | None = None) -> PackInfo:
-    """Factorise, quantise and write one template's pack; returns its parsed header.
-
-    ``importance[(step, layer)]`` is the (n,) token importance for both K and V of that unit (missing
-    → uniform). ``tradeoff``: None profiles the frontier here (weighted error on a rank × ``bits``
-    grid); a mapping ``shard → configs`` stores a frontier computed elsewhere (e.g. from image
-    PSNR); False stores none. ``progress(done, total)`` is called after each shard.
-    """
-    importance = importance or {}
-    n, d = cache.num_reused, cache.dim
-    geo = Geometry(cache.num_steps, cache.num_layers, cache.heads, cache.head_dim, n, shard_size, max_rank,
-                   min(max_rank, n, d), group)
-    if geo.rank < 1:
-        raise ValueError("nothing to store: rank would be 0")
+def write_pack(path: str | Path, source: PackSource, *, model_id: str = "", template_id: str = "") -> PackInfo:
+    """Serialise one template's pack; returns its parsed header."""
+    geo = source.geometry
     t0 = time.perf_counter()
     chunks: list[bytes] = []
     frontiers: list[list[Config]] = []
-    ranks = rank_grid(geo.rank, group)
-    plan = geo.shards()
-    with single_threaded(n * d <= SMALL_UNIT):
-        for i, (step, l0, l1) in enumerate(plan):
-            units = []
-            for s, layer, kind in shard_units(step, l0, l1):
-                x = (cache.k if kind == "k" else cache.v)[(s, layer)]
-                imp = importance.get((s, layer))
-                units.append((x, imp, quantize_factors(weighted_lowrank(x, imp, q=q, max_rank=max_rank), imp)))
-            chunks += _encode_shard([qf for _, _, qf in units], geo)
-            if tradeoff is None:
-                nbytes = functools.partial(geo.config_bytes, len(units))
-                frontiers.append(pareto(profile_shard(units, nbytes, ranks, bits)))
-            if progress:
-                progress(i + 1, len(plan))
-    if isinstance(tradeoff, Mapping):
-        frontiers = [list(tradeoff.get(i, [])) for i in range(len(plan))]
+    for factors, front in source.shards:
+        chunks += encode_shard(factors, geo)
+        frontiers.append(list(front))
+    if len(frontiers) != len(geo.shards()):
+        raise ValueError(f"pack source gave {len(frontiers)} shards, the geometry has {len(geo.shards())}")
     header: dict[str, Any] = {
         "format": FORMAT, "version": VERSION, "model_id": model_id, "template_id": template_id,
         "geometry": asdict(geo),
-        "dtypes": {"source": str(next(iter(cache.k.values())).dtype).removeprefix("torch."),
-                   "mean": "<f2", "scale": "<f4", "zero": "u8 dead-zone bit per prefix length",
+        "dtypes": {"source": source.source_dtype, "mean": "<f2", "scale": "<f4",
+                   "zero": "u8 dead-zone bit per prefix length",
                    "code": "u8 offset-binary, bit planes MSB first", "reconstruct": "centre"},
-        "build": {"q": q, "importance": bool(importance), "seconds": round(time.perf_counter() - t0, 3)},
-        "reuse_index_crc32": zlib.crc32(cache.reuse_index.to(torch.int64).numpy().astype("<i8").tobytes()),
-        "shards": [list(s) for s in plan],
+        "build": {**source.build, "seconds": round(time.perf_counter() - t0, 3)},
+        "reuse_index_crc32": zlib.crc32(source.reuse_index.to(torch.int64).numpy().astype("<i8").tobytes()),
+        "shards": [list(s) for s in geo.shards()],
     }
-    if tradeoff is not False:
-        header["tradeoff"] = {"metric": QUALITY_METRIC if tradeoff is None else "external",
-                              "bits": list(bits), "ranks": ranks,
-                              "frontiers": [[c.to_list() for c in f] for f in frontiers]}
+    if source.tradeoff is not None:
+        header["tradeoff"] = {**source.tradeoff, "frontiers": [[c.to_list() for c in f] for f in frontiers]}
     write_container(path, header, chunks)
     return PackReader(path).info
 
@@ -266,16 +270,16 @@ class PackReader:
         """The raw header a server hands a client (``8 + N`` bytes)."""
         return self.file.header_bytes
 
-    def ranges(self, shard: int, r: int, b_a: int, b_b: int) -> list[tuple[int, int]]:
+    def ranges(self, shard: int, r: int, b_a: int, b_b: int) -> list[Range]:
         return self.info.ranges(shard, r, b_a, b_b)
 
     def config_bytes(self, shard: int, r: int, b_a: int, b_b: int) -> int:
         return self.info.config_bytes(shard, r, b_a, b_b)
 
-    def read(self, shard: int, r: int, b_a: int, b_b: int) -> dict[tuple[int, int], bytes]:
+    def read(self, shard: int, r: int, b_a: int, b_b: int) -> dict[Range, bytes]:
         return self.file.read_ranges(self.ranges(shard, r, b_a, b_b))
 
-    def decode(self, shard: int, r: int, b_a: int, b_b: int, **kw) -> KVShard:
+    def decode(self, shard: int, r: int, b_a: int, b_b: int, **kw) -> KV:
         return decode_shard(self.info, shard, r, b_a, b_b, self.read(shard, r, b_a, b_b), **kw)
 
     def frontier(self, shard: int) -> list[Config]:
@@ -288,59 +292,88 @@ class PackReader:
 # --------------------------------------------------------------------------------------------- decode
 
 
-def decode_factors(info: PackInfo, shard: int, r: int, b_a: int, b_b: int,
-                   blobs: Mapping[tuple[int, int], bytes], *, verify: bool = True
-                   ) -> dict[UnitId, tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Dequantised ``(A (n, r), B (r, d), mean (d,))`` float32 per unit, from the config's bytes only.
+@dataclass
+class ShardBytes:
+    """The received bytes of one configuration of a shard, regrouped: means, then A's and B's planes."""
+
+    units: list[CacheUnit]  # storage order (layer-major, K then V)
+    n: int
+    d: int
+    r: int
+    means: np.ndarray  # (U, d) float32
+    a: FactorBytes | None  # None when r = 0 (means only)
+    b: FactorBytes | None
+
+
+def shard_bytes(info: PackInfo, shard: int, r: int, b_a: int, b_b: int, blobs: Blobs, *,
+                verify: bool = True) -> ShardBytes:
+    """Gather (and CRC-check) the chunks of a configuration into per-factor contiguous strings."""
+    geo = info.geometry
+    data = info.index.gather(info.chunks(shard, r, b_a, b_b), blobs, verify=verify)
+    units = info.units(shard)
+    means = np.frombuffer(data[0], dtype="<f2").reshape(len(units), geo.d).astype(np.float32)
+    if r == 0:
+        return ShardBytes(units, geo.n, geo.d, 0, means, None, None)
+    groups = -(-r // geo.group)
+    pos, factors = 1, []
+    for length, bits in ((geo.n, b_a), (geo.d, b_b)):
+        factors.append(FactorBytes(b"".join(data[pos:pos + bits * groups]), bits, length))
+        pos += bits * groups
+    return ShardBytes(units, geo.n, geo.d, r, means, factors[0], factors[1])
+
+
+def decode_factors(info: PackInfo, shard: int, r: int, b_a: int, b_b: int, blobs: Blobs, *, verify: bool = True
+                   ) -> dict[CacheUnit, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Dequantised ``(A (n, r), B (r, d), mean (d,))`` float32 per cache unit, from the config's bytes only.
 
     For reconstructors that do the ``A @ B + mean`` themselves (OpenCL, on-device kernels).
     """
-    geo, src = info.geometry, ByteSource(blobs)
-    ids = info.chunks(shard, r, b_a, b_b)
-    data = []
-    for i in ids:
-        buf = src.get(*info.index.span(i))
-        if verify:
-            info.index.check(i, buf)
-        data.append(buf)
-    units = info.units(shard)
-    nu = len(units)
-    means = np.frombuffer(data[0], dtype="<f2").reshape(nu, geo.d).astype(np.float32)
+    received = shard_bytes(info, shard, r, b_a, b_b, blobs, verify=verify)
+    units, means = received.units, received.means
     if r == 0:
-        return {u: (np.zeros((geo.n, 0), np.float32), np.zeros((0, geo.d), np.float32), means[k])
+        return {u: (np.zeros((received.n, 0), np.float32), np.zeros((0, received.d), np.float32), means[k])
                 for k, u in enumerate(units)}
-    groups = -(-r // geo.group)
-    pos = 1
-    factors = []
-    for length, bits in ((geo.n, b_a), (geo.d, b_b)):
-        pb = plane_bytes(length)
-        planes = []
-        for p in range(bits):
-            raw = np.frombuffer(b"".join(data[pos:pos + groups]), dtype=np.uint8)
-            pos += groups
-            if p == 0:
-                recs = raw.reshape(r, nu, HEAD_BYTES + pb)
-                scales = np.ascontiguousarray(recs[..., :4]).view("<f4")[..., 0]  # (r, U)
-                zero = recs[..., 4]  # (r, U)
-                planes.append(recs[..., HEAD_BYTES:])
-            else:
-                planes.append(raw.reshape(r, nu, pb))
-        codes = from_planes(np.stack(planes), length)  # (r, U, L)
-        factors.append([dequantize(codes[:, k], scales[:, k], bits, zero[:, k]) for k in range(nu)])  # (r, L)
-    return {u: (np.ascontiguousarray(factors[0][k].T), factors[1][k], means[k]) for k, u in enumerate(units)}
+    a = received.a.dequantize(r, len(units))  # (U, r, n)
+    b = received.b.dequantize(r, len(units))  # (U, r, d)
+    return {u: (np.ascontiguousarray(a[k].T), b[k], means[k]) for k, u in enumerate(units)}
 
 
-def decode_shard(info: PackInfo, shard: int, r: int, b_a: int, b_b: int, blobs: Mapping[tuple[int, int], bytes],
-                 *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", verify: bool = True
-                 ) -> KVShard:
+def decode_shard(info: PackInfo, shard: int, r: int, b_a: int, b_b: int, blobs: Blobs, *,
+                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", verify: bool = True) -> KV:
     """Rebuild K, V (n, d) for every (step, layer) of a shard from the bytes of its ranges only.
 
     ``blobs`` maps ``(offset, length)`` → bytes as received; any blob covering a chunk will do, so
     ranges merged across shards work too. Each chunk is CRC-checked unless ``verify=False``.
     """
-    out: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
-    for (step, layer, kind), (a, b, mean) in decode_factors(info, shard, r, b_a, b_b, blobs, verify=verify).items():
+    rebuilt = {}
+    for unit, (a, b, mean) in decode_factors(info, shard, r, b_a, b_b, blobs, verify=verify).items():
         a_t, b_t, m_t = (torch.from_numpy(t).to(device) for t in (a, b, mean))
         x = torch.addmm(m_t, a_t, b_t) if r else m_t.expand(info.geometry.n, -1).clone()
-        out.setdefault((step, layer), {})[kind] = x.to(dtype)
-    return {key: (kv["k"], kv["v"]) for key, kv in out.items()}
+        rebuilt[unit] = x.to(dtype)
+    return kv_pairs(rebuilt)
+
+
+class PackEncoding(ShardEncoding):
+    """One progressive pack; fetch unit = shard; levels = its rank–precision frontier. The rebuild
+    can be delegated to a reconstructor backend (torch / OpenCL: ``sakura.runtime.reconstruct``)."""
+
+    name, info_cls = "sakura", PackInfo
+    reconstructor = None  # anything with .rebuild(info, shard, r, b_a, b_b, blobs) -> {(step, layer): (K, V)}
+
+    def _levels(self, shard):
+        frontier = self.info.frontier(shard)
+        if not frontier:
+            raise PackFormatError(f"pack for {self.info.template_id} has no trade-off profile for shard {shard}")
+        return tuple(Level(f"r{c.r}/a{c.b_a}/b{c.b_b}", c.bytes, c.error, c.key) for c in frontier)
+
+    def ranges(self, fetch_unit, level):
+        return self.info.ranges(fetch_unit.index, *level.key)
+
+    def _decode(self, shard, key, blobs):
+        if self.reconstructor is not None:
+            return self.reconstructor.rebuild(self.info, shard, *key, blobs)
+        return decode_shard(self.info, shard, *key, blobs)
+
+    @property
+    def storage_bytes(self):
+        return self.info.file_size

@@ -1,6 +1,6 @@
 """IntQ baseline: uniform integer quantisation of the K/V cache, one bit width for the whole edit.
 
-Per unit (step, layer, K|V) and per channel, asymmetric min/max quantisation (the standard
+Per cache unit (step, layer, K|V) and per channel, asymmetric min/max quantisation (the standard
 KV-cache scheme: channels differ in range and offset, tokens within a channel much less):
 
     scale_c = (max_c − min_c) / (2^b − 1),  q = round((x − min_c) / scale_c),  x̂ = min_c + q · scale_c
@@ -10,34 +10,35 @@ decode agree). Codes are bit-packed densely (b bits per value, MSB first), so b 
 bits. The stored file holds every bit width of {2, 3, 4, 8}; the client fetches, per shard, the one
 chunk of the width chosen for the edit (the same shard granularity as SAKURA).
 
-Chunk order: for each bit width, for each shard: [per unit: min (d × f2), scale (d × f2), codes].
+Chunk order: for each bit width, for each shard: [per cache unit: min (d × f2), scale (d × f2), codes].
+Fetch unit = shard; every stored width is a level.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
 
-from sakura.kvcache import KVCache, shard_plan
-from sakura.offline.container import (ByteSource, ContainerFile, PackFormatError, header_size, parse_header,
-                                      write_container)
-from sakura.offline.pack import KVShard, shard_units
+from sakura.formats.base import KV, Level, Range, ShardEncoding
+from sakura.formats.container import Blobs, ContainerFile, PackFormatError, header_size, parse_header, write_container
+from sakura.kvcache import KVCache, kv_pairs, shard_plan, shard_units
 
 FORMAT = "sakura-intq"
 VERSION = 1
+SUFFIX = ".intq"
 DEFAULT_BITS = (2, 3, 4, 8)
 
 
 def unit_bytes(n: int, d: int, bits: int) -> int:
-    """Bytes of one encoded (n, d) unit at ``bits``: 2 × d float16 + ⌈n·d·bits / 8⌉ packed codes."""
+    """Bytes of one encoded (n, d) cache unit at ``bits``: 2 × d float16 + ⌈n·d·bits / 8⌉ packed codes."""
     return 4 * d + (n * d * bits + 7) // 8
 
 
 def encode_unit(x: torch.Tensor, bits: int) -> bytes:
-    """Quantise one (n, d) unit per channel to ``bits`` and pack it (see :func:`unit_bytes`)."""
+    """Quantise one (n, d) cache unit per channel to ``bits`` and pack it (see :func:`unit_bytes`)."""
     if not 1 <= bits <= 8:
         raise ValueError(f"bits must be 1..8, got {bits}")
     xd = x.detach().float().numpy().astype(np.float64)  # (torch's fp16→fp64 cast is slow on CPU)
@@ -96,7 +97,7 @@ class IntQInfo:
             raise PackFormatError(f"IntQ has no (shard {shard}, {bits} bits); widths {self.bits}")
         return self.bits.index(bits) * len(self.shards) + shard
 
-    def ranges(self, shard: int, bits: int) -> list[tuple[int, int]]:
+    def ranges(self, shard: int, bits: int) -> list[Range]:
         return [self.index.span(self.chunk(shard, bits))]
 
     def config_bytes(self, shard: int, bits: int) -> int:
@@ -115,8 +116,7 @@ def write_intq(path: str | Path, cache: KVCache, *, bits: Sequence[int] = DEFAUL
     plan = shard_plan(cache.num_steps, cache.num_layers, shard_size)
     for b in bits:
         for shard in plan:
-            chunks.append(b"".join(encode_unit((cache.k if kind == "k" else cache.v)[(s, layer)], b)
-                                   for s, layer, kind in shard_units(*shard)))
+            chunks.append(b"".join(encode_unit(cache.unit(*unit), b) for unit in shard_units(*shard)))
     header = {"format": FORMAT, "version": VERSION, "model_id": model_id, "template_id": template_id,
               "geometry": {"num_steps": cache.num_steps, "num_layers": cache.num_layers, "heads": cache.heads,
                            "head_dim": cache.head_dim, "n": cache.num_reused, "shard_size": shard_size},
@@ -131,21 +131,35 @@ class IntQReader:
         self.file = ContainerFile(path, FORMAT, (VERSION,))
         self.info = IntQInfo(self.file.header, self.file.index)
 
-    def read(self, shard: int, bits: int) -> dict[tuple[int, int], bytes]:
+    def read(self, shard: int, bits: int) -> dict[Range, bytes]:
         return self.file.read_ranges(self.info.ranges(shard, bits))
 
-    def decode(self, shard: int, bits: int, **kw) -> KVShard:
-        return decode_intq_shard(self.info, shard, bits, self.read(shard, bits), **kw)
+    def decode(self, shard: int, bits: int, **kw) -> KV:
+        return decode(self.info, shard, bits, self.read(shard, bits), **kw)
 
 
-def decode_intq_shard(info: IntQInfo, shard: int, bits: int, blobs: Mapping[tuple[int, int], bytes], *,
-                      verify: bool = True) -> KVShard:
-    i = info.chunk(shard, bits)
-    buf = ByteSource(blobs).get(*info.index.span(i))
-    if verify:
-        info.index.check(i, buf)
+def decode(info: IntQInfo, shard: int, bits: int, blobs: Blobs, *, verify: bool = True) -> KV:
+    """K, V (n, d) float32 of every (step, layer) of a shard at width ``bits``, from received bytes."""
+    [data] = info.index.gather([info.chunk(shard, bits)], blobs, verify=verify)
     size = unit_bytes(info.n, info.d, bits)
-    out: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
-    for k, (s, layer, kind) in enumerate(shard_units(*info.shards[shard])):
-        out.setdefault((s, layer), {})[kind] = decode_unit(buf[k * size:(k + 1) * size], info.n, info.d, bits)
-    return {key: (kv["k"], kv["v"]) for key, kv in out.items()}
+    return kv_pairs({unit: decode_unit(data[k * size:(k + 1) * size], info.n, info.d, bits)
+                     for k, unit in enumerate(shard_units(*info.shards[shard]))})
+
+
+class IntQEncoding(ShardEncoding):
+    """Every stored width is a level; the IntQ policy picks one for the whole edit."""
+
+    name, info_cls = "intq", IntQInfo
+
+    def _levels(self, shard):
+        return tuple(Level(f"int{b}", self.info.config_bytes(shard, b), 1.0 / 2**b, (b,)) for b in sorted(self.info.bits))
+
+    def ranges(self, fetch_unit, level):
+        return self.info.ranges(fetch_unit.index, *level.key)
+
+    def _decode(self, shard, key, blobs):
+        return decode(self.info, shard, *key, blobs)
+
+    @property
+    def storage_bytes(self):
+        return self.info.storage_bytes()

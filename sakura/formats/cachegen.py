@@ -9,13 +9,13 @@ What is kept from CacheGen's public design:
 - **arithmetic coding with a per-(layer, channel) symbol distribution** (``constriction``'s range
   coder), the distribution estimated from the cache itself and stored once per level;
 - **a few independently stored quality levels** (3: bins ×½, ×1 = LMCache's default, ×2);
-- **token-chunk granularity**: the unit fetched is one token chunk at one level.
+- **token-chunk granularity**: the fetch unit is one token chunk at one level.
 - optional **anchor/delta coding** (CacheGen paper §5.1): within groups of ``anchor_group``
   consecutive tokens the first is stored at 8 bits and the others as deltas to its reconstruction.
   Off by default, like LMCache's released serde; measured on DiT-like caches it rarely pays.
 
 Adaptation to DiT: an LLM prefix is loaded before decoding, but a DiT edit consumes the cache shard
-by shard, so a chunk here covers the tokens ``[t0, t1)`` of all units of *one shard*; the client
+by shard, so a chunk here covers the tokens ``[t0, t1)`` of all cache units of *one shard*; the client
 picks a level per chunk from measured throughput, shard after shard, like SAKURA's allocator.
 
 File chunk order: entropy models of level 0..L−1 (u16 frequencies, shape (layers, 2, d, symbols)),
@@ -27,19 +27,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 import constriction
 import numpy as np
 import torch
 
-from sakura.kvcache import KVCache, shard_plan
-from sakura.offline.container import (ByteSource, ContainerFile, PackFormatError, header_size, parse_header,
-                                      write_container)
-from sakura.offline.pack import KVShard, shard_units
+from sakura.formats.base import KV, FetchUnit, Level, Range, StreamEncoding, shard_label
+from sakura.formats.container import Blobs, ContainerFile, PackFormatError, header_size, parse_header, write_container
+from sakura.kvcache import CacheUnit, KVCache, kv_pairs, shard_plan, shard_units
 
 FORMAT = "sakura-cachegen"
 VERSION = 1
+SUFFIX = ".cachegen"
 # (key bins per layer group, value bins per layer group), lowest quality first. Level 1 is the
 # configuration LMCache ships for 7B models (K 32/16/16, V 32/16).
 DEFAULT_LEVELS: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = (
@@ -131,7 +131,7 @@ def write_cachegen(path: str | Path, cache: KVCache, *, shard_size: int = 1, chu
     chunks_t = geo.token_chunks()
 
     def unit(s: int, layer: int, kind: str) -> np.ndarray:  # via float32: torch's fp16→fp64 cast is slow
-        return (cache.k if kind == "k" else cache.v)[(s, layer)].float().numpy().astype(np.float64)
+        return cache.unit(s, layer, kind).float().numpy().astype(np.float64)
 
     def encoded(level: int, x: np.ndarray, layer: int, kind: str, t0: int, t1: int):
         return _encode_rows(x[t0:t1], geo.anchors(t0, t1), geo.bins(level, layer, kind) // 2 - 1)
@@ -218,10 +218,10 @@ class CacheGenInfo:
             raise PackFormatError(f"no CacheGen chunk (shard {shard}, chunk {chunk}, level {level})")
         return self.num_levels + (shard * self.num_chunks + chunk) * self.num_levels + level
 
-    def ranges(self, shard: int, chunk: int, level: int) -> list[tuple[int, int]]:
+    def ranges(self, shard: int, chunk: int, level: int) -> list[Range]:
         return [self.index.span(self.chunk_id(shard, chunk, level))]
 
-    def model_ranges(self, level: int) -> list[tuple[int, int]]:
+    def model_ranges(self, level: int) -> list[Range]:
         """The level's entropy model: fetched once per edit before any chunk of that level."""
         if not 0 <= level < self.num_levels:
             raise PackFormatError(f"no CacheGen level {level}")
@@ -243,19 +243,19 @@ class CacheGenReader:
         self.file = ContainerFile(path, FORMAT, (VERSION,))
         self.info = CacheGenInfo(self.file.header, self.file.index)
 
-    def read(self, shard: int, levels: Sequence[int]) -> dict[tuple[int, int], bytes]:
+    def read(self, shard: int, levels: Sequence[int]) -> dict[Range, bytes]:
         """Bytes for a whole shard with ``levels[chunk]`` per token chunk, plus those levels' models."""
         ranges = [r for lv in sorted(set(levels)) for r in self.info.model_ranges(lv)]
         ranges += [r for c, lv in enumerate(levels) for r in self.info.ranges(shard, c, lv)]
         return self.file.read_ranges(ranges)
 
-    def decode(self, shard: int, levels: Sequence[int], **kw) -> KVShard:
-        return decode_cachegen_shard(self.info, shard, levels, self.read(shard, levels), **kw)
+    def decode(self, shard: int, levels: Sequence[int], **kw) -> KV:
+        return decode(self.info, shard, levels, self.read(shard, levels), **kw)
 
 
-def decode_cachegen_chunk(info: CacheGenInfo, shard: int, chunk: int, level: int, data: bytes, model: bytes
-                          ) -> dict[tuple[int, int, str], np.ndarray]:
-    """Rows ``[t0, t1)`` of every unit of a shard, float32 (T, d), from one chunk and its level's model."""
+def decode_chunk(info: CacheGenInfo, shard: int, chunk: int, level: int, data: bytes, model: bytes
+                 ) -> dict[CacheUnit, np.ndarray]:
+    """Rows ``[t0, t1)`` of every cache unit of a shard, float32 (T, d), from one chunk and its level's model."""
     geo = info.geometry
     t0, t1 = geo.token_chunks()[chunk]
     anchors = geo.anchors(t0, t1)
@@ -286,28 +286,95 @@ def decode_cachegen_chunk(info: CacheGenInfo, shard: int, chunk: int, level: int
     return out
 
 
-def decode_cachegen_shard(info: CacheGenInfo, shard: int, levels: Sequence[int],
-                          blobs: Mapping[tuple[int, int], bytes], *, verify: bool = True
-                          ) -> KVShard:
+class ShardRows:
+    """A shard's cache units filled in token chunk by token chunk; complete once every chunk is in."""
+
+    def __init__(self, info: CacheGenInfo, shard: int):
+        geo = info.geometry
+        self.token_chunks = geo.token_chunks()
+        self.units = {unit: torch.empty(geo.n, geo.d) for unit in shard_units(*info.shards[shard])}
+        self.missing = set(range(len(self.token_chunks)))
+
+    def add(self, chunk: int, rows: dict[CacheUnit, np.ndarray]) -> None:
+        t0, t1 = self.token_chunks[chunk]
+        for unit, x in rows.items():
+            self.units[unit][t0:t1] = torch.from_numpy(x)
+        self.missing.discard(chunk)
+
+    def kv(self) -> KV:
+        if self.missing:
+            raise PackFormatError(f"token chunks {sorted(self.missing)} of the shard were never decoded")
+        return kv_pairs(self.units)
+
+
+def decode(info: CacheGenInfo, shard: int, levels: Sequence[int], blobs: Blobs, *, verify: bool = True) -> KV:
     """Rebuild a shard's K, V (n, d) float32 with ``levels[chunk]`` per token chunk, from received bytes."""
     if len(levels) != info.num_chunks:
         raise PackFormatError(f"need one level per token chunk ({info.num_chunks}), got {len(levels)}")
-    src, geo = ByteSource(blobs), info.geometry
-
-    def fetch(i: int) -> bytes:
-        buf = src.get(*info.index.span(i))
-        if verify:
-            info.index.check(i, buf)
-        return buf
-
-    models = {lv: fetch(lv) for lv in set(levels)}
-    full = {u: np.empty((geo.n, geo.d), np.float32) for u in shard_units(*info.shards[shard])}
+    used = sorted(set(levels))
+    models = dict(zip(used, info.index.gather(used, blobs, verify=verify)))
+    data = info.index.gather([info.chunk_id(shard, c, lv) for c, lv in enumerate(levels)], blobs, verify=verify)
+    rows = ShardRows(info, shard)
     for c, lv in enumerate(levels):
-        t0, t1 = geo.token_chunks()[c]
-        rows = decode_cachegen_chunk(info, shard, c, lv, fetch(info.chunk_id(shard, c, lv)), models[lv])
-        for u, x in rows.items():
-            full[u][t0:t1] = x
-    out: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
-    for (s, layer, kind), x in full.items():
-        out.setdefault((s, layer), {})[kind] = torch.from_numpy(x)
-    return {key: (kv["k"], kv["v"]) for key, kv in out.items()}
+        rows.add(c, decode_chunk(info, shard, c, lv, data[c], models[lv]))
+    return rows.kv()
+
+
+class CacheGenEncoding(StreamEncoding):
+    """Fetch unit = one token chunk of one shard, at one of the stored levels; the entropy models of
+    every level come first (the preamble). A shard is complete when all its chunks are decoded."""
+
+    name = "cachegen"
+
+    def __init__(self, info: CacheGenInfo):
+        self.info = info
+        self._units = []
+        chunks = info.geometry.token_chunks()
+        for shard_index, shard in enumerate(info.shards):
+            for c, (t0, t1) in enumerate(chunks):
+                levels = tuple(Level(f"L{lv}", info.chunk_bytes(shard_index, c, lv), float(info.num_levels - lv), (lv,))
+                               for lv in range(info.num_levels))
+                self._units.append(FetchUnit(len(self._units), shard_index,
+                                             f"{shard_label(shard)} tokens {t0}-{t1 - 1}", levels))
+        self._models: dict[int, bytes] = {}
+        self._partial: dict[int, ShardRows] = {}
+
+    @classmethod
+    def from_header(cls, header: bytes) -> "CacheGenEncoding":
+        return cls(CacheGenInfo.from_bytes(header))
+
+    def fresh(self) -> "CacheGenEncoding":
+        return CacheGenEncoding(self.info)
+
+    @property
+    def units(self):
+        return self._units
+
+    def preamble_ranges(self):
+        return [r for lv in range(self.info.num_levels) for r in self.info.model_ranges(lv)]
+
+    def set_preamble(self, blobs):
+        levels = range(self.info.num_levels)  # model chunk i is level i's
+        self._models = dict(zip(levels, self.info.index.gather(levels, dict(zip(self.preamble_ranges(), blobs)))))
+
+    def ranges(self, fetch_unit, level):
+        shard, chunk = self._locate(fetch_unit)
+        return self.info.ranges(shard, chunk, *level.key)
+
+    def _locate(self, fetch_unit: FetchUnit) -> tuple[int, int]:
+        return fetch_unit.needed_by, fetch_unit.index % self.info.num_chunks
+
+    def decode(self, fetch_unit, level, blobs) -> KV:
+        shard, chunk = self._locate(fetch_unit)
+        (lv,) = level.key
+        received = dict(zip(self.ranges(fetch_unit, level), blobs))
+        [data] = self.info.index.gather([self.info.chunk_id(shard, chunk, lv)], received)
+        rows = self._partial.setdefault(shard, ShardRows(self.info, shard))
+        rows.add(chunk, decode_chunk(self.info, shard, chunk, lv, data, self._models[lv]))
+        if rows.missing:
+            return {}
+        return self._partial.pop(shard).kv()
+
+    @property
+    def storage_bytes(self):
+        return self.info.storage_bytes()

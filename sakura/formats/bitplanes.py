@@ -21,17 +21,21 @@ a ``b``-bit prefix reconstructs the two cells touching zero at 0 — the centre 
 b) by whichever gives the lower (row-weighted) squared error; the codes and cells are unchanged.
 
 Planes are packed with ``np.packbits`` (MSB-first within each byte), one byte row per component.
+Stored, a factor of a shard is ``PLANES`` plane arrays of records ``(R, U, …)`` (component-major,
+then cache unit): plane 0's records start with the component's head (f32 scale, u8 dead-zone
+bits). :func:`plane_records` writes them; :class:`FactorBytes` reads a received prefix of them.
+This is the part of the pack format the device decodes with, so it imports nothing offline.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
-from sakura.offline.lowrank import Factors, normalized_importance
-
 PLANES = 8  # bits of a full code; every stored factor has this many planes
+HEAD_BYTES = 5  # per (component, cache unit, factor) in plane 0: float32 scale + u8 dead-zone bits
 
 
 def dequantize(prefix: np.ndarray, scales: np.ndarray, bits: int, zero: np.ndarray | None = None) -> np.ndarray:
@@ -126,10 +130,41 @@ class QuantizedFactors:
         return np.ascontiguousarray(self.a_hat(bits_a, r).T), self.b_hat(bits_b, r), self.mean.astype(np.float32)
 
 
-def quantize_factors(f: Factors, importance=None) -> QuantizedFactors:
-    """Quantise A and B independently. ``importance`` (n,) weighs A's dead-zone choice the way the
-    quality metric weighs rows (B's channels are unweighted); it is not stored."""
-    w = normalized_importance(importance, f.a.shape[0]).numpy() if importance is not None else None
-    a = quantize(f.a.T.numpy(), w)
-    b = quantize(f.b.numpy())
-    return QuantizedFactors(*a, *b, f.mean.numpy().astype(np.float16))
+
+def plane_records(codes: Sequence[np.ndarray], scales: Sequence[np.ndarray], zero: Sequence[np.ndarray]
+                  ) -> list[np.ndarray]:
+    """One factor of a shard's cache units (codes (R, L), scales (R,), zero (R,) per unit) as
+    ``PLANES`` arrays of records, plane 0 first: ``(R, U, HEAD_BYTES + ⌈L/8⌉)`` then ``(R, U, ⌈L/8⌉)``."""
+    planes = to_planes(np.stack(codes, axis=1))  # (8, R, U, ⌈L/8⌉): component-major, then unit
+    head = np.concatenate([np.stack(scales, axis=1).astype("<f4")[..., None].view(np.uint8),
+                           np.stack(zero, axis=1)[..., None]], axis=-1)  # (R, U, 5)
+    return [np.concatenate([head, planes[0]], axis=-1)] + list(planes[1:])
+
+
+@dataclass
+class FactorBytes:
+    """One factor's received bit planes for a shard, as one contiguous byte string.
+
+    Layout: plane 0 as ``(r, U, 5 + pb)`` records (little-endian f32 scale, u8 dead-zone bits, then
+    ``pb`` bytes of MSB-first packed bits), then planes ``1 .. bits-1`` as ``(r, U, pb)``. ``length`` values per
+    component (n for A, d for B), ``pb = ⌈length/8⌉``."""
+
+    raw: bytes
+    bits: int
+    length: int
+
+    @property
+    def pb(self) -> int:
+        return plane_bytes(self.length)
+
+    def dequantize(self, r: int, units: int) -> np.ndarray:
+        """The first ``r`` components of every cache unit, float32 ``(U, r, length)``."""
+        raw = np.frombuffer(self.raw, dtype=np.uint8)
+        first = r * units * (HEAD_BYTES + self.pb)
+        records = raw[:first].reshape(r, units, HEAD_BYTES + self.pb)
+        scales = np.ascontiguousarray(records[..., :4]).view("<f4")[..., 0]  # (r, U)
+        zero = records[..., 4]  # (r, U)
+        rest = raw[first:].reshape(self.bits - 1, r, units, self.pb)
+        planes = np.concatenate([records[None, ..., HEAD_BYTES:], rest])
+        codes = from_planes(planes, self.length)  # (r, U, L)
+        return np.stack([dequantize(codes[:, k], scales[:, k], self.bits, zero[:, k]) for k in range(units)])

@@ -1,0 +1,99 @@
+"""The result panels of the edit page: metric cards, the comparison table, what left the device."""
+
+from __future__ import annotations
+
+import html
+
+from app.device import SYSTEM_TITLES
+
+
+def _esc(x) -> str:
+    return html.escape(str(x))
+
+
+def status_html(text: str, kind: str = "info") -> str:
+    return f'<div class="sk-status sk-{kind}" role="status">{_esc(text)}</div>'
+
+
+def metrics_html(result: dict) -> str:
+    m = result.get("metrics") or {}
+    s = result.get("summary") or {}
+    fp16 = s.get("fp16_bytes") or 0
+    sent = s.get("bytes") or 0
+
+    def card(title, value, sub=""):
+        return (f'<div class="sk-card"><div class="sk-card-t">{_esc(title)}</div>'
+                f'<div class="sk-card-v">{value}</div><div class="sk-card-s">{sub}</div></div>')
+
+    def num(x, fmt):
+        return "—" if not isinstance(x, (int, float)) else format(x, fmt)
+
+    cards = [
+        card("PSNR (whole / masked)", f"{num(m.get('psnr'), '.2f')} / {num(m.get('psnr_masked'), '.2f')} dB",
+             "vs FP16-cache output"),
+        card("SSIM (whole / masked)", f"{num(m.get('ssim'), '.4f')} / {num(m.get('ssim_masked'), '.4f')}",
+             "vs FP16-cache output"),
+        card("Latency", f"{num(s.get('latency_s'), '.3f')} s",
+             f"execution {num((s.get('latency_s') or 0) - (s.get('stall_s') or 0), '.3f')} s + stalls "
+             f"{num(s.get('stall_s'), '.3f')} s"),
+        card("Transfer", f"{num(s.get('transfer_hidden_s'), '.3f')} s hidden",
+             f"{num(s.get('transfer_exposed_s'), '.3f')} s exposed (execution waited)"),
+        card("Bytes sent", f"{sent / 1e6:.2f} MB",
+             f"{(sent / fp16 if fp16 else 0):.1%} of the {fp16 / 1e6:.1f} MB FP16 cache" if fp16 else ""),
+    ]
+    levels = s.get("levels") or []
+    if levels:
+        distinct = list(dict.fromkeys(levels))
+        lv = ", ".join(distinct[:6]) + ("…" if len(distinct) > 6 else "")
+        cards.append(card("Levels chosen", f"{len(distinct)} distinct", _esc(lv)))
+    return f'<div class="sk-cards" id="sk-metrics-cards">{"".join(cards)}</div>'
+
+
+def privacy_rows(sent: list[dict]) -> list[list]:
+    rows = []
+    for i, r in enumerate(sent or []):
+        rs = r.get("ranges") or []
+        shown = ", ".join(f"{o}+{n}" for o, n in rs[:3]) + (f", … ({len(rs)} ranges)" if len(rs) > 3 else "")
+        rows.append([i + 1, r.get("file_id", ""), shown, int(r.get("bytes") or 0)])
+    return rows
+
+
+def privacy_html(result: dict, had_photo: bool, had_prompt: bool) -> str:
+    sent = result.get("sent_to_server") or []
+    files = sorted({r.get("file_id", "") for r in sent})
+    total = sum(int(r.get("bytes") or 0) for r in sent)
+    edit_bytes = int((result.get("summary") or {}).get("bytes") or 0)
+    what = []
+    if had_photo:
+        what.append("your photo")
+    if had_prompt:
+        what.append("your instruction")
+    kept = " and ".join(what) or "your input"
+    extra = ""
+    if total > edit_bytes:
+        extra = (f" Of that, {edit_bytes / 1e6:.2f} MB streamed the cache for the edit; the rest is pack headers and, "
+                 f"for this demo's quality comparison, the exact FP16 cache used to compute the reference output.")
+    return (f'<div class="sk-privacy"><b>What left the device:</b> {len(sent)} requests to the template server, '
+            f'naming only template files ({_esc(", ".join(files)) or "none"}) and byte ranges, '
+            f'{total / 1e6:.2f} MB asked for in total.{extra} <b>{_esc(kept.capitalize())} never left the '
+            f'device</b> (0 bytes): the server only learns which parts of which template were fetched.</div>')
+
+
+def compare_rows(results: dict[str, dict]) -> list[list]:
+    rows = []
+    for sysname, res in results.items():
+        s, m = res.get("summary") or {}, res.get("metrics") or {}
+        fp16 = s.get("fp16_bytes") or 0
+        rows.append([SYSTEM_TITLES.get(sysname, sysname), round(s.get("latency_s") or 0, 3),
+                     round(s.get("stall_s") or 0, 3), round((s.get("bytes") or 0) / 1e6, 3),
+                     f"{(s.get('bytes') or 0) / fp16:.1%}" if fp16 else "",
+                     *(round(m.get(k), 4) if isinstance(m.get(k), (int, float)) else None
+                       for k in ("psnr", "ssim", "psnr_masked", "ssim_masked"))])
+    return rows
+
+
+COMPARE_HEADERS = ["system", "latency s", "stall s", "MB sent", "vs FP16", "PSNR", "SSIM", "PSNR masked",
+                   "SSIM masked"]
+PRIVACY_HEADERS = ["#", "file id", "byte ranges (offset+length)", "bytes"]
+
+

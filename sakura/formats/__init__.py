@@ -1,0 +1,48 @@
+"""The stored formats, one module per format, and their registry.
+
+- :mod:`container` the shared file framing: JSON header, chunk index, CRC32s, memory-mapped reads
+- :mod:`bitplanes` bit-plane scalar quantisation of factor components (part of the pack format)
+- :mod:`pack`      SAKURA's progressive pack: layout, writer, reader, decoder, stream encoding
+- :mod:`fp16`      the uncompressed FP16 cache (baseline and reference)
+- :mod:`intq`      IntQ baseline (uniform integer quantisation, 2/3/4/8 bits)
+- :mod:`cachegen`  CacheGen baseline (per-token quantisation, layer-group bins, range coding, levels)
+
+:data:`FORMATS` is the one list of formats: everything that needs a format's suffix, header type,
+writer or stream encoding reads it. Nothing here imports :mod:`sakura.offline` (the device decodes
+with these modules); the offline side computes what the pack stores and calls its writer.
+"""
+
+from __future__ import annotations
+
+from sakura.formats import cachegen, fp16, intq, pack
+from sakura.formats.base import KV, FetchUnit, Format, Level, Range, ShardEncoding, StreamEncoding
+from sakura.formats.container import PackFormatError
+
+FORMATS: dict[str, Format] = {fmt.name: fmt for fmt in (
+    Format("sakura", pack.SUFFIX, pack.FORMAT, pack.SUPPORTED_VERSIONS, pack.PackInfo, pack.PackEncoding,
+           pack.write_pack, from_factors=True),
+    Format("fp16", fp16.SUFFIX, fp16.FORMAT, (fp16.VERSION,), fp16.Fp16Info, fp16.Fp16Encoding, fp16.write_fp16),
+    Format("intq", intq.SUFFIX, intq.FORMAT, (intq.VERSION,), intq.IntQInfo, intq.IntQEncoding, intq.write_intq),
+    Format("cachegen", cachegen.SUFFIX, cachegen.FORMAT, (cachegen.VERSION,), cachegen.CacheGenInfo,
+           cachegen.CacheGenEncoding, cachegen.write_cachegen),
+)}
+
+
+def get_format(name: str) -> Format:
+    if name not in FORMATS:
+        raise KeyError(f"unknown format {name!r}; known: {', '.join(FORMATS)}")
+    return FORMATS[name]
+
+
+def file_id(template_id: str, format_name: str) -> str:
+    """The id a server knows a stored file by (``<file_id>.pack`` on disk)."""
+    return get_format(format_name).file_id(template_id)
+
+
+def encoding_from_header(name: str, header: bytes) -> StreamEncoding:
+    """Build the named format's stream encoding from the raw header bytes (``8 + N``) of its stored file."""
+    return get_format(name).encoding_cls.from_header(header)  # type: ignore[attr-defined]
+
+
+__all__ = ["FORMATS", "Format", "get_format", "file_id", "encoding_from_header", "Level", "FetchUnit",
+           "StreamEncoding", "ShardEncoding", "KV", "Range", "PackFormatError"]

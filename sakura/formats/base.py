@@ -1,0 +1,136 @@
+"""What a stored format is, and what a system streams from it (LMCache-style: one plug-in per codec).
+
+A :class:`Format` is one kind of stored file: its name, the suffix of its file id, the magic in
+its header, the type that parses that header (its *info*), its writer and its stream encoding.
+
+A stream is a list of *fetch units* (:class:`FetchUnit`: what one request fetches) in consumption
+order. Each has *levels* (ways to send it, sorted by bytes), byte ranges per level inside one
+stored file, and a decoder that turns the received bytes into K/V for the cache units
+(``(step, layer, kind)``, see :mod:`sakura.kvcache`) it completes. SAKURA's fetch unit is a shard
+and its levels are the pack's rank–precision frontier; FP16 and IntQ fetch shards at one level;
+CacheGen fetches token chunks of a shard at one of its stored quality levels.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from sakura.formats.container import ContainerFile, Range
+from sakura.kvcache import KV
+
+__all__ = ["KV", "Range", "Level", "FetchUnit", "StreamEncoding", "ShardEncoding", "Format", "shard_label"]
+
+
+@dataclass(frozen=True)
+class Level:
+    label: str
+    nbytes: int
+    error: float  # offline quality proxy, lower is better (allocators only compare within a fetch unit)
+    key: tuple = ()
+
+
+@dataclass(frozen=True)
+class FetchUnit:
+    """What one request of a stream fetches (a shard, or a token chunk of one), not a cache unit."""
+
+    index: int
+    needed_by: int  # the first execution shard (index in shard order) that needs it
+    label: str
+    levels: tuple[Level, ...] = field(default_factory=tuple)
+
+
+class StreamEncoding(ABC):
+    """One stored file of a template and how to stream it. ``decode`` may keep per-edit assembly
+    state (CacheGen chunks), so make a fresh instance per edit with ``fresh()``."""
+
+    name: str = ""
+
+    @property
+    @abstractmethod
+    def units(self) -> list[FetchUnit]:
+        """The fetch units, in consumption order."""
+
+    @abstractmethod
+    def ranges(self, fetch_unit: FetchUnit, level: Level) -> list[Range]: ...
+
+    @abstractmethod
+    def decode(self, fetch_unit: FetchUnit, level: Level, blobs: list[bytes]) -> KV:
+        """K/V of every (step, layer) this fetch unit completes (maybe none yet, for partial chunks)."""
+
+    def fresh(self) -> "StreamEncoding":
+        return self
+
+    def preamble_ranges(self) -> list[Range]:
+        """Bytes every edit fetches once before the first fetch unit (CacheGen's entropy models)."""
+        return []
+
+    def set_preamble(self, blobs: list[bytes]) -> None:
+        pass
+
+    @property
+    def storage_bytes(self) -> int:
+        return 0
+
+    @property
+    def shards(self) -> list[tuple[int, int, int]]:
+        """Execution shards ``(step, layer_start, layer_end)`` the stored file was cut into."""
+        return [tuple(s) for s in self.info.shards]  # type: ignore[attr-defined]
+
+
+def shard_label(shard: Sequence[int]) -> str:
+    step, layer_start, layer_end = shard
+    return f"step {step} layers {layer_start}-{layer_end - 1}"
+
+
+class ShardEncoding(StreamEncoding):
+    """Encodings whose fetch unit is one shard: subclasses say how levels map to ranges and decodes."""
+
+    info_cls: type = object
+
+    def __init__(self, info):
+        self.info = info
+        self._units = [FetchUnit(i, i, shard_label(shard), self._levels(i)) for i, shard in enumerate(info.shards)]
+
+    @classmethod
+    def from_header(cls, header: bytes):
+        return cls(cls.info_cls.from_bytes(header))
+
+    @property
+    def units(self):
+        return self._units
+
+    def decode(self, fetch_unit, level, blobs):
+        return self._decode(fetch_unit.index, level.key, dict(zip(self.ranges(fetch_unit, level), blobs)))
+
+    @abstractmethod
+    def _levels(self, shard: int) -> tuple[Level, ...]: ...
+
+    @abstractmethod
+    def _decode(self, shard: int, key: tuple, blobs: dict) -> KV: ...
+
+
+@dataclass(frozen=True)
+class Format:
+    """One stored format. ``write(path, source, *, model_id, template_id, **options)`` takes the
+    cache itself (with ``shard_size``), or, when ``from_factors``, the content the offline side
+    computed for it (:class:`sakura.formats.pack.PackSource`): the format only serialises."""
+
+    name: str
+    suffix: str  # file id = template id + suffix; the file on disk is ``<file id>.pack``
+    magic: str  # the header's "format" field
+    versions: tuple[int, ...]
+    info_cls: type
+    encoding_cls: type[StreamEncoding]
+    write: Callable[..., Any]
+    from_factors: bool = False
+
+    def file_id(self, template_id: str) -> str:
+        return template_id + self.suffix
+
+    def open(self, path: str | Path):
+        """The parsed header (info) of a stored file of this format, checked against its length."""
+        file = ContainerFile(path, self.magic, self.versions)
+        return self.info_cls(file.header, file.index)

@@ -1,0 +1,21 @@
+"""Deadline prediction (paper §4.3.2): when execution will need a shard, as the device sees it now."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sakura.runtime.compute import ComputeProfile
+
+
+def predict_need(shard: int, now: float, compute: "ComputeProfile", starts: list[float | None]) -> float:
+    """When execution will reach ``shard``, predicted at ``now``: the shard in progress finishes on
+    its measured time, later ones take their measured times, no stalls. ``starts[k]`` is when shard
+    k started executing (None: not yet)."""
+    t, c = compute.prelude_s, compute.shard_s
+    for k in range(shard):
+        s = starts[k]
+        if s is None or s > now:  # not started yet: waiting on data (or in the prelude)
+            return max(now, t) + sum(c[k:shard])
+        t = s + c[k]
+    return max(now, t)

@@ -1,0 +1,117 @@
+"""How an edit executes, one runner per kind of system, each on the real and the simulated clock.
+
+* :class:`StreamRunner` — the cache streams during the edit (SAKURA and the streaming baselines):
+  receive → rebuild → execute in threads over a paced link, or the discrete-event replay.
+* :class:`LocalRunner` — no cache: the whole model on every token (``local``).
+* :class:`OracleRunner` — the FP16 cache is on the device already: masked compute only (``oracle``).
+
+A runner gets everything it needs from the :class:`~sakura.runtime.session.EditSession`; which runner
+a system uses is in the systems registry (``sakura.systems``).
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+
+from sakura.model import EditRequest
+from sakura.net.paced import PacedLink
+from sakura.runtime.sim import LinkModel, simulate, simulate_masked
+from sakura.runtime.stream import StreamedEdit
+from sakura.runtime.timeline import Timeline
+
+if TYPE_CHECKING:
+    from sakura.runtime.session import EditSession
+
+
+@dataclass
+class Outcome:
+    image: np.ndarray
+    timeline: Timeline
+
+
+class Runner(ABC):
+    @abstractmethod
+    def run(self, session: "EditSession", req: EditRequest) -> Outcome: ...
+
+    @abstractmethod
+    def simulate(self, session: "EditSession", req: EditRequest, *, request_key=None, **kw) -> Outcome: ...
+
+
+class StreamRunner(Runner):
+    def run(self, session, req):
+        tl = Timeline.for_shards(session.system.name, "real", session.compute.shards, session.on_event,
+                                 trace_start_s=session.start)
+        link = PacedLink(session.source, session.trace, session.start)
+        edit = StreamedEdit(session.model, session.encoding, session.policy, link, session.file_id, session.compute,
+                            session.initial_bps, timeout_s=session.timeout_s, executor=session.executor)
+        try:
+            result = edit.run(req, tl)
+        finally:
+            link.close()
+        return Outcome(result.image, tl)
+
+    def simulate(self, session, req, *, request_key=None, timer: Callable[[], float] = time.perf_counter, **kw):
+        """``timer`` measures the real decodes; it must be the clock compute was measured on."""
+        def fetch(ranges):
+            return session.source.fetch_timed(session.file_id, ranges).parts
+
+        tl, kv = simulate(session.encoding, session.policy, session.compute, LinkModel(session.trace, session.start),
+                          fetch, timer=timer, **kw)
+        tl.system = session.system.name
+        return Outcome(session.model.masked_edit(req, lambda step, layer: kv[(step, layer)]).image, tl)
+
+
+class LocalRunner(Runner):
+    def run(self, session, req):
+        res = session.model.full_edit(req)
+        return Outcome(res.image, Timeline(session.system.name, "real", latency_s=res.seconds,
+                                           trace_start_s=session.start))
+
+    def simulate(self, session, req, *, request_key=None, **kw):
+        tl = Timeline(session.system.name, "sim", latency_s=session.compute.local_full_s, trace_start_s=session.start)
+        return Outcome(session.local_output(req, request_key), tl)
+
+
+class OracleRunner(Runner):
+    """The cache was fetched before the edit (untimed, template data only); the edit is a masked run."""
+
+    def run(self, session, req):
+        kv = session.reference_kv()
+        tl = Timeline.for_shards(session.system.name, "real", session.compute.shards, session.on_event,
+                                 trace_start_s=session.start)
+        shard_of = {(s, layer): j for j, (s, a, b) in enumerate(session.compute.shards) for layer in range(a, b)}
+        t0 = time.perf_counter()
+
+        def provider(step: int, layer: int):
+            j = shard_of[(step, layer)]
+            if tl.shards[j].exec_start_t is None:
+                now = time.perf_counter() - t0
+                if j > 0:
+                    tl.shard_ended(j - 1, now)
+                tl.shard_started(j, now)
+            return kv[(step, layer)]
+
+        res = session.model.masked_edit(req, provider)
+        tl.latency_s = time.perf_counter() - t0
+        if tl.shards:
+            tl.shard_ended(len(tl.shards) - 1, tl.latency_s)
+        return Outcome(res.image, tl)
+
+    def simulate(self, session, req, *, request_key=None, **kw):
+        tl = simulate_masked(session.system.name, session.compute)
+        tl.trace_start_s = session.start
+        return Outcome(session.reference(req, request_key), tl)
+
+
+RUNNERS: dict[str, type[Runner]] = {"stream": StreamRunner, "local": LocalRunner, "oracle": OracleRunner}
+
+
+def get_runner(kind: str) -> Runner:
+    if kind not in RUNNERS:
+        raise KeyError(f"unknown runner {kind!r}; known: {', '.join(RUNNERS)}")
+    return RUNNERS[kind]()

@@ -1,0 +1,302 @@
+"""The edit session: the one place an edit is put together, whoever asks for it.
+
+The device agent, ``sakura edit --stream`` and the benchmark (real or simulated clock) all do::
+
+    runtime = DeviceRuntime(source)                          # once per process: caches live here
+    session = runtime.session(template, "sakura", network)   # headers, calibration, scale, policy
+    outcome = session.run(request)                           # or session.simulate(request)
+    reference = session.reference(request); metrics = session.quality(outcome.image, request)
+
+:class:`DeviceRuntime` holds what a device keeps across edits: the model of each template, its
+stored files' headers (one request each, cached), its calibrated compute and the exact FP16 cache
+of a few recent templates (for the reference output). :class:`EditSession` makes every choice of
+one edit — regime scale, trace start, link, policy and stored format, runner — so the same
+(template, system, network) gives the same choices on every path. ``local`` and ``oracle`` are
+runners behind the same interface as the streaming systems (:mod:`sakura.runtime.runners`).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from sakura.editing import edit_request, model_for
+from sakura.quality import quality
+from sakura.formats import KV, StreamEncoding, encoding_from_header, file_id
+from sakura.formats.fp16 import Fp16Info
+from sakura.model import DiTAdapter, EditRequest
+from sakura.net.client import FetchError
+from sakura.net.traces import Trace, paper_regime_scale
+from sakura.online.policies import Policy, get_policy
+from sakura.runtime.calibration import CalibrationStore
+from sakura.runtime.compute import ComputeProfile
+from sakura.runtime.errors import StreamError, TemplateUnavailable
+from sakura.runtime.runners import Outcome, get_runner
+from sakura.runtime.timeline import EventSink
+from sakura.systems import System, get_system
+
+REGIMES = ("paper", "none")
+PLAN_TRACE_WINDOW_S = 30.0  # how much of the link ahead the plan shows
+StatusSink = Callable[[str, str], None]  # (stage, message)
+
+
+@dataclass(frozen=True)
+class Network:
+    """The link an edit runs over: an (unscaled) trace, where in it the edit starts, and its scale."""
+
+    trace: Trace
+    name: str  # what the user called it: 5g, fixed:30, an uploaded file's name
+    start: float | None = None  # seconds into the trace; None = a random offset
+    scale: float | None = None  # bandwidth multiplier; None = from the regime
+    regime: str = "paper"  # paper: FP16 transfer at the median / local generation = 23 s / 13 s; none: scale 1
+
+    def __post_init__(self) -> None:
+        if self.regime not in REGIMES:
+            raise ValueError(f"regime must be one of {', '.join(REGIMES)}, got {self.regime!r}")
+
+
+@dataclass
+class TemplateState:
+    """What the device knows about one template: its model, stored-file headers and measured compute."""
+
+    template: object
+    model: DiTAdapter
+    fp16: Fp16Info
+    compute: ComputeProfile
+    headers: dict[str, bytes] = field(default_factory=dict)  # by file id
+
+    @property
+    def fp16_bytes(self) -> int:
+        """The whole FP16 cache (K and V of every reusable token, step and layer): what an uncompressed
+        transfer sends, and what the paper regime is calibrated on."""
+        layers = sum(l1 - l0 for _, l0, l1 in self.fp16.shards)
+        return 2 * layers * self.fp16.n * self.fp16.d * 2
+
+
+def network_scale(network: Network, state: TemplateState) -> float:
+    """The bandwidth multiplier of an edit: given, or the paper regime's for this template on this device."""
+    if network.scale is not None:
+        return float(network.scale)
+    if network.regime == "paper":
+        return paper_regime_scale(network.trace, state.fp16_bytes, state.compute.local_full_s)
+    return 1.0
+
+
+class DeviceRuntime:
+    """Per-process state of a device that runs edits; thread-safe for one edit at a time.
+
+    ``source`` reads template data: anything with ``header_bytes(file_id)`` and ``fetch_timed(file_id,
+    ranges)`` — a range client to a template server, an object-store reader, a local folder."""
+
+    def __init__(self, source, *, model_path=None, calibration: CalibrationStore | None = None,
+                 reference_caches: int = 2) -> None:
+        self.source, self.model_path = source, model_path
+        self.calibration = calibration or CalibrationStore()
+        self._states: dict[str, TemplateState] = {}
+        self._encodings: dict[str, StreamEncoding] = {}  # parsed headers, by file id
+        self._reference_kv: OrderedDict[str, KV] = OrderedDict()
+        self._reference_max = max(1, reference_caches)
+        self._outputs: OrderedDict[tuple, np.ndarray] = OrderedDict()  # request-keyed outputs (bench sweeps)
+        self._lock = threading.RLock()
+
+    def knows(self, template) -> bool:
+        return template.id in self._states
+
+    def template_state(self, template, source=None, on_status: StatusSink | None = None) -> TemplateState:
+        """Load the model, read the FP16 header, calibrate compute (each once per template)."""
+        with self._lock:
+            if template.id in self._states:
+                return self._states[template.id]
+            say = on_status or (lambda stage, msg: None)
+            say("loading_model", f"loading the model for {template.id}")
+            model = model_for(template, self.model_path)
+            fid = file_id(template.id, "fp16")
+            header = self._read_header(source or self.source, fid, template.id)
+            fp16 = Fp16Info.from_bytes(header)
+            compute = self.calibration.get(model, template, fp16.shards)
+            if compute is None:
+                say("calibrating", f"measuring device compute for {template.id} (first edit of this template only)")
+                compute = self.calibration.measure(model, template, fp16.shards)
+            state = TemplateState(template, model, fp16, compute, {fid: header})
+            self._states[template.id] = state
+            return state
+
+    def header(self, state: TemplateState, format_name: str, source=None) -> bytes:
+        fid = file_id(state.template.id, format_name)
+        with self._lock:
+            if fid not in state.headers:
+                state.headers[fid] = self._read_header(source or self.source, fid, state.template.id)
+            return state.headers[fid]
+
+    def encoding(self, state: TemplateState, format_name: str, source=None) -> StreamEncoding:
+        """A fresh per-edit view of the stored file's stream encoding (its header parsed once)."""
+        fid = file_id(state.template.id, format_name)
+        with self._lock:
+            if fid not in self._encodings:
+                self._encodings[fid] = encoding_from_header(format_name, self.header(state, format_name, source))
+            return self._encodings[fid].fresh()
+
+    @staticmethod
+    def _read_header(source, fid: str, template_id: str) -> bytes:
+        try:
+            return source.header_bytes(fid)
+        except FetchError as e:
+            if e.status == 404:
+                raise TemplateUnavailable(f"no packs for {template_id} ({fid}.pack is missing): build them with "
+                                          f"`sakura build --templates {template_id}`") from None
+            raise
+
+    def reference_kv(self, state: TemplateState, source=None, on_status: StatusSink | None = None) -> KV:
+        """The template's exact FP16 cache (template data, read unpaced, a few templates kept)."""
+        tid = state.template.id
+        with self._lock:
+            if tid in self._reference_kv:
+                self._reference_kv.move_to_end(tid)
+                return self._reference_kv[tid]
+        if on_status:
+            on_status("reference_cache", "fetching the FP16 reference cache")
+        src = source or self.source
+        encoding = self.encoding(state, "fp16", src)
+        kv: KV = {}
+        for unit in encoding.units:
+            level = unit.levels[0]
+            kv.update(encoding.decode(unit, level, src.fetch_timed(file_id(tid, "fp16"),
+                                                                   encoding.ranges(unit, level)).parts))
+        with self._lock:
+            self._reference_kv[tid] = kv
+            while len(self._reference_kv) > self._reference_max:
+                self._reference_kv.popitem(last=False)
+        return kv
+
+    def memo(self, key: tuple | None, compute: Callable[[], np.ndarray], keep: int = 64) -> np.ndarray:
+        """``compute()``, remembered under ``key`` (None: not remembered). A sweep that runs many
+        systems on the same requests computes each request's reference and local output once."""
+        if key is None:
+            return compute()
+        with self._lock:
+            if key in self._outputs:
+                return self._outputs[key]
+        out = compute()
+        with self._lock:
+            self._outputs[key] = out
+            while len(self._outputs) > keep:
+                self._outputs.popitem(last=False)
+        return out
+
+    def session(self, template, system: str, network: Network, **kw) -> "EditSession":
+        return EditSession(self, template, system, network, **kw)
+
+
+class EditSession:
+    """One edit: every choice made once, then run on the real clock or the simulated one."""
+
+    def __init__(self, runtime: DeviceRuntime, template, system: str, network: Network, *, source=None,
+                 on_event: EventSink | None = None, on_status: StatusSink | None = None, timeout_s: float = 60.0,
+                 executor=None, reconstructor=None, policy: Policy | None = None,
+                 encoding: StreamEncoding | None = None, rng: random.Random | None = None) -> None:
+        """``source``: where this edit reads template data (default: the runtime's), e.g. an audited
+        client. ``policy`` / ``encoding`` replace the system's own (ablation variants)."""
+        self.runtime, self.template, self.network = runtime, template, network
+        self.system: System = get_system(system)
+        self.source = source or runtime.source
+        self.on_event, self.on_status = on_event, on_status
+        self.timeout_s, self.executor = timeout_s, executor
+        self.state = runtime.template_state(template, self.source, on_status)
+        self.compute = self.state.compute
+        self.scale = self._scale()
+        start = network.start if network.start is not None else (rng or random).uniform(0.0, network.trace.duration)
+        self.start = float(start)
+        self.trace = network.trace.scaled(self.scale)
+        self.initial_bps = float(self.trace.rate_at(self.start)) * 1e6
+        self.policy = self.encoding = self.file_id = None
+        if self.system.streams:
+            self.file_id = file_id(template.id, self.system.format)
+            self.policy = policy or get_policy(self.system.name)
+            if encoding is None and reconstructor is not None:  # its own view: the cached one stays torch
+                encoding = encoding_from_header(self.system.format,
+                                                runtime.header(self.state, self.system.format, self.source))
+                encoding.reconstructor = reconstructor
+            self.encoding = encoding or runtime.encoding(self.state, self.system.format, self.source)
+            if [tuple(s) for s in self.encoding.shards] != self.compute.shards:
+                raise StreamError(f"{self.file_id}: its shard plan does not match the FP16 file's")
+        self.runner = get_runner(self.system.runner)
+
+    def _scale(self) -> float:
+        return network_scale(self.network, self.state)
+
+    @property
+    def model(self) -> DiTAdapter:
+        return self.state.model
+
+    def request(self, *, prompt: str = "", reference: np.ndarray | None = None, catalog_request=None) -> EditRequest:
+        """The model's request for this template from the user's input (or a catalog request), validated."""
+        codec = self.model.codec
+        req = edit_request(self.template, catalog_request, prompt=prompt, reference=reference,
+                           resolution=codec.resolution, ref_size=codec.ref_size)
+        self.model.validate(req)
+        return req
+
+    def plan(self) -> dict:
+        """Everything chosen before the first byte moves (the ``plan`` event of the device protocol)."""
+        c = self.compute
+        return {"template_id": self.template.id, "system": self.system.name, "task": self.template.task,
+                "shards": [list(s) for s in c.shards],
+                "units": [{"unit": u.index, "shard": u.needed_by, "label": u.label} for u in self.encoding.units]
+                if self.encoding else [],
+                "trace": self.trace_window(), "trace_name": self.network.name, "trace_start": self.start,
+                "trace_scale": self.scale,
+                "initial_mbps": self.initial_bps / 1e6, "fp16_bytes": self.state.fp16_bytes,
+                "stored_bytes": self.encoding.storage_bytes if self.encoding else 0, "timeout_s": self.timeout_s,
+                "compute": {"masked_s": c.masked_s, "local_full_s": c.local_full_s, "prelude_s": c.prelude_s,
+                            "shard_s": list(c.shard_s)}}
+
+    def trace_window(self, duration: float = PLAN_TRACE_WINDOW_S) -> dict:
+        """The scaled link from the edit's start as a step function: ``mbps[i]`` holds from ``t[i]`` to
+        ``t[i+1]`` (same length as ``t``: the last value is repeated)."""
+        w = self.trace.window(self.start, duration)
+        mbps = [round(float(x), 3) for x in w.mbps]
+        return {"t": [round(float(x), 4) for x in w.edges], "mbps": mbps + mbps[-1:]}
+
+    def run(self, req: EditRequest) -> Outcome:
+        """The edit on the real clock: bytes read from the source, paced along the scaled trace."""
+        return self.runner.run(self, req)
+
+    def simulate(self, req: EditRequest, *, request_key=None, **kw) -> Outcome:
+        """The edit on the simulated clock: measured compute, real decodes, the trace integral.
+        ``request_key`` names the request, so outputs that do not depend on the link are computed once."""
+        return self.runner.simulate(self, req, request_key=request_key, **kw)
+
+    def reference_kv(self) -> KV:
+        return self.runtime.reference_kv(self.state, self.source, self.on_status)
+
+    def reference(self, req: EditRequest, request_key=None) -> np.ndarray:
+        """The FP16-reference output: the masked edit with the exact FP16 cache."""
+        def compute() -> np.ndarray:
+            kv = self.reference_kv()
+            if self.on_status:
+                self.on_status("reference", "computing the FP16-reference output for comparison")
+            return self.model.masked_edit(req, lambda step, layer: kv[(step, layer)]).image
+
+        key = None if request_key is None else (self.template.id, "reference", request_key)
+        return self.runtime.memo(key, compute)
+
+    def local_output(self, req: EditRequest, request_key=None) -> np.ndarray:
+        key = None if request_key is None else (self.template.id, "local", request_key)
+        return self.runtime.memo(key, lambda: self.model.full_edit(req).image)
+
+    def quality(self, image: np.ndarray, req: EditRequest, request_key=None) -> dict:
+        return quality(image, self.reference(req, request_key), req.mask)
+
+    def summary(self, outcome: Outcome) -> dict:
+        """The timeline's summary with where the time went, for results and reports."""
+        tl = outcome.timeline
+        xfer, hidden, exposed = tl.transfer_split()
+        compute_s = self.compute.local_full_s if self.system.runner == "local" else self.compute.masked_s
+        return {**tl.summary(), "fp16_bytes": self.state.fp16_bytes, "transfer_s": xfer,
+                "transfer_hidden_s": hidden, "transfer_exposed_s": exposed, "compute_s": compute_s,
+                "trace_scale": self.scale, "trace_start": self.start}

@@ -1,0 +1,205 @@
+"""The background pack builds of the demo (sakura.offline.build_queue), with a fake, fast builder."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+from sakura.formats import FORMATS, file_id
+from sakura.offline.build_queue import STAGING_DIR_NAME, BuildQueue, pack_paths
+
+TIMEOUT_S = 10.0
+
+
+def templates(*ids: str) -> list:
+    return [SimpleNamespace(id=i) for i in ids]
+
+
+class FakeBuilder:
+    """Writes a small dummy file per format (and a build record) into out_dir, reporting stages."""
+
+    def __init__(self, seconds: float = 0.05, fail: set[str] = frozenset(), gate: threading.Event | None = None):
+        self.seconds, self.fail, self.gate = seconds, set(fail), gate
+        self.built: list[str] = []
+        self.out_dirs: list[Path] = []
+        self.started = threading.Event()
+        self.lock = threading.Lock()
+
+    def __call__(self, template, out_dir, *, progress, **kw):
+        with self.lock:
+            self.built.append(template.id)
+            self.out_dirs.append(Path(out_dir))
+        self.started.set()
+        if self.gate is not None:
+            assert self.gate.wait(TIMEOUT_S)
+        progress("capture")
+        time.sleep(self.seconds)
+        if template.id in self.fail:
+            raise ValueError(f"no model for {template.id}\nsecond line of the traceback")
+        for name in FORMATS:
+            progress(name)
+            (Path(out_dir) / f"{file_id(template.id, name)}.pack").write_bytes(b"x" * 16)
+        (Path(out_dir) / f"{template.id}.build.json").write_text("{}")
+
+
+def write_all_packs(packs_dir: Path, template_id: str) -> None:
+    for path in pack_paths(packs_dir, template_id):
+        path.write_bytes(b"done")
+
+
+def test_builds_in_catalog_order_and_all_become_ready(tmp_path):
+    build = FakeBuilder()
+    queue = BuildQueue(templates("a", "b", "c"), tmp_path, build=build).start()
+    assert queue.wait(TIMEOUT_S)
+    assert build.built == ["a", "b", "c"]
+    assert all(queue.ready(i) and queue.status(i) == "ready" for i in "abc")
+    summary = queue.summary()
+    assert summary == {"ready": 3, "total": 3, "current": None, "stage": "", "failed": {}, "done": True}
+    assert (tmp_path / "a.build.json").exists()
+    queue.stop()
+
+
+def test_prioritize_moves_a_waiting_template_to_the_front(tmp_path):
+    gate = threading.Event()
+    build = FakeBuilder(seconds=0.01, gate=gate)
+    queue = BuildQueue(templates("a", "b", "c", "d"), tmp_path, build=build).start()
+    assert build.started.wait(TIMEOUT_S)  # "a" is building, held at the gate: not interrupted
+    queue.prioritize("d")
+    queue.prioritize("a")  # building, not waiting: no effect
+    queue.prioritize("unknown")
+    assert queue.status("d") == "waiting"
+    assert queue.status("a").startswith("building")
+    gate.set()
+    assert queue.wait(TIMEOUT_S)
+    assert build.built == ["a", "d", "b", "c"]
+    queue.stop()
+
+
+def test_progress_becomes_the_stage(tmp_path):
+    gate = threading.Event()
+
+    def build(template, out_dir, *, progress):
+        progress("importance")
+        gate.wait(TIMEOUT_S)
+        FakeBuilder(seconds=0)(template, out_dir, progress=lambda stage: None)
+
+    queue = BuildQueue(templates("a"), tmp_path, build=build).start()
+    deadline = time.monotonic() + TIMEOUT_S
+    while queue.status("a") != "building: importance" and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert queue.status("a") == "building: importance"
+    summary = queue.summary()
+    assert (summary["current"], summary["stage"], summary["done"]) == ("a", "importance", False)
+    gate.set()
+    assert queue.wait(TIMEOUT_S) and queue.ready("a")
+    queue.stop()
+
+
+def test_a_failing_build_is_reported_and_the_rest_still_build(tmp_path):
+    build = FakeBuilder(fail={"b"})
+    queue = BuildQueue(templates("a", "b", "c"), tmp_path, build=build).start()
+    assert queue.wait(TIMEOUT_S)
+    assert queue.ready("a") and queue.ready("c") and not queue.ready("b")
+    assert queue.status("b") == "failed: ValueError: no model for b"
+    summary = queue.summary()
+    assert summary["failed"] == {"b": "ValueError: no model for b"}
+    assert (summary["ready"], summary["done"]) == (2, True)
+    assert queue._worker.is_alive() is False  # ended normally once the queue was empty
+    assert not list(tmp_path.glob("b*"))  # nothing of the failed build was published
+    queue.stop()
+
+
+def test_a_build_missing_a_format_fails_instead_of_publishing(tmp_path):
+    def build(template, out_dir, *, progress):
+        (Path(out_dir) / f"{file_id(template.id, 'sakura')}.pack").write_bytes(b"only the main pack")
+
+    queue = BuildQueue(templates("a"), tmp_path, build=build).start()
+    assert queue.wait(TIMEOUT_S)
+    assert queue.status("a").startswith("failed: RuntimeError: the build wrote no")
+    assert not (tmp_path / "a.pack").exists()
+
+
+def test_templates_already_complete_are_ready_without_a_build(tmp_path):
+    write_all_packs(tmp_path, "a")
+    (tmp_path / f"{file_id('b', 'sakura')}.pack").write_bytes(b"half of an old build")  # incomplete: rebuilt
+    build = FakeBuilder()
+    queue = BuildQueue(templates("a", "b"), tmp_path, build=build)
+    assert queue.ready("a") and not queue.ready("b")
+    queue.start()
+    assert queue.status("a") == "ready"
+    assert queue.wait(TIMEOUT_S)
+    assert build.built == ["b"]
+    assert queue.summary()["ready"] == 2
+
+
+def test_nothing_to_build_is_done_at_once(tmp_path):
+    write_all_packs(tmp_path, "a")
+    build = FakeBuilder()
+    queue = BuildQueue(templates("a"), tmp_path, build=build).start()
+    assert queue.wait(TIMEOUT_S)
+    assert build.built == [] and queue.summary()["done"]
+
+
+def test_builds_in_staging_and_publishes_the_main_pack_last(tmp_path, monkeypatch):
+    import sakura.offline.build_queue as build_queue
+
+    published: list[str] = []
+    seen_when_main_appeared: list[bool] = []
+    real_replace = build_queue.os.replace
+
+    def watching_replace(src, dst):
+        dst = Path(dst)
+        if dst.name == f"{file_id('a', 'sakura')}.pack":  # a reader looking now must find every other file
+            seen_when_main_appeared.append(all(p.exists() for p in pack_paths(tmp_path, "a") if p != dst))
+        published.append(dst.name)
+        real_replace(src, dst)
+
+    monkeypatch.setattr(build_queue.os, "replace", watching_replace)
+    build = FakeBuilder()
+    queue = BuildQueue(templates("a"), tmp_path, build=build).start()
+    assert queue.wait(TIMEOUT_S)
+    assert build.out_dirs == [tmp_path / STAGING_DIR_NAME / "a"]
+    assert published[-1] == "a.pack" and len(published) == len(FORMATS) + 1  # + the build record
+    assert seen_when_main_appeared == [True]
+    assert not (tmp_path / STAGING_DIR_NAME / "a").exists()  # staging removed once published
+    assert all(p.exists() for p in pack_paths(tmp_path, "a"))
+
+
+def test_stale_staging_is_replaced_by_a_fresh_folder(tmp_path):
+    stale = tmp_path / STAGING_DIR_NAME / "a"
+    stale.mkdir(parents=True)
+    (stale / "leftover.pack").write_bytes(b"from a build that crashed")
+    queue = BuildQueue(templates("a"), tmp_path, build=FakeBuilder()).start()
+    assert queue.wait(TIMEOUT_S)
+    assert not (tmp_path / "leftover.pack").exists()
+
+
+def test_stop_ends_the_thread_and_builds_nothing_more(tmp_path):
+    gate = threading.Event()
+    build = FakeBuilder(seconds=0.01, gate=gate)
+    queue = BuildQueue(templates("a", "b", "c"), tmp_path, build=build).start()
+    assert build.started.wait(TIMEOUT_S)
+    threading.Timer(0.05, gate.set).start()  # the build in progress finishes; nothing after it starts
+    queue.stop()
+    assert not queue._worker.is_alive()
+    assert build.built == ["a"]
+    assert queue.wait(0) and queue.summary()["done"]
+    assert queue.status("b") == "waiting"
+
+
+def test_start_twice_starts_one_worker(tmp_path):
+    build = FakeBuilder()
+    queue = BuildQueue(templates("a"), tmp_path, build=build)
+    assert queue.start() is queue and queue.start() is queue
+    assert queue.wait(TIMEOUT_S)
+    assert build.built == ["a"]
+
+
+def test_wait_times_out_while_a_build_runs(tmp_path):
+    gate = threading.Event()
+    queue = BuildQueue(templates("a"), tmp_path, build=FakeBuilder(gate=gate)).start()
+    assert queue.wait(0.01) is False
+    gate.set()
+    assert queue.wait(TIMEOUT_S)
