@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from sakura.offline.lowrank import row_weights, single_threaded, weighted_lowrank
 from sakura.formats.bitplanes import dequantize, from_planes, quantize, to_planes, truncate
+from sakura.offline.lowrank import row_weights, single_threaded, weighted_lowrank
 from sakura.offline.synthetic import synthetic_cache
 
 

@@ -17,9 +17,9 @@ from sakura.eval import bench as B
 from sakura.eval import plots as P
 from sakura.quality import quality
 from sakura.eval.sensitivity import fig16_mask_ratio, fig18_resolution
-from sakura.net.traces import load_trace
 from sakura.formats import FetchUnit, Level
 from sakura.formats.pack import PackEncoding, PackInfo, decode_shard
+from sakura.net.traces import load_trace
 from sakura.offline.compress import pack_cache
 from sakura.online.policies import SakuraPolicy
 

@@ -16,9 +16,9 @@ import numpy as np
 import torch
 
 from sakura.eval import bench as B
-from sakura.offline.builder import load_importance, profile_importance
 from sakura.formats.intq import decode_unit, encode_unit
 from sakura.formats.pack import PackInfo, decode_shard
+from sakura.offline.builder import load_importance, profile_importance
 
 
 def _int2_rows(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:

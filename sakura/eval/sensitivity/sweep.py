@@ -97,8 +97,9 @@ def prepare_variants(catalog, packs: Path, cfg, cache: dict, say, compute_clock:
                 say(f"measuring device compute for {tpl.id} on the CPU clock")
                 req = bench.request(0)
                 first_shard = bench.compute.shards[0]
-                bench.compute = measure_compute_cpu(bench.model, req, zero_cache(bench.model, req),
-                                                    first_shard[2] - first_shard[1])
+                # the sessions the sweep runs read the template state's profile
+                bench.compute = bench.state.compute = measure_compute_cpu(
+                    bench.model, req, zero_cache(bench.model, req), first_shard[2] - first_shard[1])
             cache[key] = bench
         out.append(cache[key])
     return out
