@@ -17,11 +17,12 @@ import gradio as gr
 from PIL import Image
 
 from app.device import COMPARE_ORDER, SYSTEM_TITLES, EditRun
+from app.edit_inputs import check_trace_upload, network_spec
 from app.edit_panels import (COMPARE_HEADERS, PRIVACY_HEADERS, compare_rows, metrics_html, privacy_html, privacy_rows,
                              status_html)
 from app.images import UploadError, diff_heatmap, from_b64
 from app.timeline import latency_figure, timeline_figure
-from device_bridge import EditProgress, EditRejected, Job, NetworkSpec, Photo, TraceUpload
+from device_bridge import EditProgress, EditRejected, Job, NetworkSpec, Photo
 
 TASK_TITLES = {"fs": "Face swap", "vton": "Virtual try-on", "mb": "Text edit"}
 NETWORKS = [("5G (mmWave, walking)", "5g"), ("4G + 5G (mixed)", "4g5g"), ("Wi-Fi 6", "wifi"),
@@ -29,55 +30,11 @@ NETWORKS = [("5G (mmWave, walking)", "5g"), ("4G + 5G (mixed)", "4g5g"), ("Wi-Fi
 SYSTEM_CHOICES = [(title, name) for name, title in SYSTEM_TITLES.items()] + [("Compare all (same trace start)", "all")]
 MAX_PROMPT = 2000
 TRACE_HORIZON_S = 600.0
+__all__ = ["EditPage", "check_trace_upload", "network_spec"]
 
 
 def _esc(x) -> str:
     return html.escape(str(x))
-
-
-# --------------------------------------------------------------------------------------- inputs
-def check_trace_upload(path: str | None) -> TraceUpload:
-    """Validate an uploaded trace once → its samples; raises :class:`UploadError` with a friendly line."""
-    if not path:
-        raise UploadError("Please choose a trace file (CSV `time_s,mbps` or two columns `time Mbps`).")
-    try:
-        return TraceUpload.from_file(path)
-    except EditRejected as e:
-        raise UploadError(f"That trace file cannot be used: {e}. Expected CSV with header `time_s,mbps`, "
-                          "or two whitespace-separated columns `time throughput_mbps`.") from None
-
-
-def network_spec(choice: str, fixed_mbps, trace_upload: TraceUpload | None, start, paper_regime: bool) -> NetworkSpec:
-    regime = "paper" if paper_regime else "none"
-    if choice == "fixed":
-        try:
-            mbps = float(fixed_mbps)
-        except (TypeError, ValueError):
-            raise UploadError("Please give the fixed link rate in Mbps (a number > 0).") from None
-        if not 0 < mbps <= 1e6:
-            raise UploadError("The fixed link rate must be between 0 and 1,000,000 Mbps.")
-        trace, regime, upload = f"fixed:{mbps:g}", "none", None  # a fixed link runs as given, unscaled
-    elif choice == "upload":
-        if not trace_upload:
-            raise UploadError("Please upload a trace file first (or pick another network).")
-        trace, upload = trace_upload.name, trace_upload
-    elif choice in ("5g", "4g5g", "wifi"):
-        trace, upload = choice, None
-    else:
-        raise UploadError("Please pick a network.")
-    return NetworkSpec(trace, _start(start), None, regime, upload)
-
-
-def _start(start) -> float | None:
-    if start is None or str(start).strip().lower() in ("", "random"):
-        return None
-    try:
-        value = float(start)
-    except (TypeError, ValueError):
-        raise UploadError("The trace start must be a number of seconds (or empty for a random start).") from None
-    if value < 0:
-        raise UploadError("The trace start must be ≥ 0 seconds.")
-    return value
 
 
 class EditPage:
