@@ -229,7 +229,7 @@ def test_bad_inputs_give_friendly_messages(page, tmp_path):
     Image.new("L", (9000, 9000)).save(huge)
     page.wait_for_selector("#photo-upload input[type=file]", state="attached")
     _upload(page, "#photo-upload", huge)
-    _wait_text(page, "the limit is 40 MP")
+    _wait_text(page, "the limit is 4096 px per side")
     # a trace file with garbage
     page.get_by_role("radio", name="Upload a trace file").check()
     garbage = tmp_path / "trace.csv"
