@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path

@@ -19,12 +19,10 @@ from sakura.formats.base import KV, FetchUnit, Format, Level, Range, ShardEncodi
 from sakura.formats.container import PackFormatError
 
 FORMATS: dict[str, Format] = {fmt.name: fmt for fmt in (
-    Format("sakura", pack.SUFFIX, pack.FORMAT, pack.SUPPORTED_VERSIONS, pack.PackInfo, pack.PackEncoding,
-           pack.write_pack, from_factors=True),
-    Format("fp16", fp16.SUFFIX, fp16.FORMAT, (fp16.VERSION,), fp16.Fp16Info, fp16.Fp16Encoding, fp16.write_fp16),
-    Format("intq", intq.SUFFIX, intq.FORMAT, (intq.VERSION,), intq.IntQInfo, intq.IntQEncoding, intq.write_intq),
-    Format("cachegen", cachegen.SUFFIX, cachegen.FORMAT, (cachegen.VERSION,), cachegen.CacheGenInfo,
-           cachegen.CacheGenEncoding, cachegen.write_cachegen),
+    Format("sakura", pack.SUFFIX, pack.PackInfo, pack.PackEncoding, pack.write_pack, from_factors=True),
+    Format("fp16", fp16.SUFFIX, fp16.Fp16Info, fp16.Fp16Encoding, fp16.write_fp16),
+    Format("intq", intq.SUFFIX, intq.IntQInfo, intq.IntQEncoding, intq.write_intq),
+    Format("cachegen", cachegen.SUFFIX, cachegen.CacheGenInfo, cachegen.CacheGenEncoding, cachegen.write_cachegen),
 )}
 
 

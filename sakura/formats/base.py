@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from sakura.formats.container import ContainerFile, Range
+from sakura.formats.container import Range
 from sakura.kvcache import KV
 
 __all__ = ["KV", "Range", "Level", "FetchUnit", "StreamEncoding", "ShardEncoding", "Format", "shard_label"]
@@ -120,9 +120,7 @@ class Format:
 
     name: str
     suffix: str  # file id = template id + suffix; the file on disk is ``<file id>.pack``
-    magic: str  # the header's "format" field
-    versions: tuple[int, ...]
-    info_cls: type
+    info_cls: type  # a StoredInfo: its magic, versions and header parsing
     encoding_cls: type[StreamEncoding]
     write: Callable[..., Any]
     from_factors: bool = False
@@ -132,5 +130,4 @@ class Format:
 
     def open(self, path: str | Path):
         """The parsed header (info) of a stored file of this format, checked against its length."""
-        file = ContainerFile(path, self.magic, self.versions)
-        return self.info_cls(file.header, file.index)
+        return self.info_cls.open(path)[1]

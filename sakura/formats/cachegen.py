@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from sakura.formats.base import KV, FetchUnit, Level, Range, StreamEncoding, shard_label
-from sakura.formats.container import Blobs, ContainerFile, PackFormatError, header_size, parse_header, write_container
+from sakura.formats.container import Blobs, PackFormatError, StoredInfo, write_container
 from sakura.kvcache import CacheUnit, KVCache, kv_pairs, shard_plan, shard_units
 
 FORMAT = "sakura-cachegen"
@@ -177,11 +177,13 @@ def write_cachegen(path: str | Path, cache: KVCache, *, shard_size: int = 1, chu
     return CacheGenReader(path).info
 
 
-class CacheGenInfo:
+class CacheGenInfo(StoredInfo):
     """Parsed CacheGen header: geometry, ranges of each (shard, chunk, level) and of each level's model."""
 
+    magic, versions = FORMAT, (VERSION,)
+
     def __init__(self, header: dict[str, Any], index):
-        self.header, self.index = header, index
+        super().__init__(header, index)
         try:
             g = dict(header["geometry"])
             g["levels"] = tuple((tuple(k), tuple(v)) for k, v in g["levels"])
@@ -195,19 +197,9 @@ class CacheGenInfo:
         if len(index) != self.num_levels * (1 + len(self.shards) * len(geo.token_chunks())):
             raise PackFormatError("CacheGen index has the wrong number of chunks")
 
-    @classmethod
-    def from_bytes(cls, buf: bytes) -> "CacheGenInfo":
-        return cls(*parse_header(buf, FORMAT, (VERSION,)))
-
-    header_size = staticmethod(header_size)
-
     @property
     def num_levels(self) -> int:
         return len(self.geometry.levels)
-
-    @property
-    def num_shards(self) -> int:
-        return len(self.shards)
 
     @property
     def num_chunks(self) -> int:
@@ -240,8 +232,7 @@ class CacheGenInfo:
 
 class CacheGenReader:
     def __init__(self, path: str | Path):
-        self.file = ContainerFile(path, FORMAT, (VERSION,))
-        self.info = CacheGenInfo(self.file.header, self.file.index)
+        self.file, self.info = CacheGenInfo.open(path)
 
     def read(self, shard: int, levels: Sequence[int]) -> dict[Range, bytes]:
         """Bytes for a whole shard with ``levels[chunk]`` per token chunk, plus those levels' models."""

@@ -233,3 +233,30 @@ def coalesce(ranges: Sequence[Range]) -> list[Range]:
         else:
             out.append([o, n])
     return [(o, n) for o, n in out]
+
+
+class StoredInfo:
+    """Base of every format's parsed header: the format's magic and versions, the header dict and
+    chunk index, built from a client's header bytes or from a file on disk. Subclasses parse the rest."""
+
+    magic: str = ""
+    versions: tuple[int, ...] = ()
+    shards: list[tuple[int, int, int]]
+
+    def __init__(self, header: Mapping[str, Any], index: ChunkIndex):
+        self.header, self.index = header, index
+
+    @classmethod
+    def from_bytes(cls, buf: bytes):
+        """From the file's first :func:`header_size` bytes (more is fine)."""
+        return cls(*parse_header(buf, cls.magic, cls.versions))
+
+    @classmethod
+    def open(cls, path: str | Path):
+        """From a stored file, memory-mapped and checked against its length: ``(file, info)``."""
+        file = ContainerFile(path, cls.magic, cls.versions)
+        return file, cls(file.header, file.index)
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.shards)

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from sakura.formats.base import KV, Level, Range, ShardEncoding
-from sakura.formats.container import Blobs, ContainerFile, PackFormatError, parse_header, write_container
+from sakura.formats.container import Blobs, PackFormatError, StoredInfo, write_container
 from sakura.kvcache import KVCache, kv_pairs, shard_plan, shard_units
 
 FORMAT = "sakura-fp16"
@@ -21,9 +21,11 @@ VERSION = 1
 SUFFIX = ".fp16"
 
 
-class Fp16Info:
+class Fp16Info(StoredInfo):
+    magic, versions = FORMAT, (VERSION,)
+
     def __init__(self, header: dict[str, Any], index):
-        self.header, self.index = header, index
+        super().__init__(header, index)
         try:
             g = header["geometry"]
             self.n, self.d = int(g["n"]), int(g["d"])
@@ -32,14 +34,6 @@ class Fp16Info:
             raise PackFormatError(f"fp16 header is invalid: {e}") from None
         if len(index) != len(self.shards):
             raise PackFormatError("fp16 index does not match its shard list")
-
-    @classmethod
-    def from_bytes(cls, buf: bytes) -> "Fp16Info":
-        return cls(*parse_header(buf, FORMAT, [VERSION]))
-
-    @property
-    def num_shards(self) -> int:
-        return len(self.shards)
 
     def ranges(self, shard: int) -> list[Range]:
         return [self.index.span(shard)]
@@ -61,7 +55,7 @@ def write_fp16(path: str | Path, cache: KVCache, *, shard_size: int = 1, model_i
                            "num_layers": cache.num_layers, "shard_size": shard_size},
               "shards": [list(s) for s in plan]}
     write_container(path, header, chunks)
-    return Fp16Info.from_bytes(ContainerFile(path, FORMAT, [VERSION]).header_bytes)
+    return Fp16Info.open(path)[1]
 
 
 def decode(info: Fp16Info, shard: int, blobs: Blobs, dtype: torch.dtype = torch.float32) -> KV:

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from sakura.formats.base import KV, Level, Range, ShardEncoding
-from sakura.formats.container import Blobs, ContainerFile, PackFormatError, header_size, parse_header, write_container
+from sakura.formats.container import Blobs, PackFormatError, StoredInfo, write_container
 from sakura.kvcache import KVCache, kv_pairs, shard_plan, shard_units
 
 FORMAT = "sakura-intq"
@@ -64,11 +64,13 @@ def decode_unit(buf: bytes, n: int, d: int, bits: int) -> torch.Tensor:
     return torch.from_numpy(lo + q.reshape(n, d).astype(np.float32) * scale)
 
 
-class IntQInfo:
+class IntQInfo(StoredInfo):
     """Parsed IntQ header: geometry, shards, stored widths, ranges."""
 
+    magic, versions = FORMAT, (VERSION,)
+
     def __init__(self, header: dict[str, Any], index):
-        self.header, self.index = header, index
+        super().__init__(header, index)
         try:
             g = header["geometry"]
             self.n, self.d = int(g["n"]), int(g["heads"]) * int(g["head_dim"])
@@ -81,16 +83,6 @@ class IntQInfo:
             raise PackFormatError("shard list does not match the geometry")
         if len(self.index) != len(self.bits) * len(self.shards):
             raise PackFormatError("IntQ index has the wrong number of chunks")
-
-    @classmethod
-    def from_bytes(cls, buf: bytes) -> "IntQInfo":
-        return cls(*parse_header(buf, FORMAT, (VERSION,)))
-
-    header_size = staticmethod(header_size)
-
-    @property
-    def num_shards(self) -> int:
-        return len(self.shards)
 
     def chunk(self, shard: int, bits: int) -> int:
         if bits not in self.bits or not 0 <= shard < len(self.shards):
@@ -128,8 +120,7 @@ def write_intq(path: str | Path, cache: KVCache, *, bits: Sequence[int] = DEFAUL
 
 class IntQReader:
     def __init__(self, path: str | Path):
-        self.file = ContainerFile(path, FORMAT, (VERSION,))
-        self.info = IntQInfo(self.file.header, self.file.index)
+        self.file, self.info = IntQInfo.open(path)
 
     def read(self, shard: int, bits: int) -> dict[Range, bytes]:
         return self.file.read_ranges(self.info.ranges(shard, bits))

@@ -32,8 +32,7 @@ import torch
 
 from sakura.formats.base import KV, Level, Range, ShardEncoding
 from sakura.formats.bitplanes import HEAD_BYTES, PLANES, FactorBytes, QuantizedFactors, plane_bytes, plane_records
-from sakura.formats.container import (Blobs, ContainerFile, PackFormatError, coalesce, header_size, parse_header,
-                                      write_container)
+from sakura.formats.container import Blobs, PackFormatError, StoredInfo, coalesce, write_container
 from sakura.kvcache import CacheUnit, kv_pairs, shard_plan, shard_units
 
 FORMAT = "sakura-pack"
@@ -112,11 +111,13 @@ class Config:
         return cls(int(r), int(ba), int(bb), int(nbytes), float(err))
 
 
-class PackInfo:
+class PackInfo(StoredInfo):
     """Everything a client needs, parsed from the header bytes alone: geometry, ranges, frontiers."""
 
+    magic, versions = FORMAT, SUPPORTED_VERSIONS
+
     def __init__(self, header: dict[str, Any], index):
-        self.header, self.index = header, index
+        super().__init__(header, index)
         try:
             self.geometry = Geometry(**header["geometry"])
             self.shards = [tuple(s) for s in header["shards"]]
@@ -131,17 +132,6 @@ class PackInfo:
             expected += self.geometry.chunk_lengths(2 * (l1 - l0))
         if list(self.index.lengths) != expected:
             raise PackFormatError("chunk index does not match the geometry (corrupt or foreign header)")
-
-    @classmethod
-    def from_bytes(cls, buf: bytes) -> "PackInfo":
-        """From the file's first :func:`header_size` bytes (more is fine)."""
-        return cls(*parse_header(buf, FORMAT, SUPPORTED_VERSIONS))
-
-    header_size = staticmethod(header_size)
-
-    @property
-    def num_shards(self) -> int:
-        return len(self.shards)
 
     @property
     def file_size(self) -> int:
@@ -262,8 +252,7 @@ class PackReader:
     """A pack on disk, memory-mapped and validated (magic, version, index, length)."""
 
     def __init__(self, path: str | Path):
-        self.file = ContainerFile(path, FORMAT, SUPPORTED_VERSIONS)
-        self.info = PackInfo(self.file.header, self.file.index)
+        self.file, self.info = PackInfo.open(path)
 
     @property
     def header_bytes(self) -> bytes:
