@@ -193,7 +193,7 @@ class DeviceAgent:
             t0 = time.perf_counter()
             calibrating = not self.runtime.knows(template)
             session = self.runtime.session(
-                template, spec.system, Network(net.load(), net.trace, net.start, net.scale, net.regime), source=source,
+                template, spec.system, Network(net.link_trace, net.trace, net.start, net.scale, net.regime), source=source,
                 on_event=emit, on_status=lambda stage, msg: emit(event("status", stage=stage, message=msg)),
                 timeout_s=self.timeout_s)
             timing["setup_s"] = time.perf_counter() - t0

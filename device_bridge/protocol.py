@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,9 @@ class NetworkSpec:
     regime: str = "paper"
     upload: TraceUpload | None = None
 
-    def load(self) -> Trace:
+    @cached_property
+    def link_trace(self) -> Trace:
+        """The (unscaled) trace, loaded once: by the validator, then used by the edit."""
         if self.upload is not None:
             return self.upload.trace()
         return load_trace(self.trace)
@@ -105,7 +108,7 @@ def _network(net: Any) -> NetworkSpec:
     spec = NetworkSpec(trace, _number(net.get("start"), "start"), _number(net.get("scale"), "scale", positive=True),
                        regime, upload)
     try:
-        spec.load()
+        spec.link_trace  # noqa: B018 - loads (and so validates) the trace once
     except TraceError as e:
         raise EditRejected(f"bad network trace: {one_line(e)}") from None
     return spec

@@ -112,6 +112,11 @@ def shard_plan(num_steps: int, num_layers: int, shard_size: int) -> list[tuple[i
     return [(s, a, b) for s in range(num_steps) for a, b in shard_layers(num_layers, shard_size)]
 
 
+def shard_of_layers(shards) -> dict[tuple[int, int], int]:
+    """``(step, layer) -> index`` of the shard (in ``shards``, consumption order) that holds it."""
+    return {(step, layer): j for j, (step, l0, l1) in enumerate(shards) for layer in range(l0, l1)}
+
+
 def shard_units(step: int, layer_start: int, layer_end: int) -> list[CacheUnit]:
     """The cache units of a shard in storage order: layer-major, K then V."""
     return [(step, layer, kind) for layer in range(layer_start, layer_end) for kind in KINDS]

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
+from sakura.kvcache import shard_of_layers
 from sakura.model import EditRequest
 from sakura.net.paced import PacedLink
 from sakura.runtime.sim import LinkModel, simulate, simulate_masked
@@ -62,7 +63,6 @@ class StreamRunner(Runner):
 
         tl, kv = simulate(session.encoding, session.policy, session.compute, LinkModel(session.trace, session.start),
                           fetch, timer=timer, **kw)
-        tl.system = session.system.name
         return Outcome(session.model.masked_edit(req, lambda step, layer: kv[(step, layer)]).image, tl)
 
 
@@ -84,7 +84,7 @@ class OracleRunner(Runner):
         kv = session.reference_kv()
         tl = Timeline.for_shards(session.system.name, "real", session.compute.shards, session.on_event,
                                  trace_start_s=session.start)
-        shard_of = {(s, layer): j for j, (s, a, b) in enumerate(session.compute.shards) for layer in range(a, b)}
+        shard_of = shard_of_layers(session.compute.shards)
         t0 = time.perf_counter()
 
         def provider(step: int, layer: int):

@@ -17,6 +17,7 @@ runners behind the same interface as the streaming systems (:mod:`sakura.runtime
 
 from __future__ import annotations
 
+import copy
 import random
 import threading
 from collections import OrderedDict
@@ -78,6 +79,28 @@ class TemplateState:
         return 2 * layers * self.fp16.n * self.fp16.d * 2
 
 
+class Remembered:
+    """A few values by key, least recently used dropped first; ``get(key, compute)`` computes a miss
+    outside the lock (a slow compute never blocks readers of other keys)."""
+
+    def __init__(self, keep: int) -> None:
+        self.keep = max(1, keep)
+        self._items: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key, compute: Callable):
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                return self._items[key]
+        value = compute()
+        with self._lock:
+            self._items[key] = value
+            while len(self._items) > self.keep:
+                self._items.popitem(last=False)
+        return value
+
+
 def network_scale(network: Network, state: TemplateState) -> float:
     """The bandwidth multiplier of an edit: given, or the paper regime's for this template on this device."""
     if network.scale is not None:
@@ -99,9 +122,8 @@ class DeviceRuntime:
         self.calibration = calibration or CalibrationStore()
         self._states: dict[str, TemplateState] = {}
         self._encodings: dict[str, StreamEncoding] = {}  # parsed headers, by file id
-        self._reference_kv: OrderedDict[str, KV] = OrderedDict()
-        self._reference_max = max(1, reference_caches)
-        self._outputs: OrderedDict[tuple, np.ndarray] = OrderedDict()  # request-keyed outputs (bench sweeps)
+        self._reference_kv = Remembered(reference_caches)  # exact FP16 caches, by template id
+        self._outputs = Remembered(64)  # request-keyed outputs (bench sweeps)
         self._lock = threading.RLock()
 
     def knows(self, template) -> bool:
@@ -153,40 +175,23 @@ class DeviceRuntime:
 
     def reference_kv(self, state: TemplateState, source=None, on_status: StatusSink | None = None) -> KV:
         """The template's exact FP16 cache (template data, read unpaced, a few templates kept)."""
-        tid = state.template.id
-        with self._lock:
-            if tid in self._reference_kv:
-                self._reference_kv.move_to_end(tid)
-                return self._reference_kv[tid]
-        if on_status:
-            on_status("reference_cache", "fetching the FP16 reference cache")
-        src = source or self.source
-        encoding = self.encoding(state, "fp16", src)
-        kv: KV = {}
-        for unit in encoding.units:
-            level = unit.levels[0]
-            kv.update(encoding.decode(unit, level, src.fetch_timed(file_id(tid, "fp16"),
-                                                                   encoding.ranges(unit, level)).parts))
-        with self._lock:
-            self._reference_kv[tid] = kv
-            while len(self._reference_kv) > self._reference_max:
-                self._reference_kv.popitem(last=False)
-        return kv
+        def fetch() -> KV:
+            if on_status:
+                on_status("reference_cache", "fetching the FP16 reference cache")
+            src = source or self.source
+            encoding, fid = self.encoding(state, "fp16", src), file_id(state.template.id, "fp16")
+            kv: KV = {}
+            for unit in encoding.units:
+                level = unit.levels[0]
+                kv.update(encoding.decode(unit, level, src.fetch_timed(fid, encoding.ranges(unit, level)).parts))
+            return kv
 
-    def memo(self, key: tuple | None, compute: Callable[[], np.ndarray], keep: int = 64) -> np.ndarray:
+        return self._reference_kv.get(state.template.id, fetch)
+
+    def memo(self, key: tuple | None, compute: Callable[[], np.ndarray]) -> np.ndarray:
         """``compute()``, remembered under ``key`` (None: not remembered). A sweep that runs many
         systems on the same requests computes each request's reference and local output once."""
-        if key is None:
-            return compute()
-        with self._lock:
-            if key in self._outputs:
-                return self._outputs[key]
-        out = compute()
-        with self._lock:
-            self._outputs[key] = out
-            while len(self._outputs) > keep:
-                self._outputs.popitem(last=False)
-        return out
+        return compute() if key is None else self._outputs.get(key, compute)
 
     def session(self, template, system: str, network: Network, **kw) -> "EditSession":
         return EditSession(self, template, system, network, **kw)
@@ -208,7 +213,7 @@ class EditSession:
         self.timeout_s, self.executor = timeout_s, executor
         self.state = runtime.template_state(template, self.source, on_status)
         self.compute = self.state.compute
-        self.scale = self._scale()
+        self.scale = network_scale(network, self.state)
         start = network.start if network.start is not None else (rng or random).uniform(0.0, network.trace.duration)
         self.start = float(start)
         self.trace = network.trace.scaled(self.scale)
@@ -217,17 +222,13 @@ class EditSession:
         if self.system.streams:
             self.file_id = file_id(template.id, self.system.format)
             self.policy = policy or get_policy(self.system.name)
-            if encoding is None and reconstructor is not None:  # its own view: the cached one stays torch
-                encoding = encoding_from_header(self.system.format,
-                                                runtime.header(self.state, self.system.format, self.source))
-                encoding.reconstructor = reconstructor
             self.encoding = encoding or runtime.encoding(self.state, self.system.format, self.source)
-            if [tuple(s) for s in self.encoding.shards] != self.compute.shards:
+            if reconstructor is not None:  # this edit's own view: the shared parsed one keeps torch
+                self.encoding = copy.copy(self.encoding)
+                self.encoding.reconstructor = reconstructor
+            if self.encoding.shards != self.compute.shards:
                 raise StreamError(f"{self.file_id}: its shard plan does not match the FP16 file's")
         self.runner = get_runner(self.system.runner)
-
-    def _scale(self) -> float:
-        return network_scale(self.network, self.state)
 
     @property
     def model(self) -> DiTAdapter:

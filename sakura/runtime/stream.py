@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from sakura.formats import StreamEncoding
+from sakura.kvcache import shard_of_layers
 from sakura.model import DiTAdapter, EditRequest, EditResult
 from sakura.online.deadline import predict_need
 from sakura.online.monitor import RuntimeMonitor
@@ -83,7 +84,7 @@ class StreamedEdit:
                                      name="rebuild")
         receiver.start()
         rebuilder.start()
-        shard_of = {(s, layer): j for j, (s, a, b) in enumerate(shards) for layer in range(a, b)}
+        shard_of = shard_of_layers(shards)
 
         def provider(step, layer):
             return self._provide(state, timeline, shard_of[(step, layer)], step, layer)
