@@ -387,3 +387,30 @@ def test_device_command_reports_bad_arguments_in_one_line(tmp_path):
     assert r.exit_code == 2 and "HOST:PORT" in r.output
     r = CliRunner().invoke(app, ["--listen", "127.0.0.1:0", "--packs", str(tmp_path / "missing")])
     assert r.exit_code == 2 and "does not exist" in r.output and "Traceback" not in r.output
+
+
+def test_the_demo_agent_and_the_cli_put_an_edit_together_the_same_way(agent, template_server, device_packs,
+                                                                        calibration, tmp_path):
+    """Same (template, system, trace, start, regime) → the same plan (scale, start, initial rate, shards,
+    fetch units, measured compute, link) from the agent and from `sakura edit --stream`, and the same
+    levels wherever the link leaves no room for timing noise (everything fits / nothing but the smallest
+    does). Both read the same calibration file, as a device keeps it across restarts."""
+    from sakura.runtime.cli import stream_edit
+
+    photo, _ = random_png(5)
+    (tmp_path / "photo.png").write_bytes(photo)
+    for trace in ("fixed:30", "fixed:2000", "fixed:0.5"):
+        events: list[dict] = []
+        res = agent.edit(job("sakura", photo=photo, reference_output=False,
+                             network={"trace": trace, "start": 0, "scale": None, "regime": "none"}), events.append)
+        plan = next(e for e in events if e["type"] == "plan")
+        cli = stream_edit(template=TEMPLATE, reference=str(tmp_path / "photo.png"), prompt=None,
+                          out=tmp_path / "out.png", as_json=False, policy="sakura", trace=trace, start=0.0,
+                          regime="none", server=template_server.url, packs=device_packs, calibration=calibration)
+        agent_plan = {k: v for k, v in plan.items() if k not in ("type", "job_id")}
+        assert json.loads(json.dumps(cli["plan"])) == agent_plan, trace
+        assert cli["trace_scale"] == res["summary"]["trace_scale"] == 1.0
+        if trace == "fixed:2000":  # everything fits: the best stored configuration, on both
+            assert cli["levels"] == res["summary"]["levels"] and len(set(cli["levels"])) == 1
+        if trace == "fixed:0.5":  # nothing fits: the smallest, on both
+            assert cli["levels"] == res["summary"]["levels"]

@@ -80,7 +80,7 @@ def stream_edit(*, template: str, reference, prompt, out: Path, as_json: bool, c
     report = {"template": tpl.id, "policy": policy, "trace": trace, "start": session.start,
               "trace_scale": session.scale, "server": base, "masked_compute_s": plan["compute"]["masked_s"],
               "local_full_s": plan["compute"]["local_full_s"], "executor": executor, "reconstructor": reconstructor,
-              **session.summary(outcome), "timeline": outcome.timeline.to_dict() if as_json else None}
+              **session.summary(outcome), "plan": plan, "timeline": outcome.timeline.to_dict() if as_json else None}
     out.parent.mkdir(parents=True, exist_ok=True)
     Image.fromarray((np.clip(outcome.image, 0, 1) * 255).round().astype("uint8")).save(out)
     report["out"] = str(out)
