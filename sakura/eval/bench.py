@@ -194,6 +194,19 @@ def regime_block(tbs: list[TemplateBench], scales: dict[str, float], base_trace:
             "mask_ratio": statistics.mean(tb.template.token_ratio for tb in tbs)}
 
 
+def device_memory(ws: dict, tbs: list[TemplateBench], modelled: bool) -> None:
+    """Per system, the device's peak memory: weights + the most cache it held (the harness is one
+    process, so this is a model; ``modelled=False``: not reported, see the simulated sweep's)."""
+    weights = statistics.mean(sum(p.numel() * p.element_size() for p in tb.model.transformer.parameters())
+                              for tb in tbs)
+    for system, s in ws.items():
+        if system == "oracle":  # it holds the whole FP16 cache
+            s["device_peak_cache_bytes"] = int(ws["regime"]["fp16_cache_bytes"])
+        if system in SYSTEMS:
+            s["device_peak_rss_bytes"] = int(weights + s["device_peak_cache_bytes"]) if modelled else None
+    ws["regime"]["harness_max_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 @dataclass
 class BenchConfig:
     workloads: tuple[str, ...] = ("fs", "vton", "mb", "mb-sd")
@@ -208,14 +221,24 @@ class BenchConfig:
     append: bool = False  # keep other workloads already in DIR/summary.json (run workloads separately)
 
 
+# One edit of the sweep: (template, request index, system, unscaled trace, scale, start) -> its record.
+EditRunner = Callable[[TemplateBench, int, str, Trace, float, float], dict]
+
+
+def simulated_edit(tb: TemplateBench, req_index: int, system: str, trace: Trace, scale: float, start: float) -> dict:
+    return run_one(tb, req_index, system, trace.scaled(scale), start)
+
+
 def run_bench(cfg: BenchConfig, out: Path, progress=None, say: Callable[[str], None] = print,
-              benches: dict | None = None) -> dict:
-    """The main latency/quality sweep. Writes ``records.jsonl`` and ``summary.json``; returns the summary."""
+              benches: dict | None = None, run_edit: EditRunner = simulated_edit, clock: str = "sim") -> dict:
+    """The main latency/quality sweep. Writes ``records.jsonl`` and ``summary.json``; returns the summary.
+    ``run_edit`` runs one edit (default: on the simulated clock; :mod:`sakura.eval.realclock` passes the
+    real one); everything else — offsets, templates, requests, summaries — is the same on both clocks."""
     out.mkdir(parents=True, exist_ok=True)
     base_trace = load_trace(cfg.trace)
     rng = np.random.default_rng(cfg.seed)
-    summary: dict = {"config": {k: (str(v) if isinstance(v, Path) else v) for k, v in cfg.__dict__.items()},
-                     "workloads": {}}
+    config = {k: (str(v) if isinstance(v, Path) else v) for k, v in cfg.__dict__.items()}
+    summary: dict = {"config": {**config, "clock": clock}, "workloads": {}}
     records_path = out / "records.jsonl"
     benches = {} if benches is None else benches
     mode = "w"
@@ -232,11 +255,11 @@ def run_bench(cfg: BenchConfig, out: Path, progress=None, say: Callable[[str], N
             scales = {tb.template.id: regime_scale(tb, base_trace, cfg.regime, cfg.trace_scale) for tb in tbs}
             starts = rng.uniform(0, base_trace.duration, size=cfg.starts)
             records = []
-            task = progress.add_task(f"bench {workload}", total=cfg.starts * len(cfg.systems)) if progress else None
+            task = (progress.add_task(f"bench {workload} ({clock} clock)", total=cfg.starts * len(cfg.systems))
+                    if progress else None)
             for tb, req_index, start in offset_plan(tbs, starts):
-                trace = base_trace.scaled(scales[tb.template.id])
                 for system in cfg.systems:
-                    r = run_one(tb, req_index, system, trace, start)
+                    r = run_edit(tb, req_index, system, base_trace, scales[tb.template.id], start)
                     r["workload"] = workload
                     records.append(r)
                     rec_file.write(json.dumps(r) + "\n")
@@ -244,15 +267,7 @@ def run_bench(cfg: BenchConfig, out: Path, progress=None, say: Callable[[str], N
                         progress.advance(task)
             ws = summarize(records, storage_of(tbs))
             ws["regime"] = regime_block(tbs, scales, base_trace, cfg.trace)
-            fp16_mean = ws["regime"]["fp16_cache_bytes"]
-            weights = statistics.mean(sum(p.numel() * p.element_size() for p in tb.model.transformer.parameters())
-                                      for tb in tbs)
-            for system, s in ws.items():
-                if system == "oracle":  # it holds the whole FP16 cache
-                    s["device_peak_cache_bytes"] = int(fp16_mean)
-                if system in SYSTEMS:  # device memory model: weights + cache held (the harness is one process)
-                    s["device_peak_rss_bytes"] = int(weights + s["device_peak_cache_bytes"])
-            ws["regime"]["harness_max_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+            device_memory(ws, tbs, modelled=clock == "sim")
             summary["workloads"][workload] = ws
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary

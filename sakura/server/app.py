@@ -102,15 +102,25 @@ def _http_shaper(links: LinkShapes, request: Request) -> TraceShaper | None | JS
         return error_response(400, f"bad X-Sakura-Trace: {e}")
 
 
+def _file_and_shaper(store: PackStore, links: LinkShapes, file_id: str,
+                     request: Request) -> tuple[Path, TraceShaper | None] | Response:
+    """The stored file a request names and the link it asked for, or the error response."""
+    path = store.path(file_id)
+    if isinstance(path, Response):
+        return path
+    shaper = _http_shaper(links, request)
+    if isinstance(shaper, Response):
+        return shaper
+    return path, shaper
+
+
 def _add_range_route(app: FastAPI, store: PackStore, links: LinkShapes) -> None:
     @app.api_route("/packs/{file_id}", methods=["GET", "HEAD"])
     async def pack(file_id: str, request: Request) -> Response:
-        path = store.path(file_id)
-        if isinstance(path, Response):
-            return path
-        shaper = _http_shaper(links, request)
-        if isinstance(shaper, Response):
-            return shaper
+        found = _file_and_shaper(store, links, file_id, request)
+        if isinstance(found, Response):
+            return found
+        path, shaper = found
         stat = path.stat()
         size, headers = stat.st_size, file_headers(stat)
         inm = request.headers.get("if-none-match")
@@ -166,12 +176,10 @@ async def _stream_file(
 def _add_header_route(app: FastAPI, store: PackStore, links: LinkShapes) -> None:
     @app.get("/packs/{file_id}/header")
     async def header(file_id: str, request: Request) -> Response:
-        path = store.path(file_id)
-        if isinstance(path, Response):
-            return path
-        shaper = _http_shaper(links, request)
-        if isinstance(shaper, Response):
-            return shaper
+        found = _file_and_shaper(store, links, file_id, request)
+        if isinstance(found, Response):
+            return found
+        path, shaper = found
         with open(path, "rb") as f:
             head = f.read(8)
             size = os.fstat(f.fileno()).st_size
