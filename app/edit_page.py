@@ -226,10 +226,10 @@ class EditPage:
     def on_photo(self, path):
         try:
             photo = Photo.from_file(path) if path else None
-            if photo is None:
-                raise EditRejected("Please upload a photo first (PNG or JPEG).")
-        except EditRejected as e:
-            msg = f"{str(e)[:1].upper()}{str(e)[1:]}."
+            msg = None if photo else "Please upload a photo first (PNG or JPEG)."
+        except EditRejected as e:  # one line from the protocol's checker, made a sentence for the page
+            photo, msg = None, f"{str(e)[:1].upper()}{str(e)[1:]}."
+        if photo is None:
             gr.Warning(msg)
             return None, None, status_html(msg, "warn"), None
         return (Image.fromarray(photo.pixels), photo,
@@ -257,7 +257,8 @@ class EditPage:
         t = self.by_id.get(tid)
         if not t:
             raise UploadError("Please pick a template first.")
-        if self.builds is not None and not self.builds.ready(tid):
+        if not self._ready(tid) and self.builds is not None:
+            self.builds.prioritize(tid)
             raise UploadError(f"Template {tid} is not ready yet ({self.builds.status(tid)}); it is being prepared "
                               "first now — try again in a minute, or pick a ready template.")
         if not self._ready(tid):
