@@ -110,6 +110,11 @@ class Explorer:
             return self._compute(template_id, request, progress or (lambda f, m: None))
 
     def _compute(self, template_id: str, request: int, say: Callable[[float, str], None]) -> dict:
+        with FolderSource(self.packs) as source:  # opened per frontier: a rebuilt pack is read afresh
+            return self._compute_from(source, template_id, request, say)
+
+    def _compute_from(self, source: FolderSource, template_id: str, request: int,
+                      say: Callable[[float, str], None]) -> dict:
         say(0.0, "loading the model and the template")
         tpl = self.catalog().get(template_id)
         reqs = tpl.eval_requests
@@ -120,7 +125,6 @@ class Explorer:
         out = self.folder(template_id, request)
         out.mkdir(parents=True, exist_ok=True)
 
-        source = FolderSource(self.packs)
         encs = {fmt: encoding_from_header(fmt, source.header_bytes(file_id(template_id, fmt))) for fmt in FORMATS}
 
         def run(name: str, choose: Callable) -> tuple[np.ndarray, int, list[str]]:

@@ -65,3 +65,9 @@ class FolderSource:
             for fd in self._fds.values():
                 os.close(fd)
             self._fds.clear()
+
+    def __enter__(self) -> "FolderSource":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -49,6 +49,8 @@ class CalibrationStore:
 
     def get(self, model: DiTAdapter, template, shards) -> ComputeProfile | None:
         d = self._profiles.get(f"{model.model_id}/{template.id}")
+        if not isinstance(d, dict):
+            return None
         try:
             prof = ComputeProfile([tuple(s) for s in d["shards"]], [float(x) for x in d["shard_s"]],
                                   float(d["prelude_s"]), float(d["local_full_s"]))
