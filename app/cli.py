@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -66,7 +67,7 @@ def run_demo(host: str = "127.0.0.1", port: int = 7860, packs: Path = Path("pack
     packs.mkdir(parents=True, exist_ok=True)
     data.mkdir(parents=True, exist_ok=True)
     chosen = [catalog.get(i) for i in templates] if templates else list(catalog)
-    builds = BuildQueue(chosen, packs).start()  # behind the page: the user never waits for all of them
+    builds = BuildQueue(chosen, packs)  # started once the page is served: the user never waits for them
     with contextlib.ExitStack() as stack:
         stack.callback(builds.stop)
         echo("starting the template server…")
@@ -78,29 +79,34 @@ def run_demo(host: str = "127.0.0.1", port: int = 7860, packs: Path = Path("pack
         stack.callback(bridge.close)
         if getattr(bridge, "url", None):
             echo(f"  device agent: {bridge.url}")
-        first = next((t.id for t in chosen if builds.ready(t.id)), None)
-        if first:  # load the model and calibrate compute while the browser opens
-            threading.Thread(target=_quiet, args=(bridge.warmup, first), daemon=True).start()
         echo("starting the app…")
         app = create_app(bridge, data_dir=data, explorer=Explorer(packs, data / "explorer"), builds=builds)
         try:
             sock = bind_socket(host, port)
         except OSError as e:
             raise typer.BadParameter(f"cannot listen on {host}:{port} ({e.strerror}); pick another --port") from None
-        config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=3)
-        summary = builds.summary()
+        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=3))
+        threading.Thread(target=_after_start, args=(server, builds, bridge, chosen, echo), daemon=True).start()
         echo(f"\nSAKURA demo running at {url_of(host, sock)}/  (Ctrl-C stops everything)")
-        if not summary["done"]:
-            echo(f"  packs: {summary['ready']}/{summary['total']} templates ready; the rest build in the background "
-                 "(progress on the page)\n")
-        uvicorn.Server(config).run(sockets=[sock])
+        server.run(sockets=[sock])
         echo("stopping… (the device agent finishes the step it is in: at most ~10 s)")
     echo("stopped.")
 
 
-def _quiet(fn, *args) -> None:
-    with contextlib.suppress(Exception):
-        fn(*args)
+def _after_start(server: uvicorn.Server, builds: BuildQueue, bridge, templates: list, echo) -> None:
+    """Once the page is served (the 2 cores are its until then): build the missing packs behind it, and
+    load the model and calibrate compute for the first ready template while the browser opens."""
+    while not server.started and not server.should_exit:
+        time.sleep(0.1)
+    builds.start()
+    summary = builds.summary()
+    if not summary["done"]:
+        echo(f"  packs: {summary['ready']}/{summary['total']} templates ready; the rest build in the background "
+             "(progress on the page)")
+    first = next((t.id for t in templates if builds.ready(t.id)), None)
+    if first:
+        with contextlib.suppress(Exception):
+            bridge.warmup(first)
 
 
 def demo(

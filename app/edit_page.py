@@ -184,7 +184,7 @@ class EditPage:
         title = str(t.get("title") or t["id"]).split(",")[0]
         title = title if len(title) <= 26 else title[:25] + "…"
         cap = f"{title} · mask {t.get('mask_ratio', 0):.0%}"
-        if t.get("available") is False:
+        if t.get("available") is False and self.builds is None:  # while builds run, the status line says it
             cap += " · packs not built"
         return cap
 
