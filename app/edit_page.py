@@ -78,8 +78,6 @@ class EditPage:
         with gr.Row(equal_height=False):
             with gr.Column(scale=3, min_width=420):
                 builds = gr.HTML(self.build_status(), elem_id="build-status")
-                if self.builds is not None:
-                    gr.Timer(2.0).tick(self.build_status, None, builds, show_progress="hidden", queue=False)
                 gr.Markdown("### 1 · Pick a template  \n<span class='sk-hint'>The tinted area is the editable "
                             "mask: only it is computed on the device; the rest comes from the streamed cache.</span>")
                 galleries = []
@@ -117,7 +115,7 @@ class EditPage:
                 gr.Markdown("### 4 · System")
                 system = gr.Radio(SYSTEM_CHOICES, value="sakura", label="System", elem_id="system")
                 run = gr.Button("Run edit", variant="primary", elem_id="run-btn")
-        return dict(galleries=galleries, template=template, template_info=template_info, photo=photo, preview=preview,
+        return dict(builds=builds, galleries=galleries, template=template, template_info=template_info, photo=photo, preview=preview,
                     prompt=prompt, network=network, fixed=fixed, start=start, trace_file=trace_file, regime=regime,
                     system=system, run=run, photo_state=photo_state, trace_state=trace_state, runs_state=runs_state)
 
@@ -160,6 +158,9 @@ class EditPage:
             "network", "fixed", "start", "trace_file", "regime", "system", "run"))
         photo_state, trace_state, runs_state = c["photo_state"], c["trace_state"], c["runs_state"]
         status = self._c["status"]
+        if self.builds is not None:  # packs building behind the page: its progress, and the picked one's state
+            gr.Timer(2.0).tick(lambda tid: (self.build_status(), self._template_info(tid)), template,
+                               [c["builds"], template_info], show_progress="hidden", queue=False)
         for g, gids in galleries:
             g.select(self._picker(gids), None, template, show_progress="hidden", queue=False)
         template.change(self.on_template, template, [template_info, preview, prompt, photo, photo_state, status],
