@@ -244,7 +244,7 @@ def serve(packs: Path = typer.Option(Path("packs"), "--packs"), host: str = type
 def bench(
     out: Path = typer.Option(Path("runs/bench"), "--out"),
     workloads: str = typer.Option("fs,vton,mb,mb-sd", "--workloads"),
-    systems: str = typer.Option("sakura,intq,cachegen,fp16,local,oracle", "--systems"),
+    systems: str = typer.Option(",".join(SYSTEMS), "--systems"),
     trace: str = typer.Option("5g", "--trace", help="5g, 4g5g, wifi, fixed:MBPS or a trace file."),
     starts: int = typer.Option(100, "--starts", help="Random start offsets per workload."),
     regime: str = typer.Option("paper", "--regime", help="paper | none"),
@@ -266,17 +266,17 @@ def bench(
     torch.set_num_threads(threads)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from sakura.eval import bench as B
+    from sakura.eval import bench
     from sakura.eval import figures
 
     if clock not in ("sim", "real"):
         raise UserError("--clock must be sim or real")
-    cfg = B.BenchConfig(workloads=tuple(w.strip() for w in workloads.split(",")),
+    cfg = bench.BenchConfig(workloads=tuple(w.strip() for w in workloads.split(",")),
                         systems=tuple(x.strip() for x in systems.split(",")), trace=trace, starts=starts, regime=regime,
                         trace_scale=trace_scale, packs=packs, seed=seed, append=append)
     for sname in cfg.systems:
-        if sname not in B.SYSTEMS:
-            raise UserError(f"unknown system {sname!r}; choose from {', '.join(B.SYSTEMS)}")
+        if sname not in SYSTEMS:
+            raise UserError(f"unknown system {sname!r}; choose from {', '.join(SYSTEMS)}")
     if quick:
         cfg.workloads, cfg.starts = ("fs",), 10
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as bar:
@@ -296,7 +296,7 @@ def report(
 ):
     """Offline observations: token importance (Fig. 2), rank-precision trade-off (Fig. 8), q sweep (Fig. 19)."""
     from sakura.catalog import load_catalog
-    from sakura.eval import bench as B
+    from sakura.eval import bench
     from sakura.eval import reports
 
     if kind not in ("importance", "tradeoff", "q-sweep"):
@@ -309,12 +309,12 @@ def report(
 
         tasks = {t.task for t in chosen}
         workload = "fs" if "fs" in tasks else sorted(tasks)[0]
-        for path in figures.fig19_q_sweep(B.BenchConfig(workloads=(workload,), packs=packs), out, {}, None, typer.echo):
+        for path in figures.fig19_q_sweep(bench.BenchConfig(workloads=(workload,), packs=packs), out, {}, None, typer.echo):
             typer.echo(f"wrote {path}")
         return
     for tpl in chosen:
-        tb = B.prepare_template(tpl, packs, say=lambda s: typer.echo(s, err=True), repeats=1)
-        result = (reports.importance_report if kind == "importance" else reports.tradeoff_report)(tb, packs, out)
+        prepared = bench.prepare_template(tpl, packs, say=lambda s: typer.echo(s, err=True), repeats=1)
+        result = (reports.importance_report if kind == "importance" else reports.tradeoff_report)(prepared, packs, out)
         if kind == "importance":
             typer.echo(f"{tpl.id}: top decile carries {100 * result['decile_error_share'][0]:.0f}% of the INT2 error; "
                        f"top-10% overlap {result['top10_overlap_mean']:.2f}; top-10% attention mass {result['top10_mass_share_mean']:.2f}")

@@ -2,14 +2,14 @@
 
 import json
 
-from sakura.eval import bench as B
+from sakura.eval import bench
 from sakura.eval import figures
 from sakura.eval.projection import project_paper
 
 
 def test_bench_summary_contract_and_figures(fs_packs, tmp_path):
     packs, _ = fs_packs
-    cfg = B.BenchConfig(workloads=("fs",), systems=("sakura", "intq", "cachegen", "fp16", "local", "oracle"),
+    cfg = bench.BenchConfig(workloads=("fs",), systems=("sakura", "intq", "cachegen", "fp16", "local", "oracle"),
                         starts=2, packs=packs, max_rank=32)
     cache: dict = {}
     written = figures.run(cfg, tmp_path, figure="12", progress=None, say=lambda s: None)
@@ -32,7 +32,7 @@ def test_bench_summary_contract_and_figures(fs_packs, tmp_path):
     assert all(p.exists() for p in written)
     assert "| SAKURA |" in (tmp_path / "summary.md").read_text()
     # the paper-scale projection reuses the prepared templates and labels itself as one
-    paths = project_paper(B.BenchConfig(workloads=("fs",), systems=("sakura", "local"), starts=2, packs=packs,
+    paths = project_paper(bench.BenchConfig(workloads=("fs",), systems=("sakura", "local"), starts=2, packs=packs,
                                         max_rank=32), tmp_path, "flux2-klein-4b", cache, None, lambda s: None)
     proj = json.loads(paths[0].read_text())
     assert proj["label"].startswith("PROJECTION")

@@ -100,26 +100,26 @@ def prepare_template(tpl, packs: Path, max_rank: int = 128, q: float = 0.5, say:
     return TemplateBench(tpl, packs, calibration or CalibrationStore(repeats=repeats))
 
 
-def record(tb: TemplateBench, req_index: int, system: str, start: float, tl, out: np.ndarray) -> dict:
+def record(prepared: TemplateBench, req_index: int, system: str, start: float, tl, out: np.ndarray) -> dict:
     """One sweep row: the timeline's summary and the output's quality vs the FP16-cache output."""
-    req = tb.request(req_index)
-    return {"template": tb.template.id, "request": req_index, "system": system, "start_s": start,
+    req = prepared.request(req_index)
+    return {"template": prepared.template.id, "request": req_index, "system": system, "start_s": start,
             "latency_s": tl.latency_s, "stall_s": tl.stall_s, "bytes": tl.bytes_total,
             "deadline_misses": tl.deadline_misses, "shards": len(tl.shards),
             "peak_cache_bytes": tl.peak_cache_bytes, "levels": [u.level for u in tl.units],
-            **quality(out, tb.reference(req_index), req.mask)}
+            **quality(out, prepared.reference(req_index), req.mask)}
 
 
-def run_one(tb: TemplateBench, req_index: int, system: str, trace: Trace, start: float, *, policy=None,
+def run_one(prepared: TemplateBench, req_index: int, system: str, trace: Trace, start: float, *, policy=None,
             encoding=None, timer: Callable[[], float] = time.perf_counter) -> dict:
     """One edit of one system at one offset of an (already scaled) trace on the simulated clock, with
     its quality: an edit session, as the device runs it.
 
     ``policy`` / ``encoding`` replace the system's own (ablation variants); ``timer`` is the clock
     the rebuilds are measured on (it must match the one the compute profile was measured on)."""
-    session = tb.session(system, Network(trace, trace.name, start, scale=1.0), policy=policy, encoding=encoding)
-    outcome = session.simulate(tb.request(req_index), request_key=req_index, timer=timer)
-    return record(tb, req_index, policy.name if policy else system, start, outcome.timeline, outcome.image)
+    session = prepared.session(system, Network(trace, trace.name, start, scale=1.0), policy=policy, encoding=encoding)
+    outcome = session.simulate(prepared.request(req_index), request_key=req_index, timer=timer)
+    return record(prepared, req_index, policy.name if policy else system, start, outcome.timeline, outcome.image)
 
 
 def workload_benches(workload: str, cfg: "BenchConfig", cache: dict, say: Callable[[str], None]) -> list[TemplateBench]:
@@ -134,16 +134,21 @@ def workload_benches(workload: str, cfg: "BenchConfig", cache: dict, say: Callab
     return out
 
 
-def offset_plan(tbs: list[TemplateBench], starts) -> Iterator[tuple[TemplateBench, int, float]]:
+def offset_plan(prepared_all: list[TemplateBench], starts) -> Iterator[tuple[TemplateBench, int, float]]:
     """Round robin over templates, then over their held-out requests: one edit per start offset."""
     for k, start in enumerate(starts):
-        tb = tbs[k % len(tbs)]
-        yield tb, (k // len(tbs)) % len(tb.template.eval_requests), float(start)
+        prepared = prepared_all[k % len(prepared_all)]
+        yield prepared, (k // len(prepared_all)) % len(prepared.template.eval_requests), float(start)
 
 
-def regime_scale(tb: TemplateBench, trace: Trace, regime: str, trace_scale: float | None) -> float:
+def regime_scale(prepared: TemplateBench, trace: Trace, regime: str, trace_scale: float | None) -> float:
     """The session's own rule (:func:`sakura.runtime.session.network_scale`), once per template."""
-    return network_scale(Network(trace, trace.name, 0.0, trace_scale or None, regime), tb.state)
+    return network_scale(Network(trace, trace.name, 0.0, trace_scale or None, regime), prepared.state)
+
+
+def regime_scales(prepared_all: list[TemplateBench], trace: Trace, cfg: "BenchConfig") -> dict[str, float]:
+    """:func:`regime_scale` of each template, by template id."""
+    return {p.template.id: regime_scale(p, trace, cfg.regime, cfg.trace_scale) for p in prepared_all}
 
 
 def summarize(records: list[dict], storage: dict[str, float]) -> dict:
@@ -165,40 +170,42 @@ def summarize(records: list[dict], storage: dict[str, float]) -> dict:
             "ssim_masked_mean": float(np.mean([r["ssim_masked"] for r in rs])),
             "psnr_p10": float(np.percentile([r["psnr"] for r in rs], 10)),
             "ssim_p10": float(np.percentile([r["ssim"] for r in rs], 10)),
-            "storage_bytes": float(storage.get(system, storage.get("fp16", 0.0) if system == "oracle" else 0.0)),
+            # what the system's stored format costs per template (oracle: the FP16 cache it already holds)
+            "storage_bytes": float(storage.get(SYSTEMS[system].format, 0.0) if system in SYSTEMS else 0.0),
             "device_peak_cache_bytes": int(max(r["peak_cache_bytes"] for r in rs)),
         }
     return out
 
 
-def storage_of(tbs: list[TemplateBench]) -> dict[str, float]:
+def storage_of(prepared_all: list[TemplateBench]) -> dict[str, float]:
     """Mean stored bytes per template for each system's file (FP16 = the raw cache size)."""
-    storage = {s: statistics.mean(tb.storage[s] for tb in tbs) for s in STREAMING}
-    storage["fp16"] = statistics.mean(tb.fp16_bytes for tb in tbs)
+    storage = {s: statistics.mean(prepared.storage[s] for prepared in prepared_all) for s in STREAMING}
+    storage["fp16"] = statistics.mean(prepared.fp16_bytes for prepared in prepared_all)
     return storage
 
 
-def regime_block(tbs: list[TemplateBench], scales: dict[str, float], base_trace: Trace, trace_name: str) -> dict:
+def regime_block(prepared_all: list[TemplateBench], scales: dict[str, float], base_trace: Trace,
+                 trace_name: str) -> dict:
     """Where a workload sits relative to the paper's regime (23 s FP16 transfer vs 13 s local)."""
-    fp16_mean = statistics.mean(tb.fp16_bytes for tb in tbs)
+    fp16_mean = statistics.mean(prepared.fp16_bytes for prepared in prepared_all)
     scale = statistics.mean(scales.values())
     median_bps = base_trace.median_mbps * 1e6 * scale
-    return {"local_full_s": statistics.mean(tb.compute.local_full_s for tb in tbs),
-            "masked_s": statistics.mean(tb.compute.masked_s for tb in tbs),
+    return {"local_full_s": statistics.mean(prepared.compute.local_full_s for prepared in prepared_all),
+            "masked_s": statistics.mean(prepared.compute.masked_s for prepared in prepared_all),
             # per template, then the mean: each template sits in the regime on its own measured compute
-            "fp16_transfer_s_at_median": statistics.mean(tb.fp16_bytes * 8 / (base_trace.median_mbps * 1e6 *
-                                                                           scales[tb.template.id]) for tb in tbs),
+            "fp16_transfer_s_at_median": statistics.mean(
+                p.fp16_bytes * 8 / (base_trace.median_mbps * 1e6 * scales[p.template.id]) for p in prepared_all),
             "trace_scale": scale,
             "fp16_cache_bytes": fp16_mean, "trace": trace_name, "trace_median_mbps_scaled": median_bps / 1e6,
-            "templates": [tb.template.id for tb in tbs],
-            "mask_ratio": statistics.mean(tb.template.token_ratio for tb in tbs)}
+            "templates": [prepared.template.id for prepared in prepared_all],
+            "mask_ratio": statistics.mean(prepared.template.token_ratio for prepared in prepared_all)}
 
 
-def device_memory(ws: dict, tbs: list[TemplateBench], modelled: bool) -> None:
+def device_memory(ws: dict, prepared_all: list[TemplateBench], modelled: bool) -> None:
     """Per system, the device's peak memory: weights + the most cache it held (the harness is one
     process, so this is a model; ``modelled=False``: not reported, see the simulated sweep's)."""
-    weights = statistics.mean(sum(p.numel() * p.element_size() for p in tb.model.transformer.parameters())
-                              for tb in tbs)
+    weights = statistics.mean(sum(p.numel() * p.element_size() for p in prepared.model.transformer.parameters())
+                              for prepared in prepared_all)
     for system, s in ws.items():
         if system == "oracle":  # it holds the whole FP16 cache
             s["device_peak_cache_bytes"] = int(ws["regime"]["fp16_cache_bytes"])
@@ -225,8 +232,9 @@ class BenchConfig:
 EditRunner = Callable[[TemplateBench, int, str, Trace, float, float], dict]
 
 
-def simulated_edit(tb: TemplateBench, req_index: int, system: str, trace: Trace, scale: float, start: float) -> dict:
-    return run_one(tb, req_index, system, trace.scaled(scale), start)
+def simulated_edit(prepared: TemplateBench, req_index: int, system: str, trace: Trace, scale: float,
+                   start: float) -> dict:
+    return run_one(prepared, req_index, system, trace.scaled(scale), start)
 
 
 def run_bench(cfg: BenchConfig, out: Path, progress=None, say: Callable[[str], None] = print,
@@ -251,23 +259,23 @@ def run_bench(cfg: BenchConfig, out: Path, progress=None, say: Callable[[str], N
         mode = "a"
     with records_path.open(mode) as rec_file:
         for workload in cfg.workloads:
-            tbs = workload_benches(workload, cfg, benches, say)
-            scales = {tb.template.id: regime_scale(tb, base_trace, cfg.regime, cfg.trace_scale) for tb in tbs}
+            prepared_all = workload_benches(workload, cfg, benches, say)
+            scales = regime_scales(prepared_all, base_trace, cfg)
             starts = rng.uniform(0, base_trace.duration, size=cfg.starts)
             records = []
             task = (progress.add_task(f"bench {workload} ({clock} clock)", total=cfg.starts * len(cfg.systems))
                     if progress else None)
-            for tb, req_index, start in offset_plan(tbs, starts):
+            for prepared, req_index, start in offset_plan(prepared_all, starts):
                 for system in cfg.systems:
-                    r = run_edit(tb, req_index, system, base_trace, scales[tb.template.id], start)
+                    r = run_edit(prepared, req_index, system, base_trace, scales[prepared.template.id], start)
                     r["workload"] = workload
                     records.append(r)
                     rec_file.write(json.dumps(r) + "\n")
                     if progress:
                         progress.advance(task)
-            ws = summarize(records, storage_of(tbs))
-            ws["regime"] = regime_block(tbs, scales, base_trace, cfg.trace)
-            device_memory(ws, tbs, modelled=clock == "sim")
+            ws = summarize(records, storage_of(prepared_all))
+            ws["regime"] = regime_block(prepared_all, scales, base_trace, cfg.trace)
+            device_memory(ws, prepared_all, modelled=clock == "sim")
             summary["workloads"][workload] = ws
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary

@@ -13,7 +13,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from sakura.eval import bench as B
+from sakura.eval import bench
 from sakura.eval import plots as P
 from sakura.quality import quality
 from sakura.eval.sensitivity import fig16_mask_ratio, fig18_resolution
@@ -88,15 +88,15 @@ class _Variant(SakuraPolicy):
 
 # -- the sweeps -------------------------------------------------------------------------------------
 def _sweep(cfg, workload, benches, systems_fn, progress, label, trace_spec=None) -> list[dict]:
-    """Run ``systems_fn(tb, req_index, trace, start) -> list[record]`` at cfg.starts offsets."""
+    """Run ``systems_fn(prepared, req_index, trace, start) -> list[record]`` at cfg.starts offsets."""
     base = load_trace(trace_spec or cfg.trace)
     rng = np.random.default_rng(cfg.seed)
     starts = rng.uniform(0, base.duration, size=cfg.starts)
-    scales = {tb.template.id: B.regime_scale(tb, base, cfg.regime, cfg.trace_scale) for tb in benches}
+    scales = bench.regime_scales(benches, base, cfg)
     task = progress.add_task(label, total=cfg.starts) if progress else None
     rows = []
-    for tb, req_index, start in B.offset_plan(benches, starts):
-        for r in systems_fn(tb, req_index, base.scaled(scales[tb.template.id]), start):
+    for prepared, req_index, start in bench.offset_plan(benches, starts):
+        for r in systems_fn(prepared, req_index, base.scaled(scales[prepared.template.id]), start):
             r["workload"] = workload
             rows.append(r)
         if progress:
@@ -107,17 +107,17 @@ def _sweep(cfg, workload, benches, systems_fn, progress, label, trace_spec=None)
 def fig11_example_trace(cfg, out, cache, progress, say) -> list[Path]:
     """Latency of edits started every 2 s along a 60 s stretch of the trace (vton, as in the paper)."""
     workload = "vton" if "vton" in cfg.workloads else cfg.workloads[0]
-    benches = B.workload_benches(workload, cfg, cache, say)
-    tb = benches[0]
+    benches = bench.workload_benches(workload, cfg, cache, say)
+    prepared = benches[0]
     base = load_trace(cfg.trace)
-    trace = base.scaled(B.regime_scale(tb, base, cfg.regime, cfg.trace_scale))
+    trace = base.scaled(bench.regime_scale(prepared, base, cfg.regime, cfg.trace_scale))
     t0 = 60.0
     starts = np.arange(t0, t0 + 60, 2.0)
     task = progress.add_task("fig 11", total=len(starts)) if progress else None
     rows = []
     for i, start in enumerate(starts):
         for system in cfg.systems:
-            rows.append(B.run_one(tb, i % len(tb.template.eval_requests), system, trace, float(start)))
+            rows.append(bench.run_one(prepared, i % len(prepared.template.eval_requests), system, trace, float(start)))
         if progress:
             progress.advance(task)
     tt = np.arange(t0, t0 + 70, 0.5)
@@ -130,16 +130,16 @@ def fig17_traces(cfg, out, cache, progress, say) -> list[Path]:
     import matplotlib.pyplot as plt
 
     workload = cfg.workloads[0]
-    benches = B.workload_benches(workload, cfg, cache, say)
+    benches = bench.workload_benches(workload, cfg, cache, say)
     base5g = load_trace("5g")
-    scales = {tb.template.id: B.regime_scale(tb, base5g, cfg.regime, cfg.trace_scale) for tb in benches}
+    scales = bench.regime_scales(benches, base5g, cfg)
     results: dict = {}
     for trace_name in ("5g", "4g5g", "wifi"):
         c = replace(cfg, trace=trace_name)
 
-        def run(tb, i, trace, start, name=trace_name):
-            t = load_trace(name).scaled(scales[tb.template.id])
-            return [B.run_one(tb, i, s, t, start) for s in cfg.systems]
+        def run(prepared, i, trace, start, name=trace_name):
+            t = load_trace(name).scaled(scales[prepared.template.id])
+            return [bench.run_one(prepared, i, s, t, start) for s in cfg.systems]
 
         rows = _sweep(c, workload, benches, run, progress, f"fig 17 {trace_name}")
         results[trace_name] = {s: {"p50": float(np.percentile([r["latency_s"] for r in rows if r["system"] == s], 50)),
@@ -165,14 +165,14 @@ def fig20_21_ablations(cfg, out, cache, progress, say) -> list[Path]:
     bits vs fixed 8-bit (p10 PSNR / SSIM: the low tail)."""
     res20, res21 = {}, {}
     for workload in [w for w in cfg.workloads if w != "mb-sd"] or cfg.workloads:
-        benches = B.workload_benches(workload, cfg, cache, say)
+        benches = bench.workload_benches(workload, cfg, cache, say)
 
-        def run(tb, i, trace, start):
-            info = PackInfo.from_bytes(tb.files["sakura"].raw)
-            return [B.run_one(tb, i, "sakura", trace, start),
-                    B.run_one(tb, i, "sakura", trace, start, policy=_Variant("sakura-coarse"),
+        def run(prepared, i, trace, start):
+            info = PackInfo.from_bytes(prepared.files["sakura"].raw)
+            return [bench.run_one(prepared, i, "sakura", trace, start),
+                    bench.run_one(prepared, i, "sakura", trace, start, policy=_Variant("sakura-coarse"),
                               encoding=StepCoarseEncoding(info)),
-                    B.run_one(tb, i, "sakura", trace, start, policy=_Variant("sakura-fixed8"),
+                    bench.run_one(prepared, i, "sakura", trace, start, policy=_Variant("sakura-fixed8"),
                               encoding=Fixed8Encoding(info))]
 
         rows = _sweep(cfg, workload, benches, run, progress, f"fig 20/21 {workload}")
@@ -219,20 +219,20 @@ def fig19_q_sweep(cfg, out, cache, progress, say, qs=(0.0, 0.25, 0.5, 1.0), rati
     from sakura.offline.builder import load_importance
 
     workload = cfg.workloads[0]
-    benches = B.workload_benches(workload, cfg, cache, say)
+    benches = bench.workload_benches(workload, cfg, cache, say)
     results = {str(q): {str(r): [] for r in ratios} for q in qs}
     task = progress.add_task("fig 19", total=len(benches) * len(qs)) if progress else None
     qdir = out / "q-sweep-packs"
     qdir.mkdir(parents=True, exist_ok=True)
-    for tb in benches:
-        importance = load_importance(cfg.packs, tb.template.id)
-        m = tb.model
-        fp16_cache = tb.fp16_cache().to(torch.float16)
-        shard_size = tb.compute.shards[0][2] - tb.compute.shards[0][1]
+    for prepared in benches:
+        importance = load_importance(cfg.packs, prepared.template.id)
+        m = prepared.model
+        fp16_cache = prepared.fp16_cache().to(torch.float16)
+        shard_size = prepared.compute.shards[0][2] - prepared.compute.shards[0][1]
         for q in qs:
-            path = qdir / f"{tb.template.id}-q{q}.pack"
+            path = qdir / f"{prepared.template.id}-q{q}.pack"
             info = pack_cache(path, fp16_cache, importance, q=q, max_rank=cfg.max_rank, shard_size=shard_size,
-                              model_id=m.model_id, template_id=tb.template.id)
+                              model_id=m.model_id, template_id=prepared.template.id)
             raw = path.read_bytes()
             for ratio in ratios:
                 kv = {}
@@ -242,10 +242,10 @@ def fig19_q_sweep(cfg, out, cache, progress, say, qs=(0.0, 0.25, 0.5, 1.0), rati
                     c = min(fits, key=lambda c: c.error) if fits else min(info.frontier(s), key=lambda c: c.bytes)
                     ranges = info.ranges(s, *c.key)
                     kv.update(decode_shard(info, s, *c.key, {r: raw[r[0]:r[0] + r[1]] for r in ranges}))
-                for i in range(len(tb.template.eval_requests)):
-                    req = tb.request(i)
+                for i in range(len(prepared.template.eval_requests)):
+                    req = prepared.request(i)
                     img = m.masked_edit(req, lambda s, l: kv[(s, l)]).image
-                    results[str(q)][str(ratio)].append(quality(img, tb.reference(i), req.mask)["psnr"])
+                    results[str(q)][str(ratio)].append(quality(img, prepared.reference(i), req.mask)["psnr"])
             if progress:
                 progress.advance(task)
     means = {q: {r: float(np.mean(v)) for r, v in rs.items()} for q, rs in results.items()}
@@ -270,7 +270,7 @@ FIGURES: dict[str, Callable] = {"11": fig11_example_trace, "16": fig16_mask_rati
 MAIN = {"12", "13", "15", "table2"}
 
 
-def run(cfg: B.BenchConfig, out: Path, *, figure: str | None = None, project: str | None = None,
+def run(cfg: bench.BenchConfig, out: Path, *, figure: str | None = None, project: str | None = None,
         clock: str = "sim", progress=None, say=print) -> list[Path]:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -288,13 +288,13 @@ def run(cfg: B.BenchConfig, out: Path, *, figure: str | None = None, project: st
         if figure and (out / "summary.json").exists():
             summary = json.loads((out / "summary.json").read_text())
         else:
-            summary = B.run_bench(cfg, out, progress=progress, say=say, benches=cache)
+            summary = bench.run_bench(cfg, out, progress=progress, say=say, benches=cache)
         written = P.write_all(summary, out) + [out / "summary.json"]
         if figure is None:
             written += fig11_example_trace(cfg, out, cache, progress, say)
         return written
     if figure == "all":  # one process, so every figure shares the prepared templates
-        written = P.write_all(B.run_bench(cfg, out, progress=progress, say=say, benches=cache), out)
+        written = P.write_all(bench.run_bench(cfg, out, progress=progress, say=say, benches=cache), out)
         from sakura.eval.projection import project_paper
 
         written += project_paper(cfg, out, "flux2-klein-4b", cache, progress, say)

@@ -11,10 +11,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-COLORS = {"sakura": "#d6336c", "intq": "#1c7ed6", "cachegen": "#f59f00", "fp16": "#868e96", "local": "#2b8a3e",
-          "oracle": "#212529", "sakura-coarse": "#f783ac", "sakura-fixed8": "#9c36b5"}
-NAMES = {"sakura": "SAKURA", "intq": "IntQ", "cachegen": "CacheGen", "fp16": "FP16", "local": "Local",
-         "oracle": "Oracle", "sakura-coarse": "SAKURA (per-step)", "sakura-fixed8": "SAKURA (fixed 8-bit)"}
+from sakura.systems import COMPRESSED, STREAMING, SYSTEMS, VARIANTS, color, label  # noqa: E402
+
+# Plot order: every system, then the ablation variants (all from the one registry).
+COLORS = {name: color(name) for name in [*SYSTEMS, *VARIANTS]}
+NAMES = {name: label(name) for name in [*SYSTEMS, *VARIANTS]}
 
 
 def load_records(out: Path) -> list[dict]:
@@ -59,7 +60,7 @@ def fig_latency(summary: dict, records: list[dict], path: Path) -> None:
 def fig_storage(summary: dict, path: Path) -> None:
     """Fig. 13 analog: per-template storage of each system's stored cache."""
     workloads = list(summary["workloads"])
-    systems = ["fp16", "intq", "cachegen", "sakura"]
+    systems = list(reversed(STREAMING))  # FP16 first, SAKURA last
     fig, ax = plt.subplots(figsize=(1.8 + 1.6 * len(workloads), 3.4))
     width = 0.8 / len(systems)
     for i, s in enumerate(systems):
@@ -78,7 +79,7 @@ def fig_bytes_quality(records: list[dict], path: Path) -> None:
     workloads = sorted({r["workload"] for r in records})
     fig, axes = plt.subplots(1, len(workloads), figsize=(4.2 * len(workloads), 3.6), squeeze=False)
     for ax, w in zip(axes[0], workloads):
-        for s in ("sakura", "intq", "cachegen"):
+        for s in COMPRESSED:
             rs = [r for r in records if r["workload"] == w and r["system"] == s]
             if rs:
                 ax.scatter([r["bytes"] / 1e6 for r in rs], [min(r["psnr"], 60) for r in rs], s=10,

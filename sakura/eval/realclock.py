@@ -12,14 +12,14 @@ from sakura.runtime.session import DeviceRuntime, Network
 from sakura.server.run import start_server
 
 
-def run_one_real(runtime: DeviceRuntime, tb: TemplateBench, req_index: int, system: str, trace: Trace, scale: float,
-                 start: float) -> dict:
+def run_one_real(runtime: DeviceRuntime, prepared: TemplateBench, req_index: int, system: str, trace: Trace,
+                 scale: float, start: float) -> dict:
     """One edit on the real clock: the same session as the simulated sweep's, reading the template
     server through ``runtime`` (which shares the bench's calibration) over a link paced on the device."""
-    session = runtime.session(tb.template, system, Network(trace, trace.name, start, scale))
-    req = tb.request(req_index)
+    session = runtime.session(prepared.template, system, Network(trace, trace.name, start, scale))
+    req = prepared.request(req_index)
     outcome = session.run(req)
-    return {**record(tb, req_index, system, start, outcome.timeline, outcome.image), "clock": "real"}
+    return {**record(prepared, req_index, system, start, outcome.timeline, outcome.image), "clock": "real"}
 
 
 def run_bench_real(cfg: BenchConfig, out: Path, progress=None, say=print) -> dict:
@@ -27,9 +27,12 @@ def run_bench_real(cfg: BenchConfig, out: Path, progress=None, say=print) -> dic
     with start_server(cfg.packs, port=0, process=True) as srv, RangeClient(srv.url) as client:
         runtimes: dict[str, DeviceRuntime] = {}  # per template, sharing the bench's calibration
 
-        def real_edit(tb: TemplateBench, req_index: int, system: str, trace: Trace, scale: float,
+        def real_edit(prepared: TemplateBench, req_index: int, system: str, trace: Trace, scale: float,
                       start: float) -> dict:
-            runtime = runtimes.setdefault(tb.template.id, DeviceRuntime(client, calibration=tb.runtime.calibration))
-            return run_one_real(runtime, tb, req_index, system, trace, scale, start)
+            tid = prepared.template.id
+            if tid not in runtimes:
+                runtimes[tid] = DeviceRuntime(client, calibration=prepared.runtime.calibration)
+            runtime = runtimes[tid]
+            return run_one_real(runtime, prepared, req_index, system, trace, scale, start)
 
         return run_bench(cfg, out, progress, say, run_edit=real_edit, clock="real")

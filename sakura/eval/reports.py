@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from sakura.eval import bench as B
+from sakura.eval import bench
 from sakura.formats.intq import decode_unit, encode_unit
 from sakura.formats.pack import PackInfo, decode_shard
 from sakura.offline.builder import load_importance, profile_importance
@@ -29,28 +29,29 @@ def _int2_rows(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     return y
 
 
-def importance_report(tb: B.TemplateBench, packs: Path, out: Path) -> dict:
+def importance_report(prepared: bench.TemplateBench, packs: Path, out: Path) -> dict:
     import matplotlib.pyplot as plt
 
-    importance = load_importance(packs, tb.template.id)
-    keys = sorted(tb.fp16_kv)
+    importance = load_importance(packs, prepared.template.id)
+    exact = prepared.fp16_kv
+    keys = sorted(exact)
     deciles = {key: torch.argsort(importance[key], descending=True).chunk(10) for key in keys}
     errs = []
     for k in range(10):
-        kv = {key: (_int2_rows(tb.fp16_kv[key][0], deciles[key][k]), _int2_rows(tb.fp16_kv[key][1], deciles[key][k]))
+        kv = {key: (_int2_rows(exact[key][0], deciles[key][k]), _int2_rows(exact[key][1], deciles[key][k]))
               for key in keys}
         e = 0.0
-        for i in range(len(tb.template.eval_requests)):
-            req = tb.request(i)
-            img = tb.model.masked_edit(req, lambda s, l: kv[(s, l)]).image
-            e += float(np.mean((img - tb.reference(i)) ** 2))
+        for i in range(len(prepared.template.eval_requests)):
+            req = prepared.request(i)
+            img = prepared.model.masked_edit(req, lambda s, l: kv[(s, l)]).image
+            e += float(np.mean((img - prepared.reference(i)) ** 2))
         errs.append(e)
     share = (np.array(errs) / max(sum(errs), 1e-30)).tolist()
     # (b) top-10% overlap, profiling (summed) vs each held-out request
-    cache = tb.fp16_cache()
+    cache = prepared.fp16_cache()
     overlaps, mass = [], []
-    for i, r in enumerate(tb.template.eval_requests):
-        held = profile_importance(tb.model, tb.template, cache, requests=[r])
+    for i, r in enumerate(prepared.template.eval_requests):
+        held = profile_importance(prepared.model, prepared.template, cache, requests=[r])
         for key in keys:
             top = max(1, len(importance[key]) // 10)
             a = set(torch.topk(importance[key], top).indices.tolist())
@@ -58,7 +59,8 @@ def importance_report(tb: B.TemplateBench, packs: Path, out: Path) -> dict:
             overlaps.append(len(a & b) / top)
             s = held[key]
             mass.append(float(torch.topk(s, top).values.sum() / s.sum().clamp(min=1e-30)))
-    report = {"template": tb.template.id, "decile_error_share": share, "top10_overlap_mean": float(np.mean(overlaps)),
+    report = {"template": prepared.template.id, "decile_error_share": share,
+              "top10_overlap_mean": float(np.mean(overlaps)),
               "top10_mass_share_mean": float(np.mean(mass))}
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
     axes[0].bar(np.arange(1, 11), [100 * s for s in share], color="#d6336c")
@@ -69,19 +71,19 @@ def importance_report(tb: B.TemplateBench, packs: Path, out: Path) -> dict:
     axes[1].set_xlabel("top-10% overlap, profiling vs held-out request")
     axes[1].set_title(f"mean overlap {report['top10_overlap_mean']:.2f}")
     fig.tight_layout()
-    fig.savefig(out / f"fig02_importance_{tb.template.id}.png", dpi=120)
+    fig.savefig(out / f"fig02_importance_{prepared.template.id}.png", dpi=120)
     plt.close(fig)
-    (out / f"fig02_importance_{tb.template.id}.json").write_text(json.dumps(report, indent=1))
+    (out / f"fig02_importance_{prepared.template.id}.json").write_text(json.dumps(report, indent=1))
     return report
 
 
-def tradeoff_report(tb: B.TemplateBench, packs: Path, out: Path, shard: int = 0,
+def tradeoff_report(prepared: bench.TemplateBench, packs: Path, out: Path, shard: int = 0,
                     pairs=((2, 2), (3, 3), (4, 4), (2, 6), (6, 2), (8, 8))) -> dict:
     import matplotlib.pyplot as plt
 
-    raw = tb.files["sakura"].raw
+    raw = prepared.files["sakura"].raw
     info = PackInfo.from_bytes(raw)
-    importance = load_importance(packs, tb.template.id)
+    importance = load_importance(packs, prepared.template.id)
     g = info.geometry
     ranks = list(range(g.group, g.rank + 1, g.group))
     units = sorted({(s, layer) for s, layer, _ in info.units(shard)})
@@ -90,7 +92,7 @@ def tradeoff_report(tb: B.TemplateBench, packs: Path, out: Path, shard: int = 0,
         num = den = 0.0
         for key in units:
             w = importance[key] / importance[key].mean().clamp(min=1e-30)
-            for j, x in enumerate(tb.fp16_kv[key]):
+            for j, x in enumerate(prepared.fp16_kv[key]):
                 xh = kv[key][j]
                 num += float((w[:, None] * (xh - x) ** 2).sum())
                 den += float((w[:, None] * (x - x.mean(0)) ** 2).sum())
@@ -115,11 +117,11 @@ def tradeoff_report(tb: B.TemplateBench, packs: Path, out: Path, shard: int = 0,
     ax.set_yscale("log")
     ax.set_xlabel("bytes of the shard (kB)")
     ax.set_ylabel("importance-weighted relative error")
-    ax.set_title(f"{tb.template.id}, shard {shard}: rank vs precision")
+    ax.set_title(f"{prepared.template.id}, shard {shard}: rank vs precision")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(out / f"fig08_tradeoff_{tb.template.id}.png", dpi=120)
+    fig.savefig(out / f"fig08_tradeoff_{prepared.template.id}.png", dpi=120)
     plt.close(fig)
-    report = {"template": tb.template.id, "shard": shard, "curves": curves, "frontier": frontier}
-    (out / f"fig08_tradeoff_{tb.template.id}.json").write_text(json.dumps(report, indent=1))
+    report = {"template": prepared.template.id, "shard": shard, "curves": curves, "frontier": frontier}
+    (out / f"fig08_tradeoff_{prepared.template.id}.json").write_text(json.dumps(report, indent=1))
     return report
