@@ -280,17 +280,17 @@ class OpenCLReconstructor(Reconstructor):
     def factors(self, info: PackInfo, shard: int, r: int, b_a: int, b_b: int, blobs: Blobs, *,
                 verify: bool = True):
         """(units, A (U, n, r), B (U, r, d), means (U, d)) as numpy float32 — the dequantised factors."""
-        sb = shard_bytes(info, shard, r, b_a, b_b, blobs, verify=verify)
+        received = shard_bytes(info, shard, r, b_a, b_b, blobs, verify=verify)
         if r == 0:
-            return sb.units, None, None, sb.means
-        U = len(sb.units)
+            return received.units, None, None, received.means
+        U = len(received.units)
         with self._lock:
-            abuf, ashape = self._dequant_factor(sb.a, r, U, transpose=True)
-            bbuf, bshape = self._dequant_factor(sb.b, r, U, transpose=False)
+            abuf, ashape = self._dequant_factor(received.a, r, U, transpose=True)
+            bbuf, bshape = self._dequant_factor(received.b, r, U, transpose=False)
             a, b = np.empty(ashape, np.float32), np.empty(bshape, np.float32)
             self.cl.enqueue_copy(self.queue, a, abuf, is_blocking=False)
             self.cl.enqueue_copy(self.queue, b, bbuf, is_blocking=True)
-        return sb.units, a, b, sb.means
+        return received.units, a, b, received.means
 
     def rebuild(self, info: PackInfo, shard: int, r: int, b_a: int, b_b: int, blobs: Blobs, *,
                 verify: bool = True) -> KV:
@@ -307,12 +307,12 @@ class OpenCLReconstructor(Reconstructor):
 
     def _rebuild_on_device(self, info, shard, r, b_a, b_b, blobs, verify) -> KV:
         cl, mf = self.cl, self.cl.mem_flags
-        sb = shard_bytes(info, shard, r, b_a, b_b, blobs, verify=verify)
-        U, n, d = len(sb.units), sb.n, sb.d
+        received = shard_bytes(info, shard, r, b_a, b_b, blobs, verify=verify)
+        U, n, d = len(received.units), received.n, received.d
         with self._lock:
-            abuf, _ = self._dequant_factor(sb.a, r, U, transpose=True)
-            bbuf, _ = self._dequant_factor(sb.b, r, U, transpose=False)
-            mbuf = cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=sb.means)
+            abuf, _ = self._dequant_factor(received.a, r, U, transpose=True)
+            bbuf, _ = self._dequant_factor(received.b, r, U, transpose=False)
+            mbuf = cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=received.means)
             obuf = cl.Buffer(self.ctx, mf.WRITE_ONLY, size=U * n * d * 4)
             k = self._lowrank
             k.set_args(abuf, bbuf, mbuf, obuf, np.int32(n), np.int32(r), np.int32(d))
@@ -320,4 +320,4 @@ class OpenCLReconstructor(Reconstructor):
             cl.enqueue_nd_range_kernel(self.queue, k, (up(d), up(n), U), (16, 16, 1))
             out = np.empty((U, n, d), np.float32)
             cl.enqueue_copy(self.queue, out, obuf, is_blocking=True)
-        return kv_pairs(dict(zip(sb.units, torch.from_numpy(out))))
+        return kv_pairs(dict(zip(received.units, torch.from_numpy(out))))
