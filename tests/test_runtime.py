@@ -36,8 +36,8 @@ def local_from_levels(packs, tpl, format_name, levels, model, req):
     raw = (packs / f"{file_id(tpl.id, format_name)}.pack").read_bytes()
     enc = encoding_from_header(format_name, raw).fresh()
     kv = {}
-    enc.set_preamble([raw[o:o + n] for o, n in enc.preamble_ranges()])
     for unit, label in zip(enc.units, levels):
+        unit = enc.priced(unit)
         level = next(lv for lv in unit.levels if lv.label == label)
         kv.update(enc.decode(unit, level, [raw[o:o + n] for o, n in enc.ranges(unit, level)]))
     return model.masked_edit(req, lambda s, l: kv[(s, l)]).image

@@ -63,12 +63,11 @@ class StreamEncoding(ABC):
     def fresh(self) -> "StreamEncoding":
         return self
 
-    def preamble_ranges(self) -> list[Range]:
-        """Bytes every edit fetches once before the first fetch unit (CacheGen's entropy models)."""
-        return []
-
-    def set_preamble(self, blobs: list[bytes]) -> None:
-        pass
+    def priced(self, fetch_unit: FetchUnit) -> FetchUnit:
+        """The unit as a policy should see it at this point of the edit: each level's ``nbytes`` is
+        everything requesting it would fetch now, side data included (CacheGen's entropy tables of a
+        level this edit has not used yet). ``ranges`` of a level then include that side data once."""
+        return fetch_unit
 
     @property
     def storage_bytes(self) -> int:

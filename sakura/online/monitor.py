@@ -25,6 +25,16 @@ class RuntimeMonitor:
         self.initial_bps = initial_bps
         self.samples: deque[TransferSample] = deque(maxlen=window)
         self.min_active_s = min_active_s
+        self._link_free_at = float("-inf")  # when the previous transfer's last byte arrived
+
+    def observe(self, nbytes: int, t_request: float, t_last_byte: float) -> float:
+        """A completed transfer, by its timestamps. With several requests in flight a request waits
+        for the one before it; only the time from then (or from its own request, if later) to its last
+        byte is its active time, so pipelining does not read as a slow link. Both clocks call this."""
+        active = t_last_byte - max(t_request, self._link_free_at)
+        self.record_transfer(nbytes, active)
+        self._link_free_at = max(self._link_free_at, t_last_byte)
+        return max(active, self.min_active_s)
 
     def record_transfer(self, nbytes: int, active_s: float) -> None:
         if nbytes > 0:
@@ -35,4 +45,5 @@ class RuntimeMonitor:
         """R̂ in bits per second: harmonic mean of recent per-transfer rates (initial estimate if none)."""
         if not self.samples:
             return self.initial_bps
-        return len(self.samples) / sum(s.active_s / (8 * s.nbytes) for s in self.samples)
+        samples = list(self.samples)  # a copy: the collector thread appends while the requester reads
+        return len(samples) / sum(s.active_s / (8 * s.nbytes) for s in samples)

@@ -1,25 +1,74 @@
-"""Device calibration: measured compute per (model, template), kept across edits and restarts.
+"""Device calibration: measured compute per (model, template) and the link's request round trip,
+kept across edits and restarts, valid for one machine and one set of model weights.
 
 A device measures its own shard times once per template, before it holds any cache (compute does
 not depend on K/V values: it runs on a cache of zeros), on the template's own calibration request —
 never on a user's input, so the stored profile is template data plus timings and nothing else.
 Every caller (agent, CLI, bench) calibrates the same way, so the same device makes the same choices.
+
+The regime scale of every benchmark rests on the local-generation time, so it is measured with
+repeats, its spread is kept, and it is reused by every later run until the machine (CPU, core count,
+torch version and threads) or the model's weights change. The request round trip (request sent →
+first byte) is what real-clock transfers measured; the simulated clock charges it per request.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import os
+import platform
+import statistics
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from sakura.editing import edit_request
 from sakura.model import DiTAdapter, EditRequest
 from sakura.runtime.compute import ComputeProfile, measure_compute, zero_cache
 
 log = logging.getLogger(__name__)
+
+VERSION = 2
+KEEP_ROUND_TRIPS = 400  # most recent request round trips kept
+
+
+def default_path() -> Path:
+    """Where `sakura bench` keeps its calibration between runs (``SAKURA_CACHE_DIR`` or the XDG cache)."""
+    root = os.environ.get("SAKURA_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "sakura"
+    return Path(root) / "calibration.json"
+
+
+def machine_fingerprint() -> dict:
+    """What makes compute times comparable: the CPU, how many cores, the torch build and its threads."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads()}
+
+
+def model_fingerprint(model: DiTAdapter) -> str:
+    """``model_id`` plus a digest of the weights (computed once per model object): retrained weights
+    under the same name are a different model."""
+    cached = getattr(model, "_sakura_fingerprint", None)
+    if cached:
+        return cached
+    h = hashlib.sha1()
+    for name, t in sorted(model.transformer.state_dict().items()):
+        h.update(name.encode())
+        h.update(t.detach().to(torch.float32).contiguous().numpy().tobytes()[:4096])  # a prefix per tensor
+        h.update(str(float(t.float().sum())).encode())
+    model._sakura_fingerprint = f"{model.model_id}@{h.hexdigest()[:12]}"
+    return model._sakura_fingerprint
 
 
 def calibration_request(template, model: DiTAdapter) -> EditRequest:
@@ -34,26 +83,45 @@ def calibration_request(template, model: DiTAdapter) -> EditRequest:
 
 
 class CalibrationStore:
-    """Compute profiles by ``model_id/template_id``, in memory and (optionally) in a JSON file."""
+    """Compute profiles by ``model fingerprint/template_id`` and the link's round trips, in memory and
+    (optionally) in a JSON file. ``repeats`` masked runs and ``full_repeats`` local runs per template."""
 
-    def __init__(self, path: str | Path | None = None, repeats: int = 1) -> None:
+    def __init__(self, path: str | Path | None = None, repeats: int = 1, full_repeats: int | None = None) -> None:
         self.path = Path(path) if path else None
         self.repeats = max(1, int(repeats))
+        self.full_repeats = full_repeats
+        self.machine = machine_fingerprint()
         self._lock = threading.Lock()
         self._profiles: dict[str, dict] = {}
+        self._round_trips: list[float] = []
+        self._link_measured_at = ""
+        self.loaded_from: str | None = None  # the file the profiles came from, when they did
         if self.path is not None and self.path.is_file():
-            try:
-                self._profiles = dict(json.loads(self.path.read_text()))
-            except (OSError, ValueError):
-                log.warning("ignoring unreadable calibration file %s", self.path)
+            self._load()
+
+    def _load(self) -> None:
+        try:
+            d = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            log.warning("ignoring unreadable calibration file %s", self.path)
+            return
+        if not isinstance(d, dict) or d.get("version") != VERSION or d.get("machine") != self.machine:
+            log.info("calibration file %s is for another machine or version: measuring again", self.path)
+            return
+        self._profiles = {k: v for k, v in dict(d.get("profiles", {})).items() if isinstance(v, dict)}
+        link = d.get("link") or {}
+        self._round_trips = [float(x) for x in link.get("round_trips_s", [])][-KEEP_ROUND_TRIPS:]
+        self._link_measured_at = str(link.get("measured_at", ""))
+        self.loaded_from = str(self.path)
 
     def get(self, model: DiTAdapter, template, shards) -> ComputeProfile | None:
-        d = self._profiles.get(f"{model.model_id}/{template.id}")
-        if not isinstance(d, dict):
+        d = self._profiles.get(f"{model_fingerprint(model)}/{template.id}")
+        if d is None:
             return None
         try:
             prof = ComputeProfile([tuple(s) for s in d["shards"]], [float(x) for x in d["shard_s"]],
-                                  float(d["prelude_s"]), float(d["local_full_s"]))
+                                  float(d["prelude_s"]), float(d["local_full_s"]),
+                                  [float(x) for x in d.get("local_full_samples", [])])
         except (KeyError, TypeError, ValueError):
             return None
         return prof if prof.shards == [tuple(s) for s in shards] else None
@@ -62,21 +130,57 @@ class CalibrationStore:
         """Measure (``repeats`` runs after a warm-up), keep and return the template's compute profile."""
         req = calibration_request(template, model)
         shard_size = shards[0][2] - shards[0][1]
-        compute = measure_compute(model, req, zero_cache(model, req), shard_size, repeats=self.repeats)
+        compute = measure_compute(model, req, zero_cache(model, req), shard_size, repeats=self.repeats,
+                                  full_repeats=self.full_repeats)
         if compute.shards != [tuple(s) for s in shards]:
             raise ValueError(f"{template.id}: the stored files' shard plan does not match this model")
         with self._lock:
-            self._profiles[f"{model.model_id}/{template.id}"] = compute.to_dict()
+            self._profiles[f"{model_fingerprint(model)}/{template.id}"] = {
+                **compute.to_dict(), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
             self._save()
         return compute
+
+    # -- the link --------------------------------------------------------------------------------------
+    def record_round_trips(self, samples: list[float]) -> None:
+        """Round trips (request sent → first byte) that real transfers measured."""
+        if not samples:
+            return
+        with self._lock:
+            self._round_trips = (self._round_trips + [float(x) for x in samples])[-KEEP_ROUND_TRIPS:]
+            self._link_measured_at = time.strftime("%Y-%m-%dT%H:%M:%S")
+            self._save()
+
+    @property
+    def request_overhead_s(self) -> float | None:
+        """Median measured round trip; None until a real transfer measured one."""
+        return statistics.median(self._round_trips) if self._round_trips else None
+
+    def summary(self) -> dict:
+        """What a benchmark used: where from, the machine, each template's local time and its spread,
+        the request overhead."""
+        rt = self._round_trips
+        return {"file": str(self.path) if self.path else None, "reused_from_file": self.loaded_from is not None,
+                "machine": self.machine,
+                "templates": {k: {"local_full_s": v["local_full_s"], "runs": len(v.get("local_full_samples", [])),
+                                  "local_full_spread": _spread(v.get("local_full_samples", [])),
+                                  "measured_at": v.get("measured_at", "")} for k, v in sorted(self._profiles.items())},
+                "request_overhead_s": self.request_overhead_s, "round_trips": len(rt),
+                "request_overhead_p10_p90_s": [float(np.percentile(rt, 10)), float(np.percentile(rt, 90))] if rt else None,
+                "link_measured_at": self._link_measured_at}
 
     def _save(self) -> None:
         if self.path is None:
             return
+        data = {"version": VERSION, "machine": self.machine, "profiles": self._profiles,
+                "link": {"round_trips_s": self._round_trips, "measured_at": self._link_measured_at}}
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(self._profiles, indent=1))
+            tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(data, indent=1))
             tmp.replace(self.path)
         except OSError as e:
             log.warning("cannot save calibration to %s: %s", self.path, e)
+
+
+def _spread(xs: list[float]) -> float | None:
+    return (max(xs) - min(xs)) / statistics.median(xs) if len(xs) > 1 else None

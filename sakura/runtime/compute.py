@@ -6,7 +6,7 @@ The simulated clock replays these measurements; it never assumes compute times.
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from sakura.kvcache import KVCache, shard_plan
 from sakura.model import DiTAdapter, EditRequest
@@ -18,6 +18,7 @@ class ComputeProfile:
     shard_s: list[float]  # execution time of each shard (the last one includes the final decode)
     prelude_s: float  # text encoding, embeddings: before the first shard can start
     local_full_s: float  # the whole model on every token (the `local` baseline)
+    local_full_samples: list[float] = field(default_factory=list)  # every measured run (its spread)
 
     @property
     def masked_s(self) -> float:
@@ -38,7 +39,8 @@ class ComputeProfile:
     def scaled(self, factor: float) -> "ComputeProfile":
         """The same edit on a device ``factor`` times slower (paper-scale projections)."""
         return ComputeProfile(self.shards, [s * factor for s in self.shard_s], self.prelude_s * factor,
-                              self.local_full_s * factor)
+                              self.local_full_s * factor, [s * factor for s in self.local_full_samples])
+
 
 
 def shard_times(layer_times: list[tuple[int, int, float]], t0: float, t1: float,
@@ -65,8 +67,9 @@ def zero_cache(adapter: DiTAdapter, req: EditRequest) -> KVCache:
 
 
 def measure_compute(adapter: DiTAdapter, req: EditRequest, cache: KVCache, shard_size: int,
-                    repeats: int = 3) -> ComputeProfile:
-    """Median over ``repeats`` runs (after one warm-up) of masked-run shard times and full-run time."""
+                    repeats: int = 3, full_repeats: int | None = None) -> ComputeProfile:
+    """Median over ``repeats`` runs (after one warm-up) of masked-run shard times, and over
+    ``full_repeats`` (default ``repeats − 1``, at least 1) of the full-run time."""
     shards = shard_plan(adapter.num_steps, adapter.num_layers, shard_size)
     provider = cache.provider()
     adapter.masked_edit(req, provider)  # warm-up
@@ -76,6 +79,6 @@ def measure_compute(adapter: DiTAdapter, req: EditRequest, cache: KVCache, shard
         pre, times = shard_times(res.extras["layer_times"], res.extras["t0"], res.extras["t1"], shards)
         preludes.append(pre)
         per_shard.append(times)
-    full = [adapter.full_edit(req).seconds for _ in range(max(1, repeats - 1))]
+    full = [adapter.full_edit(req).seconds for _ in range(full_repeats or max(1, repeats - 1))]
     return ComputeProfile(shards, [statistics.median(col) for col in zip(*per_shard)],
-                          statistics.median(preludes), statistics.median(full))
+                          statistics.median(preludes), statistics.median(full), full)

@@ -21,7 +21,7 @@ import numpy as np
 from sakura.kvcache import shard_of_layers
 from sakura.model import EditRequest
 from sakura.net.paced import PacedLink
-from sakura.runtime.sim import LinkModel, simulate, simulate_masked
+from sakura.runtime.sim import simulate, simulate_masked
 from sakura.runtime.stream import StreamedEdit
 from sakura.runtime.timeline import Timeline
 
@@ -54,6 +54,7 @@ class StreamRunner(Runner):
             result = edit.run(req, tl)
         finally:
             link.close()
+            session.runtime.calibration.record_round_trips(link.round_trips)
         return Outcome(result.image, tl)
 
     def simulate(self, session, req, *, request_key=None, timer: Callable[[], float] = time.perf_counter, **kw):
@@ -61,8 +62,8 @@ class StreamRunner(Runner):
         def fetch(ranges):
             return session.source.fetch_timed(session.file_id, ranges).parts
 
-        tl, kv = simulate(session.encoding, session.policy, session.compute, LinkModel(session.trace, session.start),
-                          fetch, timer=timer, **kw)
+        tl, kv = simulate(session.encoding, session.policy, session.compute, session.link_model(), fetch,
+                          timer=timer, **kw)
         return Outcome(session.model.masked_edit(req, lambda step, layer: kv[(step, layer)]).image, tl)
 
 

@@ -32,12 +32,14 @@ from sakura.formats import KV, StreamEncoding, encoding_from_header, file_id
 from sakura.formats.fp16 import Fp16Info
 from sakura.model import DiTAdapter, EditRequest
 from sakura.net.client import FetchError
+from sakura.net.paced import DEFAULT_REQUEST_OVERHEAD_S
 from sakura.net.traces import Trace, paper_regime_scale
 from sakura.online.policies import Policy, get_policy
 from sakura.runtime.calibration import CalibrationStore
 from sakura.runtime.compute import ComputeProfile
 from sakura.runtime.errors import StreamError, TemplateUnavailable
 from sakura.runtime.runners import Outcome, get_runner
+from sakura.runtime.sim import LinkModel
 from sakura.runtime.timeline import EventSink
 from sakura.systems import System, get_system
 
@@ -262,6 +264,12 @@ class EditSession:
         w = self.trace.window(self.start, duration)
         mbps = [round(float(x), 3) for x in w.mbps]
         return {"t": [round(float(x), 4) for x in w.edges], "mbps": mbps + mbps[-1:]}
+
+    def link_model(self) -> LinkModel:
+        """The link on the simulated clock: the scaled trace from this edit's start, and the request
+        round trip real transfers measured on this device (a default until one has)."""
+        overhead = self.runtime.calibration.request_overhead_s
+        return LinkModel(self.trace, self.start, DEFAULT_REQUEST_OVERHEAD_S if overhead is None else overhead)
 
     def run(self, req: EditRequest) -> Outcome:
         """The edit on the real clock: bytes read from the source, paced along the scaled trace."""

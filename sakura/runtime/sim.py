@@ -1,7 +1,7 @@
 """The simulated clock: a discrete-event replay of one streamed edit over a bandwidth trace.
 
-Three stages, as on the device: the receiver fetches fetch units in order (one request in flight,
-at most ``ahead`` shards ahead of execution), the reconstructor rebuilds them in order, the
+Three stages, as on the device: the receiver fetches fetch units in order (up to ``inflight``
+requests outstanding, at most ``ahead`` shards ahead of execution), the reconstructor rebuilds them in order, the
 executor runs shards in order and stalls when a shard's cache is not rebuilt yet. Compute and
 rebuild times are *measured* (ComputeProfile, and the real decode of the chosen bytes), the link
 is the trace integral. Policies see only what a device would know at request time: the monitor's
@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from sakura.formats import KV, FetchUnit, StreamEncoding
+from sakura.net.paced import DEFAULT_INFLIGHT, DEFAULT_REQUEST_OVERHEAD_S
 from sakura.net.traces import Trace
 from sakura.online.deadline import predict_need
 from sakura.online.monitor import RuntimeMonitor
@@ -27,12 +28,20 @@ Fetch = Callable[[list[tuple[int, int]]], list[bytes]]
 
 @dataclass
 class LinkModel:
+    """The link as the simulated clock sees it: a FIFO pipe following the trace. A request's bytes start
+    ``request_overhead_s`` after it is sent (its round trip, measured on the real clock and kept with
+    the calibration) or when the previous request's bytes are through, whichever is later; up to
+    ``inflight`` requests may be outstanding, so with ≥ 2 the round trips hide behind transfers."""
+
     trace: Trace
     start_s: float  # offset into the trace where the edit starts
-    request_overhead_s: float = 0.002  # one request's round trip on top of the payload time
+    request_overhead_s: float = DEFAULT_REQUEST_OVERHEAD_S
+    inflight: int = DEFAULT_INFLIGHT
 
-    def transfer_s(self, nbytes: int, at: float) -> float:
-        return self.request_overhead_s + self.trace.time_to_send(nbytes, self.start_s + at + self.request_overhead_s)
+    def arrival(self, nbytes: int, t_request: float, link_free: float) -> float:
+        """When the last byte of a request sent at ``t_request`` arrives."""
+        begin = max(t_request + self.request_overhead_s, link_free)
+        return begin + self.trace.time_to_send(nbytes, self.start_s + begin)
 
     def rate_bps_at(self, at: float) -> float:
         return float(self.trace.rate_at(self.start_s + at)) * 1e6
@@ -71,27 +80,27 @@ def simulate(encoding: StreamEncoding, policy: Policy, compute: ComputeProfile, 
 
     monitor = RuntimeMonitor(initial_bps=link.rate_bps_at(0.0))
     policy.begin(units, predicted.masked_s, monitor.initial_bps)
-    recv_free = rebuild_free = 0.0
-    pre = encoding.preamble_ranges()
-    if pre:  # fetched once before the first unit (CacheGen's entropy models)
-        nbytes = sum(n for _, n in pre)
-        recv_free = link.transfer_s(nbytes, 0.0)
-        monitor.record_transfer(nbytes, recv_free)
-        if fetch is not None:
-            encoding.set_preamble(fetch(pre))
-        tl.extras["preamble_bytes"] = nbytes
+    link_free = rebuild_free = last_request = 0.0
+    arrivals: list[float] = []  # per request, when its last byte arrived (in request order)
+    unseen: list[tuple[float, int, float]] = []  # (arrival, bytes, request time) the monitor has not seen yet
     received: list[tuple[float, float, int]] = []  # (from, to, bytes): bytes in flight or waiting to rebuild
     rebuilt_held: list[tuple[float, int, int]] = []  # (from, shard, bytes): rebuilt K/V, freed when the shard ends
     for u in units:
         run_until(u.needed_by - 1)
         gate = starts[u.needed_by - ahead] if u.needed_by - ahead >= 0 else 0.0
-        t_req = max(recv_free, gate)
+        slot = arrivals[-link.inflight] if len(arrivals) >= link.inflight else 0.0
+        t_req = last_request = max(gate, slot, last_request)
+        while unseen and unseen[0][0] <= t_req:  # transfers completed by now
+            t_arr, n, t_sent = unseen.pop(0)
+            monitor.observe(n, t_sent, t_arr)
+        u = encoding.priced(u)
         deadline = predict_need(u.needed_by, t_req, predicted, starts)
         d = policy.choose(u, t_req, deadline, monitor)
-        t_arr = t_req + link.transfer_s(d.level.nbytes, t_req)
-        monitor.record_transfer(d.level.nbytes, t_arr - t_req)
-        recv_free = t_arr
         ranges = encoding.ranges(u, d.level)
+        nbytes = sum(n for _, n in ranges)
+        t_arr = link_free = link.arrival(nbytes, t_req, link_free)
+        arrivals.append(t_arr)
+        unseen.append((t_arr, nbytes, t_req))
         if rebuild_model is not None:
             kv, rebuild_s = {}, rebuild_model(u, d.level)
         else:
@@ -105,12 +114,12 @@ def simulate(encoding: StreamEncoding, policy: Policy, compute: ComputeProfile, 
         rebuilt = sum(k.nbytes + v.nbytes for k, v in kv.values())
         if keep:
             cache.update(kv)
-        rec = UnitRecord(u.index, u.needed_by, u.label, d.level.label, d.level.nbytes, d.budget_bytes, d.window_s,
+        rec = UnitRecord(u.index, u.needed_by, u.label, d.level.label, nbytes, d.budget_bytes, d.window_s,
                          d.rate_bps / 1e6, d.fits, t_req, deadline_t=deadline, ranges=len(ranges))
         tl.requested(rec)
         tl.arrived(rec, t_arr, t_arr - t_req, ranges)
         tl.rebuilt(rec, t_ready)
-        received.append((t_req, t_ready, d.level.nbytes))
+        received.append((t_req, t_ready, nbytes))
         rebuilt_held.append((t_ready, u.needed_by, rebuilt))
     run_until(nshards - 1)
     for rec in tl.units:
@@ -118,7 +127,7 @@ def simulate(encoding: StreamEncoding, policy: Policy, compute: ComputeProfile, 
     intervals = received + [(a, ends[shard], n) for a, shard, n in rebuilt_held]
     tl.peak_cache_bytes = peak_concurrent(intervals)
     tl.latency_s = ends[-1]
-    tl.bytes_total = sum(r.nbytes for r in tl.units) + tl.extras.get("preamble_bytes", 0)
+    tl.bytes_total = sum(r.nbytes for r in tl.units)
     return tl, cache
 
 

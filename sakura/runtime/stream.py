@@ -1,7 +1,8 @@
 """The pipelined device runtime on the real clock: receiver → reconstructor → executor.
 
-Three threads of work, bounded buffers: the receiver asks for a fetch unit once execution has
-started shard ``needed_by − ahead`` (so at most ``ahead`` shards wait, received or rebuilt, beside
+Three stages in four threads, bounded buffers: the receiver (a requester that decides and sends,
+up to ``inflight`` requests outstanding, and a collector that waits for their bytes in order) asks
+for a fetch unit once execution has started shard ``needed_by − ahead`` (so at most ``ahead`` shards wait, received or rebuilt, beside
 the one executing: peak cache memory ≤ ahead+1 shards whatever the template size); the
 reconstructor rebuilds in arrival order; the executor is the model's own masked run, whose provider
 callback blocks until the shard it asks for is rebuilt and releases each K/V as soon as it is
@@ -21,6 +22,7 @@ from sakura.kvcache import shard_of_layers
 from sakura.model import DiTAdapter, EditRequest, EditResult
 from sakura.online.deadline import predict_need
 from sakura.online.monitor import RuntimeMonitor
+from sakura.net.paced import DEFAULT_INFLIGHT
 from sakura.online.policies import Policy
 from sakura.runtime.compute import ComputeProfile
 from sakura.runtime.errors import StreamError
@@ -28,7 +30,11 @@ from sakura.runtime.timeline import Timeline, UnitRecord
 
 
 class Link(Protocol):
-    def fetch_timed(self, file_id: str, ranges): ...
+    """A paced link (:class:`sakura.net.paced.PacedLink`): ``send`` books a request, ``receive`` waits for it."""
+
+    def send(self, file_id: str, ranges): ...
+
+    def receive(self, pending): ...
 
 
 @dataclass
@@ -63,9 +69,10 @@ class StreamState:
 class StreamedEdit:
     def __init__(self, adapter: DiTAdapter, encoding: StreamEncoding, policy: Policy, link: Link,
                  file_id: str, compute: ComputeProfile, initial_bps: float, ahead: int = 2,
-                 timeout_s: float = 120.0, executor=None):
+                 timeout_s: float = 120.0, executor=None, inflight: int = DEFAULT_INFLIGHT):
         self.adapter, self.encoding, self.policy, self.link = adapter, encoding.fresh(), policy, link
         self.file_id, self.compute, self.ahead, self.timeout_s = file_id, compute, ahead, timeout_s
+        self.inflight = inflight
         self.monitor = RuntimeMonitor(initial_bps)
         self.executor = executor  # None: the adapter's eager masked run; else e.g. an ExecuTorch executor
 
@@ -78,12 +85,15 @@ class StreamedEdit:
                             [sum(1 for u in self.encoding.units if u.needed_by == j) for j in range(n)])
         self.policy.begin(self.encoding.units, self.compute.masked_s, self.monitor.initial_bps)
         rebuild_q: queue.Queue = queue.Queue(maxsize=self.ahead + 1)
-        receiver = threading.Thread(target=self._receive, args=(state, timeline, rebuild_q), daemon=True,
-                                    name="receiver")
-        rebuilder = threading.Thread(target=self._rebuild, args=(state, timeline, rebuild_q), daemon=True,
-                                     name="rebuild")
-        receiver.start()
-        rebuilder.start()
+        sent: queue.Queue = queue.Queue()
+        slots = threading.Semaphore(self.inflight)
+        threads = [threading.Thread(target=self._request, args=(state, timeline, sent, slots), name="requester"),
+                   threading.Thread(target=self._collect, args=(state, timeline, sent, slots, rebuild_q),
+                                    name="collector"),
+                   threading.Thread(target=self._rebuild, args=(state, timeline, rebuild_q), name="rebuild")]
+        for t in threads:
+            t.daemon = True
+            t.start()
         shard_of = shard_of_layers(shards)
 
         def provider(step, layer):
@@ -95,20 +105,22 @@ class StreamedEdit:
             else:  # shard-by-shard programs (sakura.runtime.executors) over the same blocking provider
                 result = self.executor.run_masked_edit(req, provider, shards[0][2] - shards[0][1])
         finally:
+            end = state.now()
             if state.error is None:
                 state.error = StreamError("edit ended")  # stops the helper threads
             for ev in state.started:
                 ev.set()
-        end = state.now()
+            if hasattr(self.link, "close"):  # a transfer still being paced gives up at once
+                self.link.close()
+            for t in threads:
+                t.join(timeout=10)
         if timeline.shards:
             timeline.shard_ended(n - 1, end)
         for rec in timeline.units:
             rec.needed_t = state.starts[rec.needed_by] or 0.0
         timeline.latency_s = end
-        timeline.bytes_total = sum(u.nbytes for u in timeline.units) + timeline.extras.get("preamble_bytes", 0)
+        timeline.bytes_total = sum(u.nbytes for u in timeline.units)
         timeline.peak_cache_bytes = state.peak_bytes
-        receiver.join(timeout=5)
-        rebuilder.join(timeout=5)
         return result
 
     # -- executor side (called from inside the model's masked run) -------------------------------
@@ -129,35 +141,52 @@ class StreamedEdit:
         state.hold(-(k.nbytes + v.nbytes))
         return k, v
 
-    # -- receiver ----------------------------------------------------------------------------------
-    def _receive(self, state: StreamState, timeline: Timeline, out: queue.Queue) -> None:
+    # -- receiver: a requester that decides and sends, a collector that waits for the bytes ----------
+    def _request(self, state: StreamState, timeline: Timeline, sent: queue.Queue, slots: threading.Semaphore) -> None:
+        """Decide and send each fetch unit in order, at most ``inflight`` outstanding."""
         try:
-            preamble = self.encoding.preamble_ranges()
-            if preamble:
-                tr = self.link.fetch_timed(self.file_id, preamble)
-                self.monitor.record_transfer(tr.nbytes, tr.active_s)
-                self.encoding.set_preamble(tr.parts)
-                timeline.extras["preamble_bytes"] = tr.nbytes
             for unit in self.encoding.units:
                 gate = unit.needed_by - self.ahead
                 if gate >= 0:
                     state.started[gate].wait()
+                while not slots.acquire(timeout=0.05):
+                    if state.error is not None:
+                        return
                 if state.error is not None:
                     return
                 now = state.now()
+                unit = self.encoding.priced(unit)
                 deadline = predict_need(unit.needed_by, now, self.compute, state.starts)
                 d = self.policy.choose(unit, now, deadline, self.monitor)
                 ranges = self.encoding.ranges(unit, d.level)
-                rec = UnitRecord(unit.index, unit.needed_by, unit.label, d.level.label, d.level.nbytes, d.budget_bytes,
-                                 d.window_s, d.rate_bps / 1e6, d.fits, now, deadline_t=deadline, ranges=len(ranges))
+                rec = UnitRecord(unit.index, unit.needed_by, unit.label, d.level.label, sum(n for _, n in ranges),
+                                 d.budget_bytes, d.window_s, d.rate_bps / 1e6, d.fits, now, deadline_t=deadline,
+                                 ranges=len(ranges))
                 timeline.requested(rec)
-                tr = self.link.fetch_timed(self.file_id, ranges)
-                self.monitor.record_transfer(tr.nbytes, tr.active_s)
-                state.hold(tr.nbytes)
-                timeline.arrived(rec, state.now(), tr.active_s, ranges)
-                out.put((unit, d.level, tr.parts, rec))
+                sent.put((unit, d.level, ranges, rec, self.link.send(self.file_id, ranges)))
         except BaseException as e:  # noqa: BLE001 - handed to the executor, which raises it
             state.fail(StreamError(f"receiving the cache failed: {e}"))
+        finally:
+            sent.put(None)
+
+    def _collect(self, state: StreamState, timeline: Timeline, sent: queue.Queue, slots: threading.Semaphore,
+                 out: queue.Queue) -> None:
+        """Wait for each sent request's bytes, in order; feed the monitor and the reconstructor."""
+        try:
+            while (item := sent.get()) is not None:
+                if state.error is not None:
+                    continue  # drain, so the requester never blocks
+                unit, level, ranges, rec, pending = item
+                tr = self.link.receive(pending)
+                active = self.monitor.observe(tr.nbytes, tr.t_request, tr.t_last_byte)
+                slots.release()
+                state.hold(tr.nbytes)
+                timeline.arrived(rec, state.now(), active, ranges)
+                out.put((unit, level, tr.parts, rec))
+        except BaseException as e:  # noqa: BLE001 - handed to the executor, which raises it
+            state.fail(StreamError(f"receiving the cache failed: {e}"))
+            while sent.get() is not None:  # let the requester finish
+                pass
         finally:
             out.put(None)
 
