@@ -249,7 +249,8 @@ def bench(
     starts: int = typer.Option(100, "--starts", help="Random start offsets per workload."),
     regime: str = typer.Option("paper", "--regime", help="paper | none"),
     trace_scale: Optional[float] = typer.Option(None, "--trace-scale"),
-    clock: str = typer.Option("sim", "--clock", help="sim (replays measured compute) | real (server + sockets)."),
+    clock: str = typer.Option("sim", "--clock", help="sim (replays measured compute) | real (server + sockets) | "
+                                                     "both (both sweeps and the sim-vs-real table)."),
     quick: bool = typer.Option(False, "--quick", help="10 offsets, the fs workload only: minutes."),
     packs: Path = typer.Option(Path("packs"), "--packs", help="Pack folder (missing packs are built)."),
     figure: Optional[str] = typer.Option(None, "--figure", help="Regenerate one figure: 11,12,13,15,16,17,18,19,20,21,table2."),
@@ -257,6 +258,11 @@ def bench(
     seed: int = typer.Option(0, "--seed"),
     append: bool = typer.Option(False, "--append", help="Keep other workloads already in OUT/summary.json."),
     threads: int = typer.Option(1, "--threads", help="torch threads (1: steady timings on a shared machine)."),
+    calibration: Optional[Path] = typer.Option(None, "--calibration", help="Calibration file (measured compute and "
+                                               "request round trip, reused until the machine or model changes); "
+                                               "default: ~/.cache/sakura/calibration.json."),
+    calibration_runs: int = typer.Option(7, "--calibration-runs", help="Local-generation runs per template when "
+                                         "calibrating (the regime scale rests on their median)."),
 ):
     """Reproduce the paper's evaluation: every system, same trace offsets, same metrics."""
     import torch
@@ -269,11 +275,15 @@ def bench(
     from sakura.eval import bench
     from sakura.eval import figures
 
-    if clock not in ("sim", "real"):
-        raise UserError("--clock must be sim or real")
+    from sakura.runtime.calibration import default_path
+
+    if clock not in ("sim", "real", "both"):
+        raise UserError("--clock must be sim, real or both")
     cfg = bench.BenchConfig(workloads=tuple(w.strip() for w in workloads.split(",")),
-                        systems=tuple(x.strip() for x in systems.split(",")), trace=trace, starts=starts, regime=regime,
-                        trace_scale=trace_scale, packs=packs, seed=seed, append=append)
+                            systems=tuple(x.strip() for x in systems.split(",")), trace=trace, starts=starts,
+                            regime=regime, trace_scale=trace_scale, packs=packs, seed=seed, append=append,
+                            calibration_file=calibration or default_path(), repeats=5,
+                            full_repeats=max(1, calibration_runs))
     for sname in cfg.systems:
         if sname not in SYSTEMS:
             raise UserError(f"unknown system {sname!r}; choose from {', '.join(SYSTEMS)}")
@@ -281,7 +291,14 @@ def bench(
         cfg.workloads, cfg.starts = ("fs",), 10
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as bar:
         say = bar.console.print
-        written = figures.run(cfg, out, figure=figure, project=project, clock=clock, progress=bar, say=say)
+        if clock == "both":
+            from sakura.eval import plots, realclock
+
+            summary = realclock.run_both_clocks(cfg, out, progress=bar, say=say)
+            say(realclock.clock_table(summary["clock_check"]))
+            written = plots.write_all(summary, out) + [out / "summary.json"]
+        else:
+            written = figures.run(cfg, out, figure=figure, project=project, clock=clock, progress=bar, say=say)
     for path in written:
         typer.echo(f"wrote {path}")
 

@@ -9,12 +9,9 @@ import pytest
 from sakura.formats import encoding_from_header, file_id
 from sakura.net.client import RangeClient
 from sakura.net.traces import Trace, load_trace
-from sakura.online.policies import get_policy
 from sakura.runtime.calibration import CalibrationStore
-from sakura.runtime.compute import ComputeProfile
 from sakura.runtime.errors import StreamError
 from sakura.runtime.session import DeviceRuntime, Network
-from sakura.runtime.sim import LinkModel, simulate
 from sakura.server.run import start_server
 
 UNLIMITED = Network(Trace.constant(1e7), "fixed:1e7", 0.0, 1.0, "none")
@@ -87,21 +84,6 @@ def test_every_configuration_fits_the_budget_the_policy_computed(setup):
         else:  # nothing fits: the smallest stored configuration, never a skipped shard
             assert rec.budget_bytes < smallest[rec.unit] == rec.nbytes
     assert len({u.level for u in tl.units}) > 1  # it adapts
-
-
-@pytest.mark.parametrize("system,scale", [("fp16", 0.05), ("intq", 0.02)])
-def test_simulated_clock_agrees_with_real_clock(setup, system, scale):
-    """Same session set-up, same trace segment: simulated latency within 15% of the real run's. The
-    sim replays the compute the real run measured, so what is checked is the link and pipeline model."""
-    packs, tpl, runtime, req, client = setup
-    session = runtime.session(tpl, system, Network(load_trace("5g"), "5g", 120.0, scale))
-    real = session.run(req).timeline
-    replay = ComputeProfile.from_timeline(real)
-    fid = file_id(tpl.id, system)
-    sim, _ = simulate(session.encoding, get_policy(system), replay, LinkModel(session.trace, session.start),
-                      lambda ranges: client.fetch(fid, ranges), keep=False, predicted=session.compute)
-    assert [u.level for u in sim.units] == [u.level for u in real.units]
-    assert abs(sim.latency_s - real.latency_s) / real.latency_s < 0.15
 
 
 def test_sessions_share_one_setup_on_both_clocks(setup):

@@ -13,7 +13,7 @@ import json
 import resource
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import cached_property
 from pathlib import Path
 from typing import Callable, Iterator
@@ -129,7 +129,7 @@ def workload_benches(workload: str, cfg: "BenchConfig", cache: dict, say: Callab
     out = []
     for tpl in workload_templates(load_catalog(), workload):
         if tpl.id not in cache:
-            cache[tpl.id] = prepare_template(tpl, cfg.packs, cfg.max_rank, say=say)
+            cache[tpl.id] = prepare_template(tpl, cfg.packs, cfg.max_rank, say=say, calibration=cfg.calibration)
         out.append(cache[tpl.id])
     return out
 
@@ -216,6 +216,9 @@ def device_memory(ws: dict, prepared_all: list[TemplateBench], modelled: bool) -
 
 @dataclass
 class BenchConfig:
+    """One benchmark run. ``calibration_file`` keeps the measured compute and link between runs (per
+    machine and model weights); None measures in memory for this run only."""
+
     workloads: tuple[str, ...] = ("fs", "vton", "mb", "mb-sd")
     systems: tuple[str, ...] = tuple(SYSTEMS)
     trace: str = "5g"
@@ -226,6 +229,16 @@ class BenchConfig:
     seed: int = 0
     max_rank: int = 128
     append: bool = False  # keep other workloads already in DIR/summary.json (run workloads separately)
+    calibration_file: Path | None = None
+    repeats: int = 3  # masked runs per template calibration
+    full_repeats: int | None = None  # local-generation runs (default repeats − 1): the regime scale rests on them
+
+    @cached_property
+    def calibration(self) -> CalibrationStore:
+        return CalibrationStore(self.calibration_file, repeats=self.repeats, full_repeats=self.full_repeats)
+
+    def to_json(self) -> dict:
+        return {f.name: (str(v) if isinstance(v, Path) else v) for f in fields(self) for v in [getattr(self, f.name)]}
 
 
 # One edit of the sweep: (template, request index, system, unscaled trace, scale, start) -> its record.
@@ -245,8 +258,8 @@ def run_bench(cfg: BenchConfig, out: Path, progress=None, say: Callable[[str], N
     out.mkdir(parents=True, exist_ok=True)
     base_trace = load_trace(cfg.trace)
     rng = np.random.default_rng(cfg.seed)
-    config = {k: (str(v) if isinstance(v, Path) else v) for k, v in cfg.__dict__.items()}
-    summary: dict = {"config": {**config, "clock": clock}, "workloads": {}}
+    summary: dict = {"config": {**cfg.to_json(), "clock": clock}, "workloads": {}}
+    say(describe_calibration(cfg.calibration))
     records_path = out / "records.jsonl"
     benches = {} if benches is None else benches
     mode = "w"
@@ -260,6 +273,11 @@ def run_bench(cfg: BenchConfig, out: Path, progress=None, say: Callable[[str], N
     with records_path.open(mode) as rec_file:
         for workload in cfg.workloads:
             prepared_all = workload_benches(workload, cfg, benches, say)
+            if clock == "sim" and cfg.calibration.request_overhead_s is None:
+                from sakura.eval.realclock import measure_round_trips
+
+                say("measuring the request round trip against a template server process (once per machine)")
+                measure_round_trips(cfg.packs, [p.template.id for p in prepared_all], cfg.calibration)
             scales = regime_scales(prepared_all, base_trace, cfg)
             starts = rng.uniform(0, base_trace.duration, size=cfg.starts)
             records = []
@@ -277,5 +295,28 @@ def run_bench(cfg: BenchConfig, out: Path, progress=None, say: Callable[[str], N
             ws["regime"] = regime_block(prepared_all, scales, base_trace, cfg.trace)
             device_memory(ws, prepared_all, modelled=clock == "sim")
             summary["workloads"][workload] = ws
+            say(describe_regime(workload, prepared_all, scales))
+    summary["calibration"] = cfg.calibration.summary()
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
+
+
+def describe_calibration(store: CalibrationStore) -> str:
+    """Which calibration a run uses: reused from a file, or measured now (and kept where)."""
+    m = store.machine
+    where = (f"reusing {store.loaded_from}" if store.loaded_from
+             else f"measuring now, kept in {store.path}" if store.path else "measuring now, in memory only")
+    rt = store.request_overhead_s
+    link = f"request round trip {rt * 1e3:.1f} ms (measured)" if rt is not None else "request round trip not measured yet"
+    return f"calibration: {where} ({m['cpu']}, {m['cores']} cores, torch {m['torch']}, {m['threads']} thread(s)); {link}"
+
+
+def describe_regime(workload: str, prepared_all: list[TemplateBench], scales: dict[str, float]) -> str:
+    """Each template's local-generation time (median, spread, runs) and the regime scale it gives."""
+    parts = []
+    for p in prepared_all:
+        xs = p.compute.local_full_samples
+        spread = f"±{50 * (max(xs) - min(xs)) / p.compute.local_full_s:.0f}%" if len(xs) > 1 else "1 run"
+        parts.append(f"{p.template.id} local {p.compute.local_full_s:.2f} s ({spread}, {len(xs)} runs) → "
+                     f"scale {scales[p.template.id]:.4f}")
+    return f"{workload}: " + "; ".join(parts)

@@ -20,9 +20,9 @@ from typing import Protocol
 from sakura.formats import StreamEncoding
 from sakura.kvcache import shard_of_layers
 from sakura.model import DiTAdapter, EditRequest, EditResult
+from sakura.net.paced import DEFAULT_INFLIGHT
 from sakura.online.deadline import predict_need
 from sakura.online.monitor import RuntimeMonitor
-from sakura.net.paced import DEFAULT_INFLIGHT
 from sakura.online.policies import Policy
 from sakura.runtime.compute import ComputeProfile
 from sakura.runtime.errors import StreamError
