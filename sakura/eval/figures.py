@@ -15,6 +15,7 @@ import torch
 
 from sakura.eval import bench
 from sakura.eval import plots as P
+from sakura.eval.equal_bytes import fig15_bytes_quality
 from sakura.quality import quality
 from sakura.eval.sensitivity import fig16_mask_ratio, fig18_resolution
 from sakura.formats import FetchUnit, Level
@@ -264,10 +265,10 @@ def fig19_q_sweep(cfg, out, cache, progress, say, qs=(0.0, 0.25, 0.5, 1.0), rati
 
 
 # -- dispatch ----------------------------------------------------------------------------------------
-FIGURES: dict[str, Callable] = {"11": fig11_example_trace, "16": fig16_mask_ratio, "17": fig17_traces,
-                                "18": fig18_resolution, "19": fig19_q_sweep,
+FIGURES: dict[str, Callable] = {"11": fig11_example_trace, "15": fig15_bytes_quality, "16": fig16_mask_ratio,
+                                "17": fig17_traces, "18": fig18_resolution, "19": fig19_q_sweep,
                                 "20": fig20_21_ablations, "21": fig20_21_ablations}
-MAIN = {"12", "13", "15", "table2"}
+MAIN = {"12", "13", "table2"}  # drawn from the bench's summary; Fig. 15 is its own static sweep
 
 
 def run(cfg: bench.BenchConfig, out: Path, *, figure: str | None = None, project: str | None = None,
@@ -298,7 +299,7 @@ def run(cfg: bench.BenchConfig, out: Path, *, figure: str | None = None, project
         from sakura.eval.projection import project_paper
 
         written += project_paper(cfg, out, "flux2-klein-4b", cache, progress, say)
-        for fn in (fig20_21_ablations, fig19_q_sweep, fig11_example_trace, fig17_traces):
+        for fn in (fig15_bytes_quality, fig20_21_ablations, fig19_q_sweep, fig11_example_trace, fig17_traces):
             written += fn(cfg, out, cache, progress, say)
         return written  # figures 16 and 18 build packs of their own: run them with --figure 16 / 18
     if figure not in FIGURES:
