@@ -169,7 +169,7 @@ def fig20_21_ablations(cfg, out, cache, progress, say) -> list[Path]:
         benches = bench.workload_benches(workload, cfg, cache, say)
 
         def run(prepared, i, trace, start):
-            info = PackInfo.from_bytes(prepared.files["sakura"].raw)
+            info = PackInfo.from_bytes(prepared.header("sakura"))
             return [bench.run_one(prepared, i, "sakura", trace, start),
                     bench.run_one(prepared, i, "sakura", trace, start, policy=_Variant("sakura-coarse"),
                               encoding=StepCoarseEncoding(info)),

@@ -17,6 +17,7 @@ import torch
 
 from sakura.eval import bench
 from sakura.formats.intq import decode_unit, encode_unit
+from sakura.formats import file_id
 from sakura.formats.pack import PackInfo, decode_shard
 from sakura.offline.builder import load_importance, profile_importance
 
@@ -81,7 +82,7 @@ def tradeoff_report(prepared: bench.TemplateBench, packs: Path, out: Path, shard
                     pairs=((2, 2), (3, 3), (4, 4), (2, 6), (6, 2), (8, 8))) -> dict:
     import matplotlib.pyplot as plt
 
-    raw = prepared.files["sakura"].raw
+    raw = (Path(packs) / f"{file_id(prepared.template.id, 'sakura')}.pack").read_bytes()
     info = PackInfo.from_bytes(raw)
     importance = load_importance(packs, prepared.template.id)
     g = info.geometry
