@@ -27,6 +27,7 @@ from sakura.kvcache import KVCache
 from sakura.net.folder import FolderSource
 from sakura.net.traces import Trace, load_trace
 from sakura.offline.builder import build_template
+from sakura.online.monitor import DEFAULT_ESTIMATOR
 from sakura.quality import quality
 from sakura.runtime.calibration import CalibrationStore
 from sakura.runtime.session import DeviceRuntime, Network, network_scale
@@ -111,15 +112,18 @@ def record(prepared: TemplateBench, req_index: int, system: str, start: float, t
 
 
 def run_one(prepared: TemplateBench, req_index: int, system: str, trace: Trace, start: float, *, policy=None,
-            encoding=None, timer: Callable[[], float] = time.perf_counter) -> dict:
+            encoding=None, timer: Callable[[], float] = time.perf_counter, estimator: str = DEFAULT_ESTIMATOR,
+            name: str | None = None) -> dict:
     """One edit of one system at one offset of an (already scaled) trace on the simulated clock, with
     its quality: an edit session, as the device runs it.
 
-    ``policy`` / ``encoding`` replace the system's own (ablation variants); ``timer`` is the clock
-    the rebuilds are measured on (it must match the one the compute profile was measured on)."""
-    session = prepared.session(system, Network(trace, trace.name, start, scale=1.0), policy=policy, encoding=encoding)
+    ``policy`` / ``encoding`` / ``estimator`` replace the system's own (ablation variants, recorded as
+    ``name``); ``timer`` is the clock the rebuilds are measured on (the compute profile's)."""
+    session = prepared.session(system, Network(trace, trace.name, start, scale=1.0), policy=policy, encoding=encoding,
+                               estimator=estimator)
     outcome = session.simulate(prepared.request(req_index), request_key=req_index, timer=timer)
-    return record(prepared, req_index, policy.name if policy else system, start, outcome.timeline, outcome.image)
+    return record(prepared, req_index, name or (policy.name if policy else system), start, outcome.timeline,
+                  outcome.image)
 
 
 def workload_benches(workload: str, cfg: "BenchConfig", cache: dict, say: Callable[[str], None]) -> list[TemplateBench]:

@@ -302,6 +302,10 @@ def run(cfg: bench.BenchConfig, out: Path, *, figure: str | None = None, project
         for fn in (fig15_bytes_quality, fig20_21_ablations, fig19_q_sweep, fig11_example_trace, fig17_traces):
             written += fn(cfg, out, cache, progress, say)
         return written  # figures 16 and 18 build packs of their own: run them with --figure 16 / 18
+    if figure == "estimators":  # its own module (it reuses this one's sweep)
+        from sakura.eval.estimators import fig_estimators
+
+        return fig_estimators(cfg, out, cache, progress, say)
     if figure not in FIGURES:
         raise KeyError(f"unknown figure {figure!r}; choose from {', '.join(sorted(MAIN | set(FIGURES)))}")
     return FIGURES[figure](cfg, out, cache, progress, say)

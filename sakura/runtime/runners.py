@@ -49,7 +49,8 @@ class StreamRunner(Runner):
                                  trace_start_s=session.start)
         link = PacedLink(session.source, session.trace, session.start)
         edit = StreamedEdit(session.model, session.encoding, session.policy, link, session.file_id, session.compute,
-                            session.initial_bps, timeout_s=session.timeout_s, executor=session.executor)
+                            session.initial_bps, timeout_s=session.timeout_s, executor=session.executor,
+                            estimator=session.estimator)
         try:
             result = edit.run(req, tl)
         finally:
@@ -63,7 +64,7 @@ class StreamRunner(Runner):
             return session.source.fetch_timed(session.file_id, ranges).parts
 
         tl, kv = simulate(session.encoding, session.policy, session.compute, session.link_model(), fetch,
-                          timer=timer, **kw)
+                          timer=timer, estimator=session.estimator, **kw)
         return Outcome(session.model.masked_edit(req, lambda step, layer: kv[(step, layer)]).image, tl)
 
 

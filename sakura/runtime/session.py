@@ -34,6 +34,7 @@ from sakura.model import DiTAdapter, EditRequest
 from sakura.net.client import FetchError
 from sakura.net.paced import DEFAULT_REQUEST_OVERHEAD_S
 from sakura.net.traces import Trace, paper_regime_scale
+from sakura.online.monitor import DEFAULT_ESTIMATOR
 from sakura.online.policies import Policy, get_policy
 from sakura.runtime.calibration import CalibrationStore
 from sakura.runtime.compute import ComputeProfile
@@ -205,14 +206,15 @@ class EditSession:
     def __init__(self, runtime: DeviceRuntime, template, system: str, network: Network, *, source=None,
                  on_event: EventSink | None = None, on_status: StatusSink | None = None, timeout_s: float = 60.0,
                  executor=None, reconstructor=None, policy: Policy | None = None,
-                 encoding: StreamEncoding | None = None, rng: random.Random | None = None) -> None:
+                 encoding: StreamEncoding | None = None, rng: random.Random | None = None,
+                 estimator: str = DEFAULT_ESTIMATOR) -> None:
         """``source``: where this edit reads template data (default: the runtime's), e.g. an audited
-        client. ``policy`` / ``encoding`` replace the system's own (ablation variants)."""
+        client. ``policy`` / ``encoding`` / ``estimator`` replace the system's own (ablation variants)."""
         self.runtime, self.template, self.network = runtime, template, network
         self.system: System = get_system(system)
         self.source = source or runtime.source
         self.on_event, self.on_status = on_event, on_status
-        self.timeout_s, self.executor = timeout_s, executor
+        self.timeout_s, self.executor, self.estimator = timeout_s, executor, estimator
         self.state = runtime.template_state(template, self.source, on_status)
         self.compute = self.state.compute
         self.scale = network_scale(network, self.state)

@@ -18,7 +18,7 @@ from sakura.formats import KV, FetchUnit, StreamEncoding
 from sakura.net.paced import DEFAULT_INFLIGHT, DEFAULT_REQUEST_OVERHEAD_S
 from sakura.net.traces import Trace
 from sakura.online.deadline import predict_need
-from sakura.online.monitor import RuntimeMonitor
+from sakura.online.monitor import DEFAULT_ESTIMATOR, RuntimeMonitor
 from sakura.online.policies import Policy
 from sakura.runtime.compute import ComputeProfile
 from sakura.runtime.timeline import Timeline, UnitRecord
@@ -51,7 +51,8 @@ def simulate(encoding: StreamEncoding, policy: Policy, compute: ComputeProfile, 
              fetch: Fetch | None, ahead: int = 2, keep: bool = True,
              rebuild_model: Callable[[FetchUnit, object], float] | None = None,
              predicted: ComputeProfile | None = None,
-             timer: Callable[[], float] = time.perf_counter) -> tuple[Timeline, KV]:
+             timer: Callable[[], float] = time.perf_counter,
+             estimator: str = DEFAULT_ESTIMATOR) -> tuple[Timeline, KV]:
     """Run one edit on the simulated clock. Returns its timeline and the rebuilt cache (for quality).
 
     Rebuild times are measured by decoding the chosen bytes for real; with ``rebuild_model`` (and no
@@ -78,7 +79,7 @@ def simulate(encoding: StreamEncoding, policy: Policy, compute: ComputeProfile, 
                 tl.shard_started(k, starts[k], max(0.0, ready[k] - prev_end))
                 tl.shard_ended(k, ends[k])
 
-    monitor = RuntimeMonitor(initial_bps=link.rate_bps_at(0.0))
+    monitor = RuntimeMonitor(initial_bps=link.rate_bps_at(0.0), estimator=estimator)
     policy.begin(units, predicted.masked_s, monitor.initial_bps)
     link_free = rebuild_free = last_request = 0.0
     arrivals: list[float] = []  # per request, when its last byte arrived (in request order)

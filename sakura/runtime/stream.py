@@ -22,7 +22,7 @@ from sakura.kvcache import shard_of_layers
 from sakura.model import DiTAdapter, EditRequest, EditResult
 from sakura.net.paced import DEFAULT_INFLIGHT
 from sakura.online.deadline import predict_need
-from sakura.online.monitor import RuntimeMonitor
+from sakura.online.monitor import DEFAULT_ESTIMATOR, RuntimeMonitor
 from sakura.online.policies import Policy
 from sakura.runtime.compute import ComputeProfile
 from sakura.runtime.errors import StreamError
@@ -69,11 +69,12 @@ class StreamState:
 class StreamedEdit:
     def __init__(self, adapter: DiTAdapter, encoding: StreamEncoding, policy: Policy, link: Link,
                  file_id: str, compute: ComputeProfile, initial_bps: float, ahead: int = 2,
-                 timeout_s: float = 120.0, executor=None, inflight: int = DEFAULT_INFLIGHT):
+                 timeout_s: float = 120.0, executor=None, inflight: int = DEFAULT_INFLIGHT,
+                 estimator: str = DEFAULT_ESTIMATOR):
         self.adapter, self.encoding, self.policy, self.link = adapter, encoding.fresh(), policy, link
         self.file_id, self.compute, self.ahead, self.timeout_s = file_id, compute, ahead, timeout_s
         self.inflight = inflight
-        self.monitor = RuntimeMonitor(initial_bps)
+        self.monitor = RuntimeMonitor(initial_bps, estimator=estimator)
         self.executor = executor  # None: the adapter's eager masked run; else e.g. an ExecuTorch executor
 
     def run(self, req: EditRequest, timeline: Timeline) -> EditResult:
