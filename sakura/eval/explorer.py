@@ -6,7 +6,7 @@ reusable K/V were rebuilt from exactly the bytes a given configuration would tra
 * SAKURA — a total byte budget split evenly over the shards; each shard takes the best profiled
   (rank, bits_A, bits_B) of its pack's frontier that fits (the allocator's rule, without a link);
 * IntQ — one bit width for the whole edit (each stored width is a point);
-* CacheGen — one stored quality level for every chunk (each level is a point), plus its preamble.
+* CacheGen — one stored quality level for every shard (each level is a point), its tables included.
 
 Quality is PSNR / SSIM against the output on the exact FP16 cache (the reference). This reads the
 template's pack files directly (template data, read-only; no request ever leaves the app), decoding
@@ -130,13 +130,9 @@ class Explorer:
         def run(name: str, choose: Callable) -> tuple[np.ndarray, int, list[str]]:
             enc, fid = encs[name].fresh(), file_id(template_id, name)
             nbytes = 0
-            pre = enc.preamble_ranges()
-            if pre:
-                enc.set_preamble(source.fetch(fid, pre))
-                nbytes += sum(n for _, n in pre)
             kv, labels = {}, []
             for u in enc.units:
-                lv = choose(u)
+                lv = choose(enc.priced(u))  # side data (CacheGen's tables) counted where first fetched
                 rs = enc.ranges(u, lv)
                 kv.update(enc.decode(u, lv, source.fetch(fid, rs)))
                 nbytes += sum(n for _, n in rs)

@@ -9,6 +9,7 @@ runs on the phone GPU and is taken as hidden (the paper's pipeline); compute per
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,9 +46,11 @@ SETTINGS = {"flux2-klein-4b": PaperSetting("flux2-klein-4b", 24, 128, 25, 4, 102
 
 
 class ProjectedEncoding(StreamEncoding):
-    """Our measured levels for a shard, bytes scaled to the projected shard size."""
+    """Our measured levels for a shard, bytes scaled to the projected shard size. Per-edit side data
+    (CacheGen's tables of a level, fetched with its first use) is scaled by ``side_factor`` and priced
+    the way the base encoding prices it."""
 
-    def __init__(self, base: StreamEncoding, proj_shards: list, factor: float, pre_factor: float):
+    def __init__(self, base: StreamEncoding, proj_shards: list, factor: float, side_factor: float):
         self.name = base.name
         self._shards = proj_shards
         nb = len(base.shards)
@@ -57,7 +60,15 @@ class ProjectedEncoding(StreamEncoding):
             for u in (u for u in base.units if u.needed_by == b):
                 levels = tuple(Level(lv.label, int(lv.nbytes * factor), lv.error, lv.key) for lv in u.levels)
                 self._units.append(FetchUnit(len(self._units), p, f"shard {p} ({u.label})", levels))
-        self._pre = int(sum(n for _, n in base.preamble_ranges()) * pre_factor)
+        first = base.units[0]
+        self._side = {lv.label: int((p.nbytes - lv.nbytes) * side_factor)
+                      for lv, p in zip(first.levels, base.fresh().priced(first).levels)}
+        self._requested: set[str] = set()
+
+    def fresh(self):
+        new = copy.copy(self)
+        new._requested = set()
+        return new
 
     @property
     def units(self):
@@ -67,14 +78,18 @@ class ProjectedEncoding(StreamEncoding):
     def shards(self):
         return self._shards
 
+    def priced(self, unit):
+        levels = tuple(lv if lv.label in self._requested else
+                       Level(lv.label, lv.nbytes + self._side.get(lv.label, 0), lv.error, lv.key) for lv in unit.levels)
+        return FetchUnit(unit.index, unit.needed_by, unit.label, levels)
+
     def ranges(self, unit, level):
-        return []
+        """One stand-in range of the level's (priced) bytes: the link only needs its length."""
+        self._requested.add(level.label)
+        return [(0, level.nbytes)]
 
     def decode(self, unit, level, blobs):
         return {}
-
-    def preamble_ranges(self):
-        return [(0, self._pre)] if self._pre else []
 
 
 def project_paper(cfg: BenchConfig, out: Path, name: str, cache: dict, progress, say) -> list[Path]:
@@ -135,8 +150,8 @@ def _projected_timeline(setting: PaperSetting, bench: TemplateBench, system: str
         return simulate_masked(system, compute)
     m = bench.model
     factor = (fp16_bytes / len(compute.shards)) / (bench.fp16_bytes / len(bench.compute.shards))
-    pre_factor = (setting.layers * setting.heads * setting.head_dim) / (m.num_layers * m.heads * m.head_dim)
-    enc = ProjectedEncoding(bench.runtime.encoding(bench.state, stored), compute.shards, factor, pre_factor)
+    side_factor = (setting.layers * setting.heads * setting.head_dim) / (m.num_layers * m.heads * m.head_dim)
+    enc = ProjectedEncoding(bench.runtime.encoding(bench.state, stored), compute.shards, factor, side_factor)
     tl, _ = simulate(enc, get_policy(system), compute, link, None, rebuild_model=lambda u, lv: 0.0)
     return tl
 

@@ -5,7 +5,7 @@
 - :mod:`pack`      SAKURA's progressive pack: layout, writer, reader, decoder, stream encoding
 - :mod:`fp16`      the uncompressed FP16 cache (baseline and reference)
 - :mod:`intq`      IntQ baseline (uniform integer quantisation, 2/3/4/8 bits)
-- :mod:`cachegen`  CacheGen baseline (per-token quantisation, layer-group bins, range coding, levels)
+- :mod:`cachegen`  CacheGen baseline (per-token quantisation, layer-group bins, entropy coding, levels)
 
 :data:`FORMATS` is the one list of formats: everything that needs a format's suffix, header type,
 writer or stream encoding reads it. Nothing here imports :mod:`sakura.offline` (the device decodes

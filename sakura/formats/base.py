@@ -8,7 +8,8 @@ order. Each has *levels* (ways to send it, sorted by bytes), byte ranges per lev
 stored file, and a decoder that turns the received bytes into K/V for the cache units
 (``(step, layer, kind)``, see :mod:`sakura.kvcache`) it completes. SAKURA's fetch unit is a shard
 and its levels are the pack's rank–precision frontier; FP16 and IntQ fetch shards at one level;
-CacheGen fetches token chunks of a shard at one of its stored quality levels.
+CacheGen fetches shards at one of its stored quality levels (a level's entropy tables ride along
+with its first use, see :meth:`StreamEncoding.priced`).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ class Level:
 
 @dataclass(frozen=True)
 class FetchUnit:
-    """What one request of a stream fetches (a shard, or a token chunk of one), not a cache unit."""
+    """What one request of a stream fetches (a shard in every stored format), not a cache unit."""
 
     index: int
     needed_by: int  # the first execution shard (index in shard order) that needs it

@@ -1,53 +1,61 @@
 """CacheGen baseline adapted to DiT template caches (Liu et al., SIGCOMM'24; LMCache's ``cachegen`` serde).
 
-What is kept from CacheGen's public design:
-- **per-token quantisation**: each token row of a unit gets a max-abs scale and symmetric codes in
-  ``[-C, C]``, ``C = bins // 2 − 1`` (as LMCache's ``torch_quant``);
-- **layer-group bin counts**: earlier layers are more sensitive, so they get more bins; the split
-  follows CacheGen's 7B config scaled to the model's depth (K: first 10/32 of layers, next 10/32,
-  rest; V: first 2/32, rest);
-- **arithmetic coding with a per-(layer, channel) symbol distribution** (``constriction``'s range
-  coder), the distribution estimated from the cache itself and stored once per level;
-- **a few independently stored quality levels** (3: bins ×½, ×1 = LMCache's default, ×2);
-- **token-chunk granularity**: the fetch unit is one token chunk at one level.
-- optional **anchor/delta coding** (CacheGen paper §5.1): within groups of ``anchor_group``
-  consecutive tokens the first is stored at 8 bits and the others as deltas to its reconstruction.
-  Off by default, like LMCache's released serde; measured on DiT-like caches it rarely pays.
+Kept from CacheGen's public design (the numeric part is :mod:`sakura.formats.cachegen_codec`):
+per-token max-abs quantisation, layer-group bin counts (earlier layers get more bins; CacheGen's
+7B split scaled to this depth: K first 10/32 of layers, next 10/32, rest; V first 2/32, rest),
+entropy coding with a per-(layer, kind, channel) symbol distribution estimated from the cache, a
+few independently stored quality levels, and token chunks (256 tokens) coded as independent streams.
 
-Adaptation to DiT: an LLM prefix is loaded before decoding, but a DiT edit consumes the cache shard
-by shard, so a chunk here covers the tokens ``[t0, t1)`` of all cache units of *one shard*; the client
-picks a level per chunk from measured throughput, shard after shard, like SAKURA's allocator.
+Adapted to this problem, and why:
+- **Levels span SAKURA's byte range**: six levels from the coarsest CacheGen's quantiser allows
+  (4 bins = ternary codes) to K 128/64/64 V 128/64 (relative error ~1e-3, far below SAKURA's best
+  configuration). LMCache ships one level (K 32/16/16 V 32/16, our L3). The floor is ternary: a
+  token row needs its f2 scale (1/256 of FP16 for d = 256) plus ≳ 0.5 bit per value: 5–6× the
+  smallest SAKURA configuration on our templates; fewer bins (``c = 0``) would code nothing.
+- **The fetch unit is a shard** (the same shard plan as SAKURA), and each level of a unit is the whole
+  shard at one stored level: one contiguous byte range, one request, one rebuild per shard, so both
+  systems see the same request count, monitor and look-ahead. CacheGen picks a level per token chunk;
+  here its policy picks one per shard from the same measured throughput.
+- **Tables on first use**: each level's tables are one chunk of their own, fetched with the first
+  shard that uses the level in an edit (:meth:`CacheGenEncoding.priced` charges them to that request),
+  not all levels up front.
+- **Dropped**: the paper's anchor/delta coding between neighbouring tokens (§5.1). LMCache's released
+  serde does not use it, and on these caches it rarely paid (it was an option of format v1).
+- **CPU decode**: constriction's ANS on the CPU, models built once per level per edit (see
+  :mod:`sakura.formats.cachegen_codec` for what was measured); CacheGen's authors decode with CUDA kernels.
 
-File chunk order: entropy models of level 0..L−1 (u16 frequencies, shape (layers, 2, d, symbols)),
-then for each shard, for each token chunk, for each level: the encoded chunk:
-``[token scales U×T' f2][anchor scales U×A f2][anchor codes U×A×d i8][range-coder words u32]``.
+File chunk order: the tables of level 0..L−1 (:func:`cachegen_codec.pack_tables`), then for each
+shard, for each level, for each token chunk: ``[f2 scales per unit][ANS words]``. Shard ``s`` at level
+``lv`` is therefore one contiguous range, its token chunks separate (CRC-checked) chunks inside it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-import constriction
 import numpy as np
 import torch
 
+from sakura.formats import cachegen_codec as codec
 from sakura.formats.base import KV, FetchUnit, Level, Range, StreamEncoding, shard_label
 from sakura.formats.container import Blobs, PackFormatError, StoredInfo, write_container
-from sakura.kvcache import CacheUnit, KVCache, kv_pairs, shard_plan, shard_units
+from sakura.kvcache import KVCache, kv_pairs, shard_plan, shard_units
 
 FORMAT = "sakura-cachegen"
-VERSION = 1
+VERSION = 2  # 2: shard → level → token chunk layout, per-level lzma tables, ANS
 SUFFIX = ".cachegen"
-# (key bins per layer group, value bins per layer group), lowest quality first. Level 1 is the
-# configuration LMCache ships for 7B models (K 32/16/16, V 32/16).
-DEFAULT_LEVELS: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = (
+Bins = tuple[tuple[int, ...], tuple[int, ...]]  # (key bins per layer group, value bins per layer group)
+# Lowest quality first. L3 is the configuration LMCache ships for 7B models (K 32/16/16, V 32/16).
+DEFAULT_LEVELS: tuple[Bins, ...] = (
+    ((4, 4, 4), (4, 4)),
+    ((8, 4, 4), (8, 4)),
     ((16, 8, 8), (16, 8)),
     ((32, 16, 16), (32, 16)),
     ((64, 32, 32), (64, 32)),
+    ((128, 64, 64), (128, 64)),
 )
-ANCHOR_C = 127  # anchors: 8-bit symmetric
 
 
 @dataclass(frozen=True)
@@ -59,8 +67,15 @@ class CacheGenGeometry:
     n: int
     shard_size: int
     chunk_tokens: int
-    anchor_group: int  # 0 = no delta coding
-    levels: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]
+    levels: tuple[Bins, ...]
+
+    def __post_init__(self):
+        if not self.levels or any(len(k) != 3 or len(v) != 2 for k, v in self.levels):
+            raise ValueError("levels need 3 key and 2 value bin counts each")
+        if any(not 4 <= b <= 256 for k, v in self.levels for b in k + v):
+            raise ValueError("bin counts must be in 4..256 (fewer than 4 leaves no code)")
+        if self.n <= 0 or self.chunk_tokens <= 0:
+            raise ValueError("need tokens and a positive chunk size")
 
     @property
     def d(self) -> int:
@@ -77,108 +92,67 @@ class CacheGenGeometry:
             return key_bins[0] if layer < frac(10) else key_bins[1] if layer < frac(20) else key_bins[2]
         return value_bins[0] if layer < frac(2) else value_bins[1]
 
-    def symbols(self, level: int) -> int:
-        """Alphabet size of a level's model table (the largest of its layer groups)."""
-        return max(2 * (b // 2 - 1) + 1 for group in self.levels[level] for b in group)
+    def code_max(self, level: int, layer: int, kind: str) -> int:
+        """``c``: codes are in [-c, c], 2c + 1 symbols."""
+        return self.bins(level, layer, kind) // 2 - 1
 
-    def anchors(self, t0: int, t1: int) -> np.ndarray:
-        """Boolean mask over the chunk's tokens: True for anchor tokens."""
-        idx = np.arange(t1 - t0)
-        return idx % self.anchor_group == 0 if self.anchor_group > 0 else np.zeros(t1 - t0, bool)
+    def groups(self) -> list[tuple[int, str]]:
+        """(layer, kind) in table order."""
+        return [(layer, kind) for layer in range(self.num_layers) for kind in "kv"]
 
-
-def _quant_rows(x: np.ndarray, c: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per-row max-abs symmetric quantisation to [-c, c]; scales rounded to f2 first so decode agrees."""
-    m = np.abs(x).max(axis=1).astype(np.float16).astype(np.float64)
-    m = np.where(m > 0, m, 1.0)  # all-zero rows stay zero whatever the scale
-    q = np.clip(np.round(x * (c / m[:, None])), -c, c)
-    return q.astype(np.int32), m.astype(np.float16)
-
-
-def _encode_rows(x: np.ndarray, anchors: np.ndarray, c: int):
-    """(symbols of delta rows (T', d) in [0, 2c], their scales, anchor codes (A, d) i8, anchor scales)."""
-    a_codes, a_scales = _quant_rows(x[anchors], ANCHOR_C)
-    x_rest = x[~anchors]
-    if anchors.any():  # deltas to the reconstructed anchor, so the decoder can undo them exactly
-        a_hat = a_codes * (a_scales.astype(np.float64)[:, None] / ANCHOR_C)
-        x_rest = x_rest - a_hat[np.cumsum(anchors)[~anchors] - 1]
-    q, scales = _quant_rows(x_rest, c)
-    return (q + c), scales, a_codes.astype(np.int8), a_scales
-
-
-def _model(freq: np.ndarray) -> Any:
-    return constriction.stream.model.Categorical(freq.astype(np.float64), perfect=False)
-
-
-def _models(table: np.ndarray) -> list[list[list[Any]]]:
-    """Coder models for a level's (layers, 2, d, symbols) frequency table, indexed [layer][kind][channel]."""
-    return [[[_model(f) for f in per_kind] for per_kind in per_layer] for per_layer in table]
-
-
-def _frequencies(counts: np.ndarray) -> np.ndarray:
-    """Counts → u16 frequencies (every seen symbol keeps ≥ 1; unseen ones get the coder's floor)."""
-    total = counts.sum(axis=-1, keepdims=True).clip(min=1)
-    f = np.round(counts * (65535.0 / total))
-    return np.where(counts > 0, np.maximum(f, 1), 0).astype(np.uint16)
+    def table_shapes(self, level: int) -> list[tuple[int, int]]:
+        return [(self.d, 2 * self.code_max(level, layer, kind) + 1) for layer, kind in self.groups()]
 
 
 def write_cachegen(path: str | Path, cache: KVCache, *, shard_size: int = 1, chunk_tokens: int = 256,
-                   anchor_group: int = 0, levels=DEFAULT_LEVELS, model_id: str = "",
-                   template_id: str = "") -> "CacheGenInfo":
+                   levels=DEFAULT_LEVELS, model_id: str = "", template_id: str = "") -> "CacheGenInfo":
     geo = CacheGenGeometry(cache.num_steps, cache.num_layers, cache.heads, cache.head_dim, cache.num_reused,
-                           shard_size, chunk_tokens, anchor_group, tuple((tuple(k), tuple(v)) for k, v in levels))
+                           shard_size, chunk_tokens, tuple((tuple(k), tuple(v)) for k, v in levels))
     plan = shard_plan(geo.num_steps, geo.num_layers, shard_size)
-    chunks_t = geo.token_chunks()
-
-    def unit(s: int, layer: int, kind: str) -> np.ndarray:  # via float32: torch's fp16→fp64 cast is slow
-        return cache.unit(s, layer, kind).float().numpy().astype(np.float64)
-
-    def encoded(level: int, x: np.ndarray, layer: int, kind: str, t0: int, t1: int):
-        return _encode_rows(x[t0:t1], geo.anchors(t0, t1), geo.bins(level, layer, kind) // 2 - 1)
-
-    # Pass 1: symbol statistics per (level, layer, kind, channel) over all steps and tokens.
-    counts = [np.zeros((geo.num_layers, 2, geo.d, geo.symbols(lv)), np.int64) for lv in range(len(levels))]
-    for s in range(geo.num_steps):
-        for layer in range(geo.num_layers):
-            for kind in "kv":
-                x = unit(s, layer, kind)
-                for lv, cnt in enumerate(counts):
-                    k = cnt.shape[-1]
-                    for t0, t1 in chunks_t:
-                        flat = (np.arange(geo.d)[None, :] * k + encoded(lv, x, layer, kind, t0, t1)[0]).ravel()
-                        cnt[layer, "kv".index(kind)] += np.bincount(flat, minlength=geo.d * k).reshape(geo.d, k)
-    freqs = [_frequencies(c) for c in counts]
-    chunks: list[bytes] = [f.astype("<u2").tobytes() for f in freqs]
-    models = [_models(f) for f in freqs]
-
-    # Pass 2: encode every (shard, token chunk, level).
-    for shard in plan:
-        units = shard_units(*shard)
-        xs = [unit(*u) for u in units]
-        for t0, t1 in chunks_t:
-            for lv in range(len(levels)):
-                parts = [encoded(lv, x, layer, kind, t0, t1) for x, (_, layer, kind) in zip(xs, units)]
-                enc = constriction.stream.queue.RangeEncoder()
-                for (sym, *_), (_, layer, kind) in zip(parts, units):
-                    for ch, model in enumerate(models[lv][layer]["kv".index(kind)]):
-                        if len(sym):
-                            enc.encode(np.ascontiguousarray(sym[:, ch], dtype=np.int32), model)
-                chunks.append(b"".join(p[1].astype("<f2").tobytes() for p in parts)
-                              + b"".join(p[3].astype("<f2").tobytes() for p in parts)
-                              + b"".join(p[2].tobytes() for p in parts)
-                              + enc.get_compressed().astype("<u4").tobytes())
+    tables, data = [], {}
+    for lv in range(len(geo.levels)):
+        freqs = _level_frequencies(cache, geo, lv)
+        tables.append(codec.pack_tables([freqs[g] for g in geo.groups()]))
+        level_models = {g: codec.models(f) for g, f in freqs.items()}
+        for s, shard in enumerate(plan):
+            data[s, lv] = _encode_shard(cache, geo, lv, shard_units(*shard), level_models)
+    chunks = tables + [c for s in range(len(plan)) for lv in range(len(geo.levels)) for c in data[s, lv]]
     header = {"format": FORMAT, "version": VERSION, "model_id": model_id, "template_id": template_id,
               "geometry": {**{k: getattr(geo, k) for k in ("num_steps", "num_layers", "heads", "head_dim", "n",
-                                                            "shard_size", "chunk_tokens", "anchor_group")},
+                                                            "shard_size", "chunk_tokens")},
                            "levels": [[list(k), list(v)] for k, v in geo.levels]},
-              "scheme": "per-token max-abs, layer-group bins, range coding with per-(layer,kind,channel) u16 model",
+              "scheme": "per-token max-abs, layer-group bins, ANS with per-(layer,kind,channel) tables "
+                        f"(u16 frequencies summing to ~{codec.TABLE_TOTAL}, lzma per level)",
               "shards": [list(s) for s in plan]}
     write_container(path, header, chunks)
-    return CacheGenReader(path).info
+    return CacheGenInfo.open(path)[1]
+
+
+def _unit(cache: KVCache, step: int, layer: int, kind: str) -> np.ndarray:
+    return cache.unit(step, layer, kind).float().numpy()
+
+
+def _level_frequencies(cache: KVCache, geo: CacheGenGeometry, lv: int) -> dict[tuple[int, str], np.ndarray]:
+    """Symbol frequencies of each (layer, kind, channel) at one level, over all steps and tokens."""
+    out = {}
+    for layer, kind in geo.groups():
+        c = geo.code_max(lv, layer, kind)
+        counts = sum(codec.channel_counts(codec.quantise(_unit(cache, s, layer, kind), c)[0], 2 * c + 1)
+                     for s in range(geo.num_steps))
+        out[layer, kind] = codec.frequencies(counts)
+    return out
+
+
+def _encode_shard(cache: KVCache, geo: CacheGenGeometry, lv: int, units, level_models) -> list[bytes]:
+    """The token chunks of one shard at one level."""
+    q = [codec.quantise(_unit(cache, *u), geo.code_max(lv, u[1], u[2])) for u in units]
+    ms = [level_models[u[1], u[2]] for u in units]
+    return [codec.encode_chunk([sym[t0:t1] for sym, _ in q], [sc[t0:t1] for _, sc in q], ms)
+            for t0, t1 in geo.token_chunks()]
 
 
 class CacheGenInfo(StoredInfo):
-    """Parsed CacheGen header: geometry, ranges of each (shard, chunk, level) and of each level's model."""
+    """Parsed CacheGen header: geometry, and the ranges of each level's tables and of each (shard, level)."""
 
     magic, versions = FORMAT, (VERSION,)
 
@@ -194,7 +168,7 @@ class CacheGenInfo(StoredInfo):
         geo = self.geometry
         if self.shards != shard_plan(geo.num_steps, geo.num_layers, geo.shard_size):
             raise PackFormatError("shard list does not match the geometry")
-        if len(index) != self.num_levels * (1 + len(self.shards) * len(geo.token_chunks())):
+        if len(index) != self.num_levels * (1 + self.num_shards * self.num_chunks):
             raise PackFormatError("CacheGen index has the wrong number of chunks")
 
     @property
@@ -205,130 +179,98 @@ class CacheGenInfo(StoredInfo):
     def num_chunks(self) -> int:
         return len(self.geometry.token_chunks())
 
-    def chunk_id(self, shard: int, chunk: int, level: int) -> int:
-        if not (0 <= shard < self.num_shards and 0 <= chunk < self.num_chunks and 0 <= level < self.num_levels):
-            raise PackFormatError(f"no CacheGen chunk (shard {shard}, chunk {chunk}, level {level})")
-        return self.num_levels + (shard * self.num_chunks + chunk) * self.num_levels + level
+    def _check(self, shard: int | None, level: int) -> None:
+        if not 0 <= level < self.num_levels or (shard is not None and not 0 <= shard < self.num_shards):
+            raise PackFormatError(f"no CacheGen shard {shard} at level {level} "
+                                  f"({self.num_shards} shards, {self.num_levels} levels)")
 
-    def ranges(self, shard: int, chunk: int, level: int) -> list[Range]:
-        return [self.index.span(self.chunk_id(shard, chunk, level))]
+    def chunk_ids(self, shard: int, level: int) -> list[int]:
+        """Container chunks of a shard at one level: its token chunks, in order."""
+        self._check(shard, level)
+        first = self.num_levels + (shard * self.num_levels + level) * self.num_chunks
+        return list(range(first, first + self.num_chunks))
 
-    def model_ranges(self, level: int) -> list[Range]:
-        """The level's entropy model: fetched once per edit before any chunk of that level."""
-        if not 0 <= level < self.num_levels:
-            raise PackFormatError(f"no CacheGen level {level}")
-        return [self.index.span(level)]
+    def shard_range(self, shard: int, level: int) -> Range:
+        ids = self.chunk_ids(shard, level)
+        offset = self.index.span(ids[0])[0]
+        return offset, self.index.span(ids[-1])[0] + self.index.span(ids[-1])[1] - offset
 
-    def chunk_bytes(self, shard: int, chunk: int, level: int) -> int:
-        return self.index.span(self.chunk_id(shard, chunk, level))[1]
+    def table_range(self, level: int) -> Range:
+        self._check(None, level)
+        return self.index.span(level)
 
     def storage_bytes(self, level: int | None = None) -> int:
-        """Bytes on disk of one level (its model + all its chunks), or of the whole file."""
+        """Bytes on disk of one level (its tables + every shard at it), or of the whole file (all levels)."""
         if level is None:
             return self.index.file_size
-        return self.model_ranges(level)[0][1] + sum(
-            self.chunk_bytes(s, c, level) for s in range(self.num_shards) for c in range(self.num_chunks))
+        return self.table_range(level)[1] + sum(self.shard_range(s, level)[1] for s in range(self.num_shards))
+
+
+class LevelModels:
+    """A level's tables, parsed once; a (layer, kind)'s coder models are built the first time a shard
+    needs them (256 models ≈ 0.6 ms), then reused for every later shard of the edit."""
+
+    def __init__(self, geo: CacheGenGeometry, level: int, table: bytes):
+        self.geo, self.level = geo, level
+        self.freqs = dict(zip(geo.groups(), codec.unpack_tables(table, geo.table_shapes(level))))
+        self._built: dict[tuple[int, str], tuple[int, list]] = {}
+
+    def __getitem__(self, group: tuple[int, str]) -> tuple[int, list]:
+        if group not in self._built:
+            self._built[group] = (self.geo.code_max(self.level, *group), codec.models(self.freqs[group]))
+        return self._built[group]
+
+
+def decode_shard(info: CacheGenInfo, shard: int, models: LevelModels, blobs: Blobs, *, verify: bool = True) -> KV:
+    """K, V (n, d) float32 of every (step, layer) of a shard at the level of ``models``, from received bytes."""
+    geo = info.geometry
+    units = shard_units(*info.shards[shard])
+    data = info.index.gather(info.chunk_ids(shard, models.level), blobs, verify=verify)
+    groups = [models[layer, kind] for _, layer, kind in units]
+    out = np.empty((len(units), geo.n, geo.d), np.float32)
+    for (t0, t1), chunk in zip(geo.token_chunks(), data):
+        codec.decode_chunk(chunk, groups, list(out[:, t0:t1]))
+    return kv_pairs({u: torch.from_numpy(x) for u, x in zip(units, out)})
 
 
 class CacheGenReader:
+    """A stored file read locally (tools, tests): a shard at a level, tables included."""
+
     def __init__(self, path: str | Path):
         self.file, self.info = CacheGenInfo.open(path)
+        self._models: dict[int, LevelModels] = {}
 
-    def read(self, shard: int, levels: Sequence[int]) -> dict[Range, bytes]:
-        """Bytes for a whole shard with ``levels[chunk]`` per token chunk, plus those levels' models."""
-        ranges = [r for lv in sorted(set(levels)) for r in self.info.model_ranges(lv)]
-        ranges += [r for c, lv in enumerate(levels) for r in self.info.ranges(shard, c, lv)]
-        return self.file.read_ranges(ranges)
+    def read(self, shard: int, level: int) -> dict[Range, bytes]:
+        return self.file.read_ranges([self.info.table_range(level), self.info.shard_range(shard, level)])
 
-    def decode(self, shard: int, levels: Sequence[int], **kw) -> KV:
-        return decode(self.info, shard, levels, self.read(shard, levels), **kw)
+    def models(self, level: int, blobs: Blobs | None = None) -> LevelModels:
+        if level not in self._models:
+            blobs = blobs or self.file.read_ranges([self.info.table_range(level)])
+            [table] = self.info.index.gather([level], blobs)
+            self._models[level] = LevelModels(self.info.geometry, level, table)
+        return self._models[level]
 
-
-def decode_chunk(info: CacheGenInfo, shard: int, chunk: int, level: int, data: bytes, model: bytes
-                 ) -> dict[CacheUnit, np.ndarray]:
-    """Rows ``[t0, t1)`` of every cache unit of a shard, float32 (T, d), from one chunk and its level's model."""
-    geo = info.geometry
-    t0, t1 = geo.token_chunks()[chunk]
-    anchors = geo.anchors(t0, t1)
-    na, nd = int(anchors.sum()), int((~anchors).sum())
-    units = shard_units(*info.shards[shard])
-    nu = len(units)
-    table = np.frombuffer(model, dtype="<u2").reshape(geo.num_layers, 2, geo.d, geo.symbols(level))
-    raw = np.frombuffer(data, dtype=np.uint8)
-    head = nu * nd * 2 + nu * na * 2 + nu * na * geo.d
-    if len(raw) < head or (len(raw) - head) % 4:
-        raise PackFormatError(f"CacheGen chunk has a bad length ({len(raw)} bytes)")
-    scales = raw[:nu * nd * 2].view("<f2").reshape(nu, nd).astype(np.float32)
-    a_scales = raw[nu * nd * 2:nu * (nd + na) * 2].view("<f2").reshape(nu, na).astype(np.float32)
-    a_codes = raw[nu * (nd + na) * 2:head].view(np.int8).reshape(nu, na, geo.d).astype(np.float32)
-    dec = constriction.stream.queue.RangeDecoder(np.ascontiguousarray(raw[head:]).view("<u4").astype(np.uint32))
-    out = {}
-    for k, (s, layer, kind) in enumerate(units):
-        c = geo.bins(level, layer, kind) // 2 - 1
-        freq = table[layer, "kv".index(kind)]
-        sym = (np.stack([dec.decode(_model(freq[ch]), nd) for ch in range(geo.d)], axis=1) if nd
-               else np.zeros((0, geo.d), np.int32))
-        delta = (sym - c).astype(np.float32) * (scales[k][:, None] / c)
-        x = np.empty((t1 - t0, geo.d), np.float32)
-        a_hat = a_codes[k] * (a_scales[k][:, None] / ANCHOR_C)
-        x[anchors] = a_hat
-        x[~anchors] = delta + (a_hat[np.cumsum(anchors)[~anchors] - 1] if na else 0.0)
-        out[(s, layer, kind)] = x
-    return out
-
-
-class ShardRows:
-    """A shard's cache units filled in token chunk by token chunk; complete once every chunk is in."""
-
-    def __init__(self, info: CacheGenInfo, shard: int):
-        geo = info.geometry
-        self.token_chunks = geo.token_chunks()
-        self.units = {unit: torch.empty(geo.n, geo.d) for unit in shard_units(*info.shards[shard])}
-        self.missing = set(range(len(self.token_chunks)))
-
-    def add(self, chunk: int, rows: dict[CacheUnit, np.ndarray]) -> None:
-        t0, t1 = self.token_chunks[chunk]
-        for unit, x in rows.items():
-            self.units[unit][t0:t1] = torch.from_numpy(x)
-        self.missing.discard(chunk)
-
-    def kv(self) -> KV:
-        if self.missing:
-            raise PackFormatError(f"token chunks {sorted(self.missing)} of the shard were never decoded")
-        return kv_pairs(self.units)
-
-
-def decode(info: CacheGenInfo, shard: int, levels: Sequence[int], blobs: Blobs, *, verify: bool = True) -> KV:
-    """Rebuild a shard's K, V (n, d) float32 with ``levels[chunk]`` per token chunk, from received bytes."""
-    if len(levels) != info.num_chunks:
-        raise PackFormatError(f"need one level per token chunk ({info.num_chunks}), got {len(levels)}")
-    used = sorted(set(levels))
-    models = dict(zip(used, info.index.gather(used, blobs, verify=verify)))
-    data = info.index.gather([info.chunk_id(shard, c, lv) for c, lv in enumerate(levels)], blobs, verify=verify)
-    rows = ShardRows(info, shard)
-    for c, lv in enumerate(levels):
-        rows.add(c, decode_chunk(info, shard, c, lv, data[c], models[lv]))
-    return rows.kv()
+    def decode(self, shard: int, level: int) -> KV:
+        blobs = self.read(shard, level)
+        return decode_shard(self.info, shard, self.models(level, blobs), blobs)
 
 
 class CacheGenEncoding(StreamEncoding):
-    """Fetch unit = one token chunk of one shard, at one of the stored levels; the entropy models of
-    every level come first (the preamble). A shard is complete when all its chunks are decoded."""
+    """Fetch unit = one shard; level ``L<i>`` = the whole shard at stored level i (one range), preceded
+    by that level's tables the first time the edit asks for it. Keeps per-edit state: make one per edit
+    with ``fresh()``; ``ranges`` must be called once per request and ``decode`` in request order."""
 
     name = "cachegen"
 
     def __init__(self, info: CacheGenInfo):
         self.info = info
-        self._units = []
-        chunks = info.geometry.token_chunks()
-        for shard_index, shard in enumerate(info.shards):
-            for c, (t0, t1) in enumerate(chunks):
-                levels = tuple(Level(f"L{lv}", info.chunk_bytes(shard_index, c, lv), float(info.num_levels - lv), (lv,))
-                               for lv in range(info.num_levels))
-                self._units.append(FetchUnit(len(self._units), shard_index,
-                                             f"{shard_label(shard)} tokens {t0}-{t1 - 1}", levels))
-        self._models: dict[int, bytes] = {}
-        self._partial: dict[int, ShardRows] = {}
+        self._units = [FetchUnit(s, s, shard_label(shard), self._levels(s)) for s, shard in enumerate(info.shards)]
+        self._requested: set[int] = set()  # levels whose tables this edit has asked for
+        self._models: dict[int, LevelModels] = {}  # levels whose tables this edit has decoded
+
+    def _levels(self, shard: int) -> tuple[Level, ...]:
+        n = self.info.num_levels
+        return tuple(Level(f"L{lv}", self.info.shard_range(shard, lv)[1], float(n - lv), (lv,)) for lv in range(n))
 
     @classmethod
     def from_header(cls, header: bytes) -> "CacheGenEncoding":
@@ -341,30 +283,31 @@ class CacheGenEncoding(StreamEncoding):
     def units(self):
         return self._units
 
-    def preamble_ranges(self):
-        return [r for lv in range(self.info.num_levels) for r in self.info.model_ranges(lv)]
-
-    def set_preamble(self, blobs):
-        levels = range(self.info.num_levels)  # model chunk i is level i's
-        self._models = dict(zip(levels, self.info.index.gather(levels, dict(zip(self.preamble_ranges(), blobs)))))
+    def priced(self, fetch_unit):
+        """Each level's bytes as requested now: a level whose tables are not yet asked for carries them."""
+        levels = tuple(lv if lv.key[0] in self._requested else
+                       Level(lv.label, lv.nbytes + self.info.table_range(lv.key[0])[1], lv.error, lv.key)
+                       for lv in fetch_unit.levels)
+        return FetchUnit(fetch_unit.index, fetch_unit.needed_by, fetch_unit.label, levels)
 
     def ranges(self, fetch_unit, level):
-        shard, chunk = self._locate(fetch_unit)
-        return self.info.ranges(shard, chunk, *level.key)
-
-    def _locate(self, fetch_unit: FetchUnit) -> tuple[int, int]:
-        return fetch_unit.needed_by, fetch_unit.index % self.info.num_chunks
+        (lv,) = level.key
+        table = [] if lv in self._requested else [self.info.table_range(lv)]
+        self._requested.add(lv)
+        return table + [self.info.shard_range(fetch_unit.index, lv)]
 
     def decode(self, fetch_unit, level, blobs) -> KV:
-        shard, chunk = self._locate(fetch_unit)
         (lv,) = level.key
-        received = dict(zip(self.ranges(fetch_unit, level), blobs))
-        [data] = self.info.index.gather([self.info.chunk_id(shard, chunk, lv)], received)
-        rows = self._partial.setdefault(shard, ShardRows(self.info, shard))
-        rows.add(chunk, decode_chunk(self.info, shard, chunk, lv, data, self._models[lv]))
-        if rows.missing:
-            return {}
-        return self._partial.pop(shard).kv()
+        ranges = ([] if lv in self._models else [self.info.table_range(lv)]) + [
+            self.info.shard_range(fetch_unit.index, lv)]
+        if len(blobs) != len(ranges):
+            raise PackFormatError(f"CacheGen {fetch_unit.label} at L{lv}: expected {len(ranges)} received "
+                                  f"ranges (tables first on a level's first use), got {len(blobs)}")
+        received = dict(zip(ranges, blobs))
+        if lv not in self._models:
+            [table] = self.info.index.gather([lv], received)
+            self._models[lv] = LevelModels(self.info.geometry, lv, table)
+        return decode_shard(self.info, fetch_unit.index, self._models[lv], received)
 
     @property
     def storage_bytes(self):

@@ -102,8 +102,12 @@ class IntQPolicy(Policy):
 
 
 class CacheGenPolicy(Policy):
-    """CacheGen's adaptation: per token chunk, the best stored level such that the chunks still to be
-    sent before the same deadline arrive in time at the measured throughput."""
+    """CacheGen's adaptation: pick each unit's stored level from the measured throughput so
+    that it arrives before it is needed. CacheGen decides per token chunk of an LLM prefix; a DiT edit
+    consumes its cache shard by shard, so here the unit is a shard (the same one SAKURA fetches) and
+    the rule is SAKURA's: the best stored level within R̂ · γ · (deadline − now), same monitor, γ and
+    look-ahead. Level sizes are as priced by the encoding, so a level whose tables this edit has not
+    fetched yet carries their bytes."""
 
     name = "cachegen"
 
@@ -112,14 +116,8 @@ class CacheGenPolicy(Policy):
 
     def choose(self, unit, now, deadline, monitor):
         window, budget = _budget(self.gamma, now, deadline, monitor)
-        rate = monitor.rate_bps
-        same = [u for u in self.units if u.needed_by == unit.needed_by and u.index >= unit.index]
-        by_quality = sorted(unit.levels, key=lambda lv: lv.error)
-        for level in by_quality:  # best first
-            rest = sum(next(lv.nbytes for lv in u.levels if lv.label == level.label) for u in same)
-            if rest <= budget:
-                return Decision(level, rate, window, budget, True)
-        return Decision(min(unit.levels, key=lambda lv: lv.nbytes), rate, window, budget, False)
+        level, fits = best_within(unit.levels, budget)
+        return Decision(level, monitor.rate_bps, window, budget, fits)
 
 
 POLICIES: dict[str, type[Policy]] = {cls.name: cls for cls in (SakuraPolicy, Fp16Policy, IntQPolicy, CacheGenPolicy)}
