@@ -12,6 +12,13 @@ defines what its chunks mean and in which order they come; this module only fram
 checks them. A client needs only the header bytes to compute every byte range and to verify each
 chunk it receives against its CRC32: :meth:`ChunkIndex.gather` is the one place a decoder takes a
 chunk out of the received bytes and checks it.
+
+A header may be hostile (a corrupt file, a rogue server). Nothing is allocated by a size a header
+states before that size has been checked against what the header itself holds: the chunk count
+against the CRC list, the lengths against ``data_length`` and the file, each geometry field against
+:data:`LIMITS`, and the chunk count a geometry implies against the index (:func:`header_ints`,
+:func:`checked_plan`, :func:`check_lengths`; every format's header type calls them before it builds
+anything sized by the header).
 """
 
 from __future__ import annotations
@@ -22,11 +29,22 @@ import json
 import os
 import zlib
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
+import pydantic_core
 
 MAX_HEADER_BYTES = 16 << 20  # a sane bound so a corrupt length never makes a reader allocate GBs
+MAX_FILE_BYTES = 1 << 40  # 1 TiB: far above any template's stored file
+# Sane bounds of the geometry fields a format's header states (paper scale: 50 steps, 57 blocks,
+# 24 × 128 heads, 4096 tokens). Products are bounded too: shards and per-unit sizes.
+LIMITS: dict[str, tuple[int, int]] = {
+    "num_steps": (1, 4096), "num_layers": (1, 4096), "shard_size": (1, 4096), "heads": (1, 4096),
+    "head_dim": (1, 4096), "d": (1, 1 << 16), "n": (0, 1 << 20), "max_rank": (0, 1 << 16), "rank": (0, 1 << 16),
+    "group": (1, 1 << 16), "planes": (1, 8), "chunk_tokens": (1, 1 << 20),
+}
+MAX_LAYER_STEPS = 1 << 16  # num_steps × num_layers: cache units of one kind
+MAX_UNIT_ELEMENTS = 1 << 26  # n × d of one cache unit (256 MB as float32)
 Range = tuple[int, int]  # (offset, length) in the file
 Blobs = Mapping[Range, bytes]  # bytes as received, keyed by the range they were fetched for
 
@@ -59,14 +77,18 @@ def run_lengths(values: Sequence[int]) -> list[list[int]]:
     return runs
 
 
-def expand_runs(runs: Any) -> np.ndarray:
-    try:
-        pairs = [(int(v), int(c)) for v, c in runs]
-    except (TypeError, ValueError):
-        raise PackFormatError("chunk_lengths is not a list of [length, count] pairs") from None
-    if any(v < 0 or c < 0 for v, c in pairs):
-        raise PackFormatError("negative chunk length or count")
-    return np.repeat(np.array([v for v, _ in pairs], dtype=np.int64), np.array([c for _, c in pairs], dtype=np.int64))
+def expand_runs(runs: Any, count: int | None = None) -> np.ndarray:
+    """Chunk lengths from ``[[length, count], ...]``; with ``count``, the runs must describe exactly
+    that many chunks (checked before anything that size is allocated)."""
+    if not isinstance(runs, list) or not all(
+            isinstance(r, list) and len(r) == 2 and all(type(x) is int for x in r) for r in runs):
+        raise PackFormatError("chunk_lengths is not a list of [length, count] integer pairs")
+    if any(not 0 <= v <= MAX_FILE_BYTES or c < 0 for v, c in runs):
+        raise PackFormatError(f"chunk length or count out of range (lengths 0..{MAX_FILE_BYTES}, counts >= 0)")
+    total = sum(c for _, c in runs)
+    if count is not None and total != count:
+        raise PackFormatError(f"chunk_lengths describe {total} chunks, chunk_crc32 has {count}")
+    return np.repeat(np.array([v for v, _ in runs], dtype=np.int64), np.array([c for _, c in runs], dtype=np.int64))
 
 
 def crc32(data: bytes | memoryview | np.ndarray) -> int:
@@ -92,6 +114,62 @@ def write_container(path: str | Path, header: dict[str, Any], chunks: Sequence[b
     return 8 + len(text) + header["data_length"]
 
 
+def loads_json(text: str | bytes) -> Any:
+    """JSON from untrusted text: a ValueError (never a RecursionError) for anything malformed,
+    including nesting deeper than a few hundred levels (pydantic-core's parser has that limit)."""
+    return pydantic_core.from_json(text)
+
+
+def header_ints(obj: Any, limits: Mapping[str, tuple[int, int]], what: str) -> dict[str, int]:
+    """Integer fields of a header object, each within its ``(low, high)`` bound (see :data:`LIMITS`)."""
+    if not isinstance(obj, Mapping):
+        raise PackFormatError(f"{what} is not a JSON object")
+    out = {}
+    for key, (lo, hi) in limits.items():
+        v = obj.get(key)
+        if type(v) is not int or not lo <= v <= hi:
+            shown = repr(v) if len(repr(v)) <= 40 else repr(v)[:40] + "…"
+            raise PackFormatError(f"{what}: {key} must be an integer in {lo}..{hi}, got {shown}")
+        out[key] = v
+    return out
+
+
+def geometry_ints(header: Mapping[str, Any], keys: Sequence[str], what: str) -> dict[str, int]:
+    """``header["geometry"]``'s fields ``keys``, each within :data:`LIMITS`, and their products
+    (steps × layers, n × d) within :data:`MAX_LAYER_STEPS` / :data:`MAX_UNIT_ELEMENTS`."""
+    g = header_ints(header.get("geometry"), {k: LIMITS[k] for k in keys}, f"{what} geometry")
+    if g.get("num_steps", 1) * g.get("num_layers", 1) > MAX_LAYER_STEPS:
+        raise PackFormatError(f"{what} geometry: num_steps × num_layers exceeds {MAX_LAYER_STEPS}")
+    d = g["d"] if "d" in g else g.get("heads", 1) * g.get("head_dim", 1)
+    if d > LIMITS["d"][1] or g.get("n", 1) * d > MAX_UNIT_ELEMENTS:
+        raise PackFormatError(f"{what} geometry: a cache unit of {g.get('n')} × {d} exceeds the limits")
+    return g
+
+
+def checked_plan(header: Mapping[str, Any], index: "ChunkIndex", g: Mapping[str, int], chunks_per_shard: int,
+                 shard_plan: Callable[[int, int, int], list], what: str) -> list[tuple[int, int, int]]:
+    """``shard_plan(num_steps, num_layers, shard_size)`` of geometry ``g``, built only once the index
+    holds the ``shards × chunks_per_shard`` chunks it implies (so a hostile geometry fails cheaply);
+    the header's ``"shards"`` list must equal it."""
+    num_shards = g["num_steps"] * -(-g["num_layers"] // g["shard_size"])
+    if num_shards * chunks_per_shard != len(index):
+        raise PackFormatError(f"{what} index has {len(index)} chunks, its geometry implies "
+                              f"{num_shards} shards × {chunks_per_shard}")
+    shards = header.get("shards")
+    if not isinstance(shards, list) or len(shards) != num_shards or not all(isinstance(s, list) for s in shards):
+        raise PackFormatError(f"{what} shard list does not match the geometry")
+    plan = shard_plan(g["num_steps"], g["num_layers"], g["shard_size"])
+    if [tuple(s) for s in shards] != plan:
+        raise PackFormatError(f"{what} shard list does not match the geometry")
+    return plan
+
+
+def check_lengths(index: "ChunkIndex", expected: Sequence[int], what: str) -> None:
+    """The index's chunk lengths must be the ones the geometry implies (in file order)."""
+    if len(expected) != len(index) or any(int(a) != b for a, b in zip(index.lengths, expected)):
+        raise PackFormatError(f"{what} chunk index does not match the geometry (corrupt or foreign header)")
+
+
 def header_size(first8: bytes) -> int:
     """Total bytes (8 + N) a client must fetch to hold the whole header, from the first 8 bytes."""
     if len(first8) < 8:
@@ -106,17 +184,15 @@ class ChunkIndex:
     """Absolute offsets, lengths and CRC32s of every chunk of one container, from its header."""
 
     def __init__(self, header: Mapping[str, Any], data_start: int):
-        try:
-            self.lengths = expand_runs(header["chunk_lengths"])
-            self.crcs = decode_u32(header["chunk_crc32"])
-            self.data_length = int(header["data_length"])
-        except (KeyError, TypeError, ValueError) as e:
-            if isinstance(e, PackFormatError):
-                raise
-            raise PackFormatError(f"header has no valid chunk index: {e}") from None
-        if len(self.lengths) != len(self.crcs):
-            raise PackFormatError("chunk_lengths and chunk_crc32 differ in length")
-        if int(self.lengths.sum()) != self.data_length:
+        # The CRC list is as long as the header allows; the runs must match its length, and their sum
+        # data_length, before the lengths are expanded (a run can claim 1e11 chunks in 20 bytes).
+        if not isinstance(header.get("chunk_crc32"), str):
+            raise PackFormatError("header has no valid chunk index: chunk_crc32 is missing")
+        self.crcs = decode_u32(header["chunk_crc32"])
+        runs = header.get("chunk_lengths")
+        self.data_length = header_ints(header, {"data_length": (0, MAX_FILE_BYTES)}, "header")["data_length"]
+        self.lengths = expand_runs(runs, len(self.crcs))
+        if sum(v * c for v, c in runs) != self.data_length:
             raise PackFormatError("chunk lengths do not add up to data_length")
         self.data_start = data_start
         self.offsets = data_start + np.concatenate([[0], np.cumsum(self.lengths)[:-1]]).astype(np.int64)
@@ -156,8 +232,8 @@ def parse_header(buf: bytes, fmt: str, versions: Sequence[int]) -> tuple[dict[st
     if len(buf) < size:
         raise PackFormatError(f"truncated: header needs {size} bytes, have {len(buf)}")
     try:
-        header = json.loads(bytes(buf[8:size]).decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
+        header = loads_json(bytes(buf[8:size]))
+    except ValueError:
         raise PackFormatError("bad magic: header is not JSON") from None
     if not isinstance(header, dict) or header.get("format") != fmt:
         got = header.get("format") if isinstance(header, dict) else None
@@ -254,8 +330,11 @@ class StoredInfo:
     @classmethod
     def open(cls, path: str | Path):
         """From a stored file, memory-mapped and checked against its length: ``(file, info)``."""
-        file = ContainerFile(path, cls.magic, cls.versions)
-        return file, cls(file.header, file.index)
+        try:
+            file = ContainerFile(path, cls.magic, cls.versions)
+            return file, cls(file.header, file.index)
+        except PackFormatError as e:
+            raise PackFormatError(f"{Path(path).name}: {e}") from None
 
     @property
     def num_shards(self) -> int:

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from sakura.formats.base import KV, Level, Range, ShardEncoding
-from sakura.formats.container import Blobs, PackFormatError, StoredInfo, write_container
+from sakura.formats.container import Blobs, StoredInfo, check_lengths, checked_plan, geometry_ints, write_container
 from sakura.kvcache import KVCache, kv_pairs, shard_plan, shard_units
 
 FORMAT = "sakura-fp16"
@@ -26,14 +26,10 @@ class Fp16Info(StoredInfo):
 
     def __init__(self, header: dict[str, Any], index):
         super().__init__(header, index)
-        try:
-            g = header["geometry"]
-            self.n, self.d = int(g["n"]), int(g["d"])
-            self.shards = [tuple(s) for s in header["shards"]]
-        except (KeyError, TypeError, ValueError) as e:
-            raise PackFormatError(f"fp16 header is invalid: {e}") from None
-        if len(index) != len(self.shards):
-            raise PackFormatError("fp16 index does not match its shard list")
+        g = geometry_ints(header, ("n", "d", "num_steps", "num_layers", "shard_size"), "fp16")
+        self.n, self.d = g["n"], g["d"]
+        self.shards = checked_plan(header, index, g, 1, shard_plan, "fp16")
+        check_lengths(index, [2 * (l1 - l0) * self.n * self.d * 2 for _, l0, l1 in self.shards], "fp16")
 
     def ranges(self, shard: int) -> list[Range]:
         return [self.index.span(shard)]

@@ -8,6 +8,10 @@ from sakura.formats import FORMATS
 from sakura.formats.pack import PackReader
 
 
+def _field(obj, key: str):
+    return obj.get(key) if isinstance(obj, dict) else None
+
+
 def pack_summary(pack_dir: str | Path, template_id: str) -> dict:
     pack_dir = Path(pack_dir)
     main = pack_dir / f"{FORMATS['sakura'].file_id(template_id)}.pack"
@@ -18,7 +22,7 @@ def pack_summary(pack_dir: str | Path, template_id: str) -> dict:
     out: dict = {"template_id": info.template_id, "model_id": info.model_id, "shards": info.num_shards,
                  "header_bytes": len(reader.header_bytes),
                  "frontier_sizes": [len(info.frontier(s)) for s in range(info.num_shards)],
-                 "geometry": dict(info.header["geometry"]), "q": info.header.get("build", {}).get("q")}
+                 "geometry": dict(info.header["geometry"]), "q": _field(info.header.get("build"), "q")}
     g = info.geometry
     out["fp16_bytes"] = 2 * g.num_steps * g.num_layers * g.n * g.d * 2
     storage, infos = {}, {}

@@ -23,7 +23,8 @@ import numpy as np
 import torch
 
 from sakura.formats.base import KV, Level, Range, ShardEncoding
-from sakura.formats.container import Blobs, PackFormatError, StoredInfo, write_container
+from sakura.formats.container import (Blobs, PackFormatError, StoredInfo, check_lengths, checked_plan,
+                                      geometry_ints, write_container)
 from sakura.kvcache import KVCache, kv_pairs, shard_plan, shard_units
 
 FORMAT = "sakura-intq"
@@ -71,18 +72,16 @@ class IntQInfo(StoredInfo):
 
     def __init__(self, header: dict[str, Any], index):
         super().__init__(header, index)
-        try:
-            g = header["geometry"]
-            self.n, self.d = int(g["n"]), int(g["heads"]) * int(g["head_dim"])
-            self.bits = [int(b) for b in header["bits"]]
-            self.shards = [tuple(s) for s in header["shards"]]
-            plan = shard_plan(g["num_steps"], g["num_layers"], g["shard_size"])
-        except (KeyError, TypeError, ValueError) as e:
-            raise PackFormatError(f"IntQ header is invalid: {e}") from None
-        if self.shards != plan:
-            raise PackFormatError("shard list does not match the geometry")
-        if len(self.index) != len(self.bits) * len(self.shards):
-            raise PackFormatError("IntQ index has the wrong number of chunks")
+        g = geometry_ints(header, ("num_steps", "num_layers", "heads", "head_dim", "n", "shard_size"), "IntQ")
+        self.n, self.d = g["n"], g["heads"] * g["head_dim"]
+        bits = header.get("bits")
+        if not (isinstance(bits, list) and bits and all(type(b) is int and 1 <= b <= 8 for b in bits)
+                and len(set(bits)) == len(bits)):
+            raise PackFormatError("IntQ header: bits must be a list of distinct widths in 1..8")
+        self.bits = bits
+        self.shards = checked_plan(header, index, g, len(bits), shard_plan, "IntQ")
+        check_lengths(index, [2 * (l1 - l0) * unit_bytes(self.n, self.d, b) for b in bits for _, l0, l1 in self.shards],
+                      "IntQ")
 
     def chunk(self, shard: int, bits: int) -> int:
         if bits not in self.bits or not 0 <= shard < len(self.shards):

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 import zlib
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -32,7 +32,8 @@ import torch
 
 from sakura.formats.base import KV, Level, Range, ShardEncoding
 from sakura.formats.bitplanes import HEAD_BYTES, PLANES, FactorBytes, QuantizedFactors, plane_bytes, plane_records
-from sakura.formats.container import Blobs, PackFormatError, StoredInfo, coalesce, write_container
+from sakura.formats.container import (Blobs, PackFormatError, StoredInfo, check_lengths, checked_plan, coalesce,
+                                      geometry_ints, write_container)
 from sakura.kvcache import CacheUnit, kv_pairs, shard_plan, shard_units
 
 FORMAT = "sakura-pack"
@@ -118,20 +119,15 @@ class PackInfo(StoredInfo):
 
     def __init__(self, header: dict[str, Any], index):
         super().__init__(header, index)
-        try:
-            self.geometry = Geometry(**header["geometry"])
-            self.shards = [tuple(s) for s in header["shards"]]
-        except (KeyError, TypeError) as e:
-            raise PackFormatError(f"header geometry is invalid: {e}") from None
-        if self.shards != self.geometry.shards():
-            raise PackFormatError("shard list does not match the geometry")
+        self.geometry = _geometry(header)
+        g = self.geometry
+        self.shards = checked_plan(header, index, asdict(g), 1 + 2 * g.planes * g.num_groups, shard_plan, "pack")
         # The layout is regular: check the stored index against the formula once, then trust it.
         expected, self._base = [], []
         for step, l0, l1 in self.shards:
             self._base.append(len(expected))
-            expected += self.geometry.chunk_lengths(2 * (l1 - l0))
-        if list(self.index.lengths) != expected:
-            raise PackFormatError("chunk index does not match the geometry (corrupt or foreign header)")
+            expected += g.chunk_lengths(2 * (l1 - l0))
+        check_lengths(index, expected, "pack")
 
     @property
     def file_size(self) -> int:
@@ -180,8 +176,25 @@ class PackInfo(StoredInfo):
 
     def frontier(self, shard: int) -> list[Config]:
         table = self.header.get("tradeoff") or {}
-        rows = table.get("frontiers") or []
-        return [Config.from_list(c) for c in rows[shard]] if shard < len(rows) else []
+        rows = (table.get("frontiers") or []) if isinstance(table, dict) else []
+        if not isinstance(rows, list) or shard >= len(rows):
+            return []
+        try:
+            return [Config.from_list(c) for c in rows[shard]]
+        except (TypeError, ValueError):
+            raise PackFormatError(f"pack frontier of shard {shard} is malformed") from None
+
+
+def _geometry(header: dict[str, Any]) -> Geometry:
+    """The geometry of a pack header, every field checked against sane limits and each other."""
+    keys = [f.name for f in fields(Geometry)]
+    geometry = header.get("geometry")
+    if not isinstance(geometry, dict) or set(geometry) - set(keys):
+        raise PackFormatError(f"pack header geometry must be an object with fields {keys}")
+    g = Geometry(**geometry_ints(header, keys, "pack"))
+    if g.rank != min(g.max_rank, g.n, g.d) or g.shard_size > g.num_layers:
+        raise PackFormatError("pack header geometry is inconsistent (rank or shard size)")
+    return g
 
 
 # ---------------------------------------------------------------------------------------------- write
