@@ -28,16 +28,17 @@ ESTIMATORS = ("harmonic", "robust-mpc")
 # 0.83 vs 1.11 s 4G driving, 0.83 vs 0.84 4G+5G, 0.83 vs 1.05 5G driving, 0.84 vs 1.09 5G walking;
 # masked PSNR −0.2 … −0.5 dB): `sakura bench --figure estimators`. harmonic stays as the ablation.
 DEFAULT_ESTIMATOR = "robust-mpc"
+# Zero is a bandwidth (a trace can start in an outage): an initial estimate at or below this is
+# floored to it, so the first choices take the smallest levels until transfers are measured.
+MIN_INITIAL_BPS = 1e3
 
 
 class RuntimeMonitor:
     def __init__(self, initial_bps: float, window: int = 4, min_active_s: float = 1e-4,
                  estimator: str = DEFAULT_ESTIMATOR):
-        if initial_bps <= 0:
-            raise ValueError("initial rate must be positive")
         if estimator not in ESTIMATORS:
             raise ValueError(f"unknown rate estimator {estimator!r}; choose from {', '.join(ESTIMATORS)}")
-        self.initial_bps = initial_bps
+        self.initial_bps = initial_bps if initial_bps > MIN_INITIAL_BPS else MIN_INITIAL_BPS  # also NaN
         self.samples: deque[TransferSample] = deque(maxlen=window)
         self.errors: deque[float] = deque(maxlen=5)  # relative errors of the last predictions (robust-mpc)
         self.min_active_s = min_active_s
@@ -56,8 +57,9 @@ class RuntimeMonitor:
     def record_transfer(self, nbytes: int, active_s: float) -> None:
         if nbytes > 0:
             sample = TransferSample(nbytes, max(active_s, self.min_active_s))
-            actual = 8 * sample.nbytes / sample.active_s
-            self.errors.append(abs(self.rate_bps - actual) / actual)  # what was predicted for this transfer
+            if self.samples:  # a prediction made from measurements (not the nominal initial rate) was checked
+                actual = 8 * sample.nbytes / sample.active_s
+                self.errors.append(abs(self.rate_bps - actual) / actual)
             self.samples.append(sample)
 
     @property
