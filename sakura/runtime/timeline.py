@@ -17,7 +17,7 @@ EventSink = Callable[[dict], None]
 
 @dataclass
 class UnitRecord:
-    """One fetch unit of the stream (a shard, or a token chunk of one for CacheGen)."""
+    """One fetch unit of the stream (a shard of the cache at one level)."""
 
     unit: int
     needed_by: int  # execution shard index
