@@ -20,7 +20,9 @@ from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from device_bridge.agent import DeviceAgent
 from device_bridge.errors import EditFailed, EditRejected, one_line
+from sakura.formats.container import loads_json
 from sakura.net.listen import bind_socket, serve_in_thread, url_of
+from sakura.server.limits import ServerLimits, uvicorn_config as bounded_config
 
 READY_PREFIX = "sakura device agent listening on "
 WS_MAX_BYTES = 64 * 1024 * 1024  # a 20 MB photo in base64 plus the job must fit one message
@@ -71,9 +73,10 @@ async def _receive_job(ws: WebSocket) -> Any:
     if text is None:
         text = (first.get("bytes") or b"").decode("utf-8", "replace")
     try:
-        return json.loads(text)
-    except ValueError:
-        await _send_final(ws, {"type": "error", "code": "rejected", "message": "the job is not valid JSON"})
+        return loads_json(text)  # a ValueError, never a RecursionError, for a too deeply nested job
+    except ValueError as e:
+        await _send_final(ws, {"type": "error", "code": "rejected",
+                               "message": f"the job is not valid JSON ({one_line(e, 100)})"})
         return _NO_JOB
 
 
@@ -148,8 +151,8 @@ def parse_listen(listen: str) -> tuple[str, int]:
 
 
 def uvicorn_config(app: FastAPI, log_level: str = "warning") -> uvicorn.Config:
-    return uvicorn.Config(app, log_level=log_level, access_log=False, ws_max_size=WS_MAX_BYTES,
-                          ws_per_message_deflate=False, lifespan="off")
+    """The template server's limits (connections, request-head deadline, head size), with room for a photo."""
+    return bounded_config(app, log_level, ServerLimits(), ws_max_size=WS_MAX_BYTES, ws_per_message_deflate=False)
 
 
 def serve_agent(agent: DeviceAgent, listen: str = "127.0.0.1:8700", log_level: str = "warning") -> None:

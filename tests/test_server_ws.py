@@ -145,7 +145,7 @@ def test_ws_disconnect_mid_stream_leaves_server_healthy(server: RunningServer, d
         assert c.fetch("tpl", [(0, 1000)]) == [data[:1000]]
 
 
-def test_ws_access_log_has_messages_verbatim(server: RunningServer, packs: Path) -> None:
+def test_ws_access_log_records_requests_not_messages(server: RunningServer, packs: Path) -> None:
     msg = '{"id": "log-me", "ranges": [[0, 3]], "rate": {"trace": "fixed:1000", "start": 1.5}}'
     with connect(_ws_url(server, "tpl"), compression=None) as ws:
         ws.send(msg)
@@ -156,7 +156,10 @@ def test_ws_access_log_has_messages_verbatim(server: RunningServer, packs: Path)
     while "log-me" not in log.read_text() and time.monotonic() < deadline:
         time.sleep(0.01)
     recs = [json.loads(ln) for ln in log.read_text().splitlines()]
-    mine = [r for r in recs if r.get("message") == msg]
-    assert len(mine) == 1 and mine[0]["bytes"] == 3 and mine[0]["path"] == "/ws/tpl"
-    allowed = {"t", "method", "path", "event", "message", "status", "bytes", "range", "trace"}
+    mine = [r for r in recs if r.get("id") == "'log-me'"]
+    assert len(mine) == 1 and mine[0]["path"] == "/ws/tpl"
+    assert (mine[0]["ranges"], mine[0]["nbytes"], mine[0]["bytes"], mine[0]["size"]) == (1, 3, 3, len(msg))
+    assert "fixed:1000" in mine[0]["rate"] and msg not in log.read_text()
+    allowed = {"t", "method", "path", "event", "status", "bytes", "range", "trace", "id", "ranges", "nbytes",
+               "rate", "size", "error", "reason"}
     assert all(set(r) <= allowed for r in recs)

@@ -29,9 +29,13 @@ Each response starts its own shaper, so the client advances ``start`` between re
 never an arbitrary path from a client.
 
 Access log: one JSON line per HTTP request (method, raw path + query, Range and
-X-Sakura-Trace header values, status, body bytes) and per websocket event (the message text
-exactly as received, status, bytes). Nothing else from the request is recorded, so the log
-shows everything a client ever told the server.
+X-Sakura-Trace header values, status, body bytes) and per websocket event (a request's id, range
+count, bytes asked and sent, rate, status). Nothing else from the request is recorded, and every
+record is bounded (:mod:`sakura.server.access_log`).
+
+Limits (:class:`~sakura.server.limits.ServerLimits`): connections, request-head deadline and size,
+keep-alive, websocket message size and idle time, stalled readers, bytes per request (a multi-range
+HTTP request asking for more than the file gets the file once; a websocket one is refused).
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from sakura.net.shaping import RateSpec, TraceShaper
 from sakura.net.traces import TraceError
 from sakura.server.access_log import AccessLog, make_logger
+from sakura.server.limits import ServerLimits
 from sakura.server.ranges import BadRange, Piece, RangeNotSatisfiable, multipart_pieces, parse_range
 from sakura.server.store import PackStore, error_response, etag, file_headers
 from sakura.server.streaming import TRACE_HEADER, LinkShapes, frames, paced
@@ -64,6 +69,7 @@ def create_app(
     *,
     access_log: str | Path | logging.Handler | None = None,
     trace_dir: str | Path | None = None,
+    limits: ServerLimits = ServerLimits(),
 ) -> FastAPI:
     """The template server over ``packs_dir`` (see the module docstring)."""
     store = PackStore(packs_dir)
@@ -73,8 +79,8 @@ def create_app(
     _add_catalog_routes(app, store)
     _add_range_route(app, store, links)
     _add_header_route(app, store, links)
-    add_ws_route(app, store, links, log)
-    app.add_middleware(AccessLog, log=log)
+    add_ws_route(app, store, links, log, limits)
+    app.add_middleware(AccessLog, log=log, send_stall_s=limits.send_stall_s)
     return app
 
 

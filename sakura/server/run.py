@@ -15,16 +15,14 @@ import uvicorn
 
 from sakura.net.listen import bind_socket, serve_in_thread, url_of
 from sakura.server.app import create_app
+from sakura.server.limits import ServerLimits, uvicorn_config
 
 READY_PREFIX = "sakura server listening on "
 
 
-def _config(app: object, log_level: str) -> uvicorn.Config:
+def _config(app: object, log_level: str, limits: ServerLimits) -> uvicorn.Config:
     # Pack bytes do not compress; per-message deflate would only burn CPU on both ends.
-    return uvicorn.Config(
-        app, log_level=log_level, access_log=False, ws_per_message_deflate=False,
-        ws_max_size=1 << 20, lifespan="off",
-    )
+    return uvicorn_config(app, log_level, limits, ws_per_message_deflate=False)
 
 
 def serve(
@@ -35,15 +33,16 @@ def serve(
     access_log: str | Path | logging.Handler | None = None,
     trace_dir: str | Path | None = None,
     log_level: str = "warning",
+    limits: ServerLimits = ServerLimits(),
 ) -> None:
     """Serve ``packs_dir`` until interrupted (``sakura serve --packs DIR --port P`` calls this).
 
     Prints one line ``sakura server listening on http://HOST:PORT`` once bound (port 0 = any free).
     """
-    app = create_app(packs_dir, access_log=access_log, trace_dir=trace_dir)
+    app = create_app(packs_dir, access_log=access_log, trace_dir=trace_dir, limits=limits)
     sock = bind_socket(host, port)
     print(f"{READY_PREFIX}{url_of(host, sock)}", flush=True)
-    uvicorn.Server(_config(app, log_level)).run(sockets=[sock])
+    uvicorn.Server(_config(app, log_level, limits)).run(sockets=[sock])
 
 
 class RunningServer:
@@ -85,6 +84,7 @@ def start_server(
     log_level: str = "warning",
     process: bool = False,
     timeout: float = 20.0,
+    limits: ServerLimits = ServerLimits(),
 ) -> RunningServer:
     """Start a server and wait until it accepts connections (port 0 = a free port).
 
@@ -93,18 +93,25 @@ def start_server(
     milliseconds of jitter to every response.
     """
     if process:
-        return _start_process(packs_dir, host, port, access_log, trace_dir, log_level, timeout)
-    app = create_app(packs_dir, access_log=access_log, trace_dir=trace_dir)
+        return _start_process(packs_dir, host, port, access_log, trace_dir, log_level, timeout, limits)
+    app = create_app(packs_dir, access_log=access_log, trace_dir=trace_dir, limits=limits)
     sock = bind_socket(host, port)
-    server, thread = serve_in_thread(_config(app, log_level), sock, name="sakura-server",
+    server, thread = serve_in_thread(_config(app, log_level, limits), sock, name="sakura-server",
                                      what=f"template server on {url_of(host, sock)}", timeout=timeout)
     return RunningServer(url_of(host, sock), server=server, thread=thread)
 
 
+def server_command(packs_dir: str | Path, host: str = "127.0.0.1", port: int = 0, *, log_level: str = "warning",
+                   limits: ServerLimits = ServerLimits()) -> list[str]:
+    """The command line of a server process (``python -m sakura.server ...``)."""
+    return [sys.executable, "-m", "sakura.server", "--packs", str(packs_dir), "--host", host, "--port", str(port),
+            "--log-level", log_level, "--max-connections", str(limits.max_connections),
+            "--header-timeout", str(limits.header_timeout_s), "--send-stall-timeout", str(limits.send_stall_s)]
+
+
 def _start_process(packs_dir: str | Path, host: str, port: int, access_log: str | Path | None,
-                   trace_dir: str | Path | None, log_level: str, timeout: float) -> RunningServer:
-    cmd = [sys.executable, "-m", "sakura.server", "--packs", str(packs_dir), "--host", host,
-           "--port", str(port), "--log-level", log_level]
+                   trace_dir: str | Path | None, log_level: str, timeout: float, limits: ServerLimits) -> RunningServer:
+    cmd = server_command(packs_dir, host, port, log_level=log_level, limits=limits)
     cmd += ["--access-log", str(access_log)] if access_log else []
     cmd += ["--trace-dir", str(trace_dir)] if trace_dir else []
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})

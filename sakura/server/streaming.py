@@ -13,7 +13,7 @@ from sakura.server.ranges import Piece
 from sakura.server.store import PLAIN_NAME
 
 FRAME = 64 * 1024  # websocket frame / HTTP body chunk
-READ_BLOCK = 1024 * 1024
+READ_BLOCK = FRAME  # a response held by a slow reader keeps at most about two frames here
 TRACE_HEADER = "x-sakura-trace"
 
 
