@@ -147,14 +147,15 @@ def geometry_ints(header: Mapping[str, Any], keys: Sequence[str], what: str) -> 
 
 
 def checked_plan(header: Mapping[str, Any], index: "ChunkIndex", g: Mapping[str, int], chunks_per_shard: int,
-                 shard_plan: Callable[[int, int, int], list], what: str) -> list[tuple[int, int, int]]:
+                 shard_plan: Callable[[int, int, int], list], what: str,
+                 extra_chunks: int = 0) -> list[tuple[int, int, int]]:
     """``shard_plan(num_steps, num_layers, shard_size)`` of geometry ``g``, built only once the index
-    holds the ``shards × chunks_per_shard`` chunks it implies (so a hostile geometry fails cheaply);
-    the header's ``"shards"`` list must equal it."""
+    holds the ``shards × chunks_per_shard (+ extra_chunks`` outside the shards, e.g. tables``)`` chunks
+    it implies (so a hostile geometry fails cheaply); the header's ``"shards"`` list must equal it."""
     num_shards = g["num_steps"] * -(-g["num_layers"] // g["shard_size"])
-    if num_shards * chunks_per_shard != len(index):
+    if num_shards * chunks_per_shard + extra_chunks != len(index):
         raise PackFormatError(f"{what} index has {len(index)} chunks, its geometry implies "
-                              f"{num_shards} shards × {chunks_per_shard}")
+                              f"{num_shards} shards × {chunks_per_shard}" + (f" + {extra_chunks}" if extra_chunks else ""))
     shards = header.get("shards")
     if not isinstance(shards, list) or len(shards) != num_shards or not all(isinstance(s, list) for s in shards):
         raise PackFormatError(f"{what} shard list does not match the geometry")
