@@ -107,7 +107,8 @@ def record(prepared: TemplateBench, req_index: int, system: str, start: float, t
     return {"template": prepared.template.id, "request": req_index, "system": system, "start_s": start,
             "latency_s": tl.latency_s, "stall_s": tl.stall_s, "bytes": tl.bytes_total,
             "deadline_misses": tl.deadline_misses, "shards": len(tl.shards),
-            "peak_cache_bytes": tl.peak_cache_bytes, "levels": [u.level for u in tl.units],
+            "peak_cache_bytes": tl.peak_cache_bytes, "levels": [u.level for u in tl.units], "cuts": tl.cuts,
+            "units": len(tl.units),
             **quality(out, prepared.reference(req_index), req.mask)}
 
 
@@ -168,6 +169,8 @@ def summarize(records: list[dict], storage: dict[str, float]) -> dict:
             "latency_mean_s": float(np.mean(lat)),
             "stall_s_mean": float(np.mean([r["stall_s"] for r in rs])),
             "deadline_miss_rate": float(np.mean([r["deadline_misses"] / max(1, r["shards"]) for r in rs])),
+            # share of fetch units execution consumed before all of them arrived (anytime shards)
+            "anytime_cut_rate": float(np.mean([r.get("cuts", 0) / max(1, r.get("units", 0)) for r in rs])),
             "bytes_mean": float(np.mean([r["bytes"] for r in rs])),
             "psnr_mean": float(np.mean([r["psnr"] for r in rs])), "ssim_mean": float(np.mean([r["ssim"] for r in rs])),
             "psnr_masked_mean": float(np.mean([r["psnr_masked"] for r in rs])),

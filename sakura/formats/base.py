@@ -61,6 +61,17 @@ class StreamEncoding(ABC):
     def decode(self, fetch_unit: FetchUnit, level: Level, blobs: list[bytes]) -> KV:
         """K/V of every (step, layer) this fetch unit completes (maybe none yet, for partial chunks)."""
 
+    def prefixes(self, fetch_unit: FetchUnit, level: Level, ranges: list[Range]) -> list[tuple[Level, int]]:
+        """Levels decodable from a leading part of ``ranges`` (what ``ranges(fetch_unit, level)``
+        returned), each with how many leading ranges it needs, smallest first; the last is ``level``
+        with all of them. A runtime that must consume the unit early uses the best prefix that arrived
+        (anytime shards). Default: only the whole."""
+        return [(level, len(ranges))]
+
+    def decode_prefix(self, fetch_unit: FetchUnit, level: Level, ranges: list[Range], blobs: list[bytes]) -> KV:
+        """Decode ``level`` (one of :meth:`prefixes`) from the leading ``ranges`` that arrived."""
+        return self.decode(fetch_unit, level, blobs)
+
     def fresh(self) -> "StreamEncoding":
         return self
 

@@ -369,7 +369,41 @@ class PackEncoding(ShardEncoding):
         return tuple(Level(f"r{c.r}/a{c.b_a}/b{c.b_b}", c.bytes, c.error, c.key) for c in frontier)
 
     def ranges(self, fetch_unit, level):
-        return self.info.ranges(fetch_unit.index, *level.key)
+        """The level's chunks ordered so that smaller frontier configurations come first (see
+        :meth:`anytime_chain`): any prefix that ends on a chain point decodes to that point."""
+        return [r for segment in self.anytime_chain(fetch_unit.index, level.key)[1] for r in segment]
+
+    def prefixes(self, fetch_unit, level, ranges):
+        chain, segments = self.anytime_chain(fetch_unit.index, level.key)
+        levels = {lv.key: lv for lv in fetch_unit.levels}
+        ends = np.cumsum([len(seg) for seg in segments])
+        return [(levels.get(key, level), int(n)) for key, n in zip(chain, ends)]
+
+    def decode_prefix(self, fetch_unit, level, ranges, blobs):
+        return self._decode(fetch_unit.index, level.key, dict(zip(ranges, blobs)))
+
+    def anytime_chain(self, shard: int, key: tuple) -> tuple[list[tuple], list[list[Range]]]:
+        """Frontier configurations nested inside ``key`` (each one's chunks contain the previous
+        one's: rank and both bit widths never decrease), smallest first and ending at ``key``, and
+        for each the byte ranges it adds. Cached per (shard, key): headers are immutable."""
+        cache = self.__dict__.setdefault("_chains", {})
+        if (shard, key) not in cache:
+            inside = sorted({c.key for c in self.info.frontier(shard) if c.key != key and all(
+                a <= b for a, b in zip(c.key, key))} | {key}, key=lambda k: self.info.config_bytes(shard, *k))
+            # the longest nested chain ending at key (most prefixes = finest anytime steps): a DP over
+            # the frontier points inside key, ordered by size
+            best: dict[tuple, list[tuple]] = {}
+            for k in inside:
+                below = [best[j] for j in best if all(a <= b for a, b in zip(j, k))]
+                best[k] = max(below, key=len, default=[]) + [k]
+            chain = best[key]
+            segments, have = [], set()
+            for k in chain:
+                chunks = set(self.info.chunks(shard, *k))
+                segments.append(coalesce([self.info.index.span(i) for i in sorted(chunks - have)]))
+                have = chunks
+            cache[(shard, key)] = (chain, segments)
+        return cache[(shard, key)]
 
     def _decode(self, shard, key, blobs):
         if self.reconstructor is not None:

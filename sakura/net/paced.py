@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from sakura.net.client import Transfer
 from sakura.net.traces import Trace
@@ -20,6 +23,7 @@ from sakura.net.traces import Trace
 DEFAULT_INFLIGHT = 2
 # A request's round trip when no real-clock measurement is at hand (calibration stores a measured one).
 DEFAULT_REQUEST_OVERHEAD_S = 0.002
+POLL_S = 0.002  # a waiting receive re-reads its booking this often (a cut before it may move it earlier)
 
 
 class LinkClosed(RuntimeError):
@@ -52,6 +56,7 @@ class PacedLink:
         self.inner, self.trace, self.start = inner, trace, start
         self._closed = threading.Event()
         self._lock = threading.Lock()  # one round trip at a time on the inner connection, in request order
+        self._outstanding: list[Pending] = []  # sent, not yet received (a cut re-books them)
         self.round_trips: list[float] = []  # measured request → first byte, for the link calibration
         self.reset_link()
 
@@ -65,20 +70,57 @@ class PacedLink:
             t_req = time.monotonic()
             tr = self.inner.fetch_timed(file_id, ranges)
             self.round_trips.append(max(0.0, tr.t_first_byte - tr.t_request))
-            begin = max(tr.t_first_byte, self._free_at)
-            done = begin + self.trace.time_to_send(tr.wire_bytes, self.start + (begin - self._t0))
-            done = max(done, tr.t_last_byte)
-            self._free_at = done
-        return Pending(tr, t_req, begin, done)
+            pending = Pending(tr, t_req, 0.0, 0.0)
+            self._book(pending, self._free_at)
+            self._outstanding.append(pending)
+        return pending
 
-    def receive(self, pending: Pending) -> Transfer:
-        wait = pending.done - time.monotonic()
-        if wait > 0 and self._closed.wait(wait):  # closed while waiting (edit over): give up now
-            raise LinkClosed("link closed")
+    def _book(self, pending: Pending, free_at: float) -> None:
         tr = pending.transfer
+        pending.begin = max(tr.t_first_byte, free_at)
+        pending.done = max(pending.begin + self.trace.time_to_send(tr.wire_bytes, self.start + (pending.begin - self._t0)),
+                           tr.t_last_byte)
+        self._free_at = pending.done
+
+    def receive(self, pending: Pending, cut: threading.Event | None = None,
+                prefix_ends: Sequence[int] = ()) -> Transfer:
+        """Wait until the request's bytes are through. If ``cut`` is set first, stop at the largest
+        usable prefix through by then (``prefix_ends``: how many leading parts each usable prefix needs,
+        smallest first) — or at the smallest, as soon as it is — and carry the later requests' bytes
+        from there on. The transfer returned then holds only that prefix's parts."""
+        keep = len(pending.transfer.parts)
+        while (wait := pending.done - time.monotonic()) > 0:
+            if cut is not None and cut.is_set() and len(prefix_ends) > 1:
+                keep = self._cut(pending, prefix_ends)
+                cut = None
+                continue
+            if self._closed.wait(min(wait, POLL_S)):  # closed while waiting (edit over): give up now
+                raise LinkClosed("link closed")
+        with self._lock:
+            if pending in self._outstanding:
+                self._outstanding.remove(pending)
+        tr = pending.transfer
+        parts = tr.parts[:keep]
+        nbytes = sum(len(p) for p in parts)
         first = pending.begin + min(pending.done - pending.begin, 1e-4)
-        return Transfer(tr.parts, tr.nbytes, tr.wire_bytes, pending.t_request, max(tr.t_first_byte, first),
-                        max(tr.t_last_byte, pending.done))
+        return Transfer(parts, nbytes, tr.wire_bytes if keep == len(tr.parts) else nbytes, pending.t_request,
+                        max(tr.t_first_byte, first), max(tr.t_last_byte, pending.done))
+
+    def _cut(self, pending: Pending, prefix_ends: Sequence[int]) -> int:
+        with self._lock:
+            now = time.monotonic()
+            at = lambda t: self.start + (t - self._t0)  # noqa: E731 - trace time of a monotonic instant
+            delivered = self.trace.bytes_between(at(pending.begin), at(now)) if now > pending.begin else 0.0
+            sizes = np.cumsum([0] + [len(p) for p in pending.transfer.parts])
+            fitting = [k for k in prefix_ends[:-1] if sizes[k] <= delivered]
+            keep = fitting[-1] if fitting else prefix_ends[0]
+            t_cut = now if fitting else pending.begin + self.trace.time_to_send(float(sizes[keep]), at(pending.begin))
+            if t_cut >= pending.done:
+                return len(pending.transfer.parts)
+            pending.done = self._free_at = t_cut
+            for later in self._outstanding[self._outstanding.index(pending) + 1:]:
+                self._book(later, self._free_at)
+            return keep
 
     def fetch_timed(self, file_id: str, ranges) -> Transfer:
         return self.receive(self.send(file_id, ranges))

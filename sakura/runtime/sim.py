@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from sakura.formats import KV, FetchUnit, StreamEncoding
+from sakura.formats import KV, FetchUnit, Level, StreamEncoding
 from sakura.net.paced import DEFAULT_INFLIGHT, DEFAULT_REQUEST_OVERHEAD_S
 from sakura.net.traces import Trace
 from sakura.online.deadline import predict_need
@@ -47,89 +47,157 @@ class LinkModel:
         return float(self.trace.rate_at(self.start_s + at)) * 1e6
 
 
+@dataclass
+class _Booked:
+    """One request on the simulated link: what was asked for and when its bytes come through."""
+
+    unit: FetchUnit
+    level: Level
+    ranges: list
+    rec: UnitRecord
+    t_req: float
+    begin: float  # the link starts on its bytes
+    t_arr: float  # its last (used) byte is through
+    nbytes: int
+
+
 def simulate(encoding: StreamEncoding, policy: Policy, compute: ComputeProfile, link: LinkModel,
              fetch: Fetch | None, ahead: int = 2, keep: bool = True,
              rebuild_model: Callable[[FetchUnit, object], float] | None = None,
              predicted: ComputeProfile | None = None,
              timer: Callable[[], float] = time.perf_counter,
-             estimator: str = DEFAULT_ESTIMATOR) -> tuple[Timeline, KV]:
+             estimator: str = DEFAULT_ESTIMATOR, anytime: bool = True) -> tuple[Timeline, KV]:
     """Run one edit on the simulated clock. Returns its timeline and the rebuilt cache (for quality).
 
     Rebuild times are measured by decoding the chosen bytes for real; with ``rebuild_model`` (and no
     ``fetch``) nothing is decoded and the model gives the time (paper-scale projections).
     ``predicted`` is what the device believes about its compute (default: ``compute`` itself); replaying
     a real run passes the profile the real runtime predicted with and the compute it really did.
-    ``timer`` measures the decodes; use the clock the compute profile was measured on."""
-    predicted = predicted or compute
-    encoding = encoding.fresh()
-    units: list[FetchUnit] = encoding.units
-    nshards = len(compute.shards)
-    starts: list[float | None] = [None] * nshards
-    ends: list[float | None] = [None] * nshards
-    ready = [0.0] * nshards
-    tl = Timeline.for_shards(policy.name, "sim", compute.shards, trace_start_s=link.start_s)
-    cache: KV = {}
+    ``timer`` measures the decodes; use the clock the compute profile was measured on. ``anytime``:
+    when execution reaches a unit still in flight, use the best prefix that came through and drop the
+    rest (encodings whose levels are prefixes of one another, SAKURA's pack)."""
+    return _SimulatedEdit(encoding.fresh(), policy, compute, link, fetch, ahead, keep, rebuild_model,
+                          predicted or compute, timer, estimator, anytime).run()
 
-    def run_until(j: int) -> None:  # execution schedule of shards ≤ j (their data is all known)
+
+class _SimulatedEdit:
+    def __init__(self, encoding, policy, compute, link, fetch, ahead, keep, rebuild_model, predicted, timer,
+                 estimator, anytime):
+        self.encoding, self.policy, self.compute, self.link, self.fetch = encoding, policy, compute, link, fetch
+        self.ahead, self.keep, self.rebuild_model, self.predicted = ahead, keep, rebuild_model, predicted
+        self.timer, self.anytime = timer, anytime
+        n = len(compute.shards)
+        self.starts: list[float | None] = [None] * n
+        self.ends: list[float | None] = [None] * n
+        self.ready = [0.0] * n
+        self.tl = Timeline.for_shards(policy.name, "sim", compute.shards, trace_start_s=link.start_s)
+        self.cache: KV = {}
+        self.monitor = RuntimeMonitor(initial_bps=link.rate_bps_at(0.0), estimator=estimator)
+        self.booked: list[_Booked] = []  # every request, in order
+        self.unseen: list[_Booked] = []  # completed requests the monitor has not seen yet
+        self.done = 0  # requests finalized (consumed by execution), in order
+        self.link_free = self.rebuild_free = self.last_request = 0.0
+        self.held: list[tuple[float, float, int]] = []  # (from, to, bytes) of received / rebuilt cache
+        self.rebuilt: dict[int, list[tuple[float, int]]] = {}  # per shard: (ready at, K/V bytes), held until it ends
+
+    def run(self) -> tuple[Timeline, KV]:
+        self.policy.begin(self.encoding.units, self.predicted.masked_s, self.monitor.initial_bps)
+        for u in self.encoding.units:
+            self.run_until(u.needed_by - 1)
+            self.book(u)
+        self.run_until(len(self.starts) - 1)
+        tl = self.tl
+        for rec in tl.units:
+            rec.needed_t = self.starts[rec.needed_by]
+        tl.peak_cache_bytes = peak_concurrent(self.held)
+        tl.latency_s = self.ends[-1]
+        tl.bytes_total = sum(r.nbytes for r in tl.units)
+        return tl, self.cache
+
+    def run_until(self, j: int) -> None:
+        """The execution schedule of shards ≤ j: each starts when the previous ended and its data is rebuilt."""
         for k in range(j + 1):
-            if starts[k] is None:
-                prev_end = compute.prelude_s if k == 0 else ends[k - 1]
-                starts[k] = max(prev_end, ready[k])
-                ends[k] = starts[k] + compute.shard_s[k]
-                tl.shard_started(k, starts[k], max(0.0, ready[k] - prev_end))
-                tl.shard_ended(k, ends[k])
+            if self.starts[k] is None:
+                prev_end = self.compute.prelude_s if k == 0 else self.ends[k - 1]
+                while self.done < len(self.booked) and self.booked[self.done].unit.needed_by == k:
+                    self.finalize(self.booked[self.done], prev_end)
+                    self.done += 1
+                self.starts[k] = max(prev_end, self.ready[k])
+                self.ends[k] = self.starts[k] + self.compute.shard_s[k]
+                self.tl.shard_started(k, self.starts[k], max(0.0, self.ready[k] - prev_end))
+                self.tl.shard_ended(k, self.ends[k])
+                self.held += [(a, self.ends[k], n) for a, n in self.rebuilt.pop(k, [])]
 
-    monitor = RuntimeMonitor(initial_bps=link.rate_bps_at(0.0), estimator=estimator)
-    policy.begin(units, predicted.masked_s, monitor.initial_bps)
-    link_free = rebuild_free = last_request = 0.0
-    arrivals: list[float] = []  # per request, when its last byte arrived (in request order)
-    unseen: list[tuple[float, int, float]] = []  # (arrival, bytes, request time) the monitor has not seen yet
-    received: list[tuple[float, float, int]] = []  # (from, to, bytes): bytes in flight or waiting to rebuild
-    rebuilt_held: list[tuple[float, int, int]] = []  # (from, shard, bytes): rebuilt K/V, freed when the shard ends
-    for u in units:
-        run_until(u.needed_by - 1)
-        gate = starts[u.needed_by - ahead] if u.needed_by - ahead >= 0 else 0.0
-        slot = arrivals[-link.inflight] if len(arrivals) >= link.inflight else 0.0
-        t_req = last_request = max(gate, slot, last_request)
-        while unseen and unseen[0][0] <= t_req:  # transfers completed by now
-            t_arr, n, t_sent = unseen.pop(0)
-            monitor.observe(n, t_sent, t_arr)
-        u = encoding.priced(u)
-        deadline = predict_need(u.needed_by, t_req, predicted, starts)
-        d = policy.choose(u, t_req, deadline, monitor)
-        ranges = encoding.ranges(u, d.level)
+    def book(self, u: FetchUnit) -> None:
+        """Decide and send one request (up to ``inflight`` outstanding, at most ``ahead`` shards ahead)."""
+        link = self.link
+        gate = self.starts[u.needed_by - self.ahead] if u.needed_by - self.ahead >= 0 else 0.0
+        slot = self.booked[-link.inflight].t_arr if len(self.booked) >= link.inflight else 0.0
+        t_req = self.last_request = max(gate, slot, self.last_request)
+        while self.unseen and self.unseen[0].t_arr <= t_req:  # transfers completed by now
+            b = self.unseen.pop(0)
+            self.monitor.observe(b.nbytes, b.t_req, b.t_arr)
+        u = self.encoding.priced(u)
+        deadline = predict_need(u.needed_by, t_req, self.predicted, self.starts)
+        d = self.policy.choose(u, t_req, deadline, self.monitor)
+        ranges = self.encoding.ranges(u, d.level)
         nbytes = sum(n for _, n in ranges)
-        t_arr = link_free = link.arrival(nbytes, t_req, link_free)
-        arrivals.append(t_arr)
-        unseen.append((t_arr, nbytes, t_req))
-        if rebuild_model is not None:
-            kv, rebuild_s = {}, rebuild_model(u, d.level)
-        else:
-            blobs = fetch(ranges)
-            t0 = timer()
-            kv = encoding.decode(u, d.level, blobs)
-            rebuild_s = timer() - t0
-        t_ready = max(t_arr, rebuild_free) + rebuild_s
-        rebuild_free = t_ready
-        ready[u.needed_by] = max(ready[u.needed_by], t_ready)
-        rebuilt = sum(k.nbytes + v.nbytes for k, v in kv.values())
-        if keep:
-            cache.update(kv)
+        begin = max(t_req + link.request_overhead_s, self.link_free)
+        t_arr = self.link_free = link.arrival(nbytes, t_req, self.link_free)
         rec = UnitRecord(u.index, u.needed_by, u.label, d.level.label, nbytes, d.budget_bytes, d.window_s,
                          d.rate_bps / 1e6, d.fits, t_req, deadline_t=deadline, ranges=len(ranges))
-        tl.requested(rec)
-        tl.arrived(rec, t_arr, t_arr - t_req, ranges)
-        tl.rebuilt(rec, t_ready)
-        received.append((t_req, t_ready, nbytes))
-        rebuilt_held.append((t_ready, u.needed_by, rebuilt))
-    run_until(nshards - 1)
-    for rec in tl.units:
-        rec.needed_t = starts[rec.needed_by]
-    intervals = received + [(a, ends[shard], n) for a, shard, n in rebuilt_held]
-    tl.peak_cache_bytes = peak_concurrent(intervals)
-    tl.latency_s = ends[-1]
-    tl.bytes_total = sum(r.nbytes for r in tl.units)
-    return tl, cache
+        self.tl.requested(rec)
+        b = _Booked(u, d.level, ranges, rec, t_req, begin, t_arr, nbytes)
+        self.booked.append(b)
+        self.unseen.append(b)
+
+    def finalize(self, b: _Booked, need: float) -> None:
+        """Execution reaches ``b``'s shard at ``need``: cut it short if it is still in flight (anytime),
+        then rebuild what it uses."""
+        level, k = b.level, len(b.ranges)
+        if self.anytime and b.t_arr > need:
+            level, k = self._cut(b, need)
+        ranges = b.ranges[:k]
+        if self.rebuild_model is not None:
+            kv, rebuild_s = {}, self.rebuild_model(b.unit, level)
+        else:
+            blobs = self.fetch(ranges)
+            t0 = self.timer()
+            kv = (self.encoding.decode(b.unit, level, blobs) if k == len(b.ranges)
+                  else self.encoding.decode_prefix(b.unit, level, ranges, blobs))
+            rebuild_s = self.timer() - t0
+        t_ready = self.rebuild_free = max(b.t_arr, self.rebuild_free) + rebuild_s
+        shard = b.unit.needed_by
+        self.ready[shard] = max(self.ready[shard], t_ready)
+        if self.keep:
+            self.cache.update(kv)
+        self.tl.arrived(b.rec, b.t_arr, b.t_arr - b.t_req, ranges)
+        self.tl.rebuilt(b.rec, t_ready)
+        self.held.append((b.t_req, t_ready, b.nbytes))
+        self.rebuilt.setdefault(shard, []).append((t_ready, sum(x.nbytes + y.nbytes for x, y in kv.values())))
+
+    def _cut(self, b: _Booked, need: float) -> tuple[Level, int]:
+        """The best prefix through the link by ``need`` (or the smallest, when it comes); the link then
+        carries the later requests' bytes from the cut on."""
+        prefixes = self.encoding.prefixes(b.unit, b.level, b.ranges)
+        if len(prefixes) < 2:
+            return b.level, len(b.ranges)
+        trace, start = self.link.trace, self.link.start_s
+        delivered = trace.bytes_between(start + b.begin, start + need) if need > b.begin else 0.0
+        size = lambda k: sum(n for _, n in b.ranges[:k])  # noqa: E731
+        fitting = [(lv, k) for lv, k in prefixes[:-1] if size(k) <= delivered]
+        level, k = fitting[-1] if fitting else prefixes[0]
+        t_cut = need if fitting else b.begin + trace.time_to_send(size(k), start + b.begin)
+        if t_cut >= b.t_arr:
+            return b.level, len(b.ranges)
+        b.t_arr, b.nbytes = t_cut, size(k)
+        self.tl.cut(b.rec, level.label, b.nbytes, t_cut)
+        free = t_cut
+        for later in self.booked[self.booked.index(b) + 1:]:  # their bytes move up behind the cut
+            later.begin = max(later.t_req + self.link.request_overhead_s, free)
+            later.t_arr = free = self.link.arrival(later.nbytes, later.t_req, free)
+        self.link_free = free
+        return level, k
 
 
 def peak_concurrent(intervals: list[tuple[float, float, int]]) -> int:

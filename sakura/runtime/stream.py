@@ -4,7 +4,9 @@ Three stages in four threads, bounded buffers: the receiver (a requester that de
 up to ``inflight`` requests outstanding, and a collector that waits for their bytes in order) asks
 for a fetch unit once execution has started shard ``needed_by − ahead`` (so at most ``ahead`` shards wait, received or rebuilt, beside
 the one executing: peak cache memory ≤ ahead+1 shards whatever the template size); the
-reconstructor rebuilds in arrival order; the executor is the model's own masked run, whose provider
+reconstructor rebuilds in arrival order (anytime: when execution reaches a shard still in flight,
+the collector stops at the best configuration that came through — a pack's configurations arrive
+smallest first — and the rest of that transfer is dropped); the executor is the model's own masked run, whose provider
 callback blocks until the shard it asks for is rebuilt and releases each K/V as soon as it is
 consumed. Every step is recorded on the edit's :class:`Timeline` (which emits it as an event).
 """
@@ -46,6 +48,7 @@ class StreamState:
     ready: list[threading.Event]  # per shard: all its fetch units are rebuilt
     started: list[threading.Event]  # per shard: execution started (gates the receiver)
     pending_units: list[int]  # per shard: fetch units not yet rebuilt
+    cut: list[threading.Event]  # per shard: execution reached it first (anytime: use what arrived)
     kv: dict = field(default_factory=dict)
     error: BaseException | None = None
     held_bytes: int = 0
@@ -70,10 +73,10 @@ class StreamedEdit:
     def __init__(self, adapter: DiTAdapter, encoding: StreamEncoding, policy: Policy, link: Link,
                  file_id: str, compute: ComputeProfile, initial_bps: float, ahead: int = 2,
                  timeout_s: float = 120.0, executor=None, inflight: int = DEFAULT_INFLIGHT,
-                 estimator: str = DEFAULT_ESTIMATOR):
+                 estimator: str = DEFAULT_ESTIMATOR, anytime: bool = True):
         self.adapter, self.encoding, self.policy, self.link = adapter, encoding.fresh(), policy, link
         self.file_id, self.compute, self.ahead, self.timeout_s = file_id, compute, ahead, timeout_s
-        self.inflight = inflight
+        self.inflight, self.anytime = inflight, anytime
         self.monitor = RuntimeMonitor(initial_bps, estimator=estimator)
         self.executor = executor  # None: the adapter's eager masked run; else e.g. an ExecuTorch executor
 
@@ -83,7 +86,8 @@ class StreamedEdit:
         n = len(shards)
         state = StreamState(time.perf_counter(), [None] * n, [threading.Event() for _ in range(n)],
                             [threading.Event() for _ in range(n)],
-                            [sum(1 for u in self.encoding.units if u.needed_by == j) for j in range(n)])
+                            [sum(1 for u in self.encoding.units if u.needed_by == j) for j in range(n)],
+                            [threading.Event() for _ in range(n)])
         self.policy.begin(self.encoding.units, self.compute.masked_s, self.monitor.initial_bps)
         rebuild_q: queue.Queue = queue.Queue(maxsize=self.ahead + 1)
         sent: queue.Queue = queue.Queue()
@@ -130,6 +134,8 @@ class StreamedEdit:
             asked = state.now()
             if j > 0:
                 timeline.shard_ended(j - 1, asked)
+            if self.anytime and not state.ready[j].is_set():
+                state.cut[j].set()  # use what has arrived (see _collect)
             if not state.ready[j].wait(self.timeout_s):
                 state.fail(StreamError(f"cache shard {j} did not arrive within {self.timeout_s:.0f} s"))
             if state.pending_units[j] != 0:  # woken by a failure, not by the shard
@@ -164,7 +170,8 @@ class StreamedEdit:
                                  d.budget_bytes, d.window_s, d.rate_bps / 1e6, d.fits, now, deadline_t=deadline,
                                  ranges=len(ranges))
                 timeline.requested(rec)
-                sent.put((unit, d.level, ranges, rec, self.link.send(self.file_id, ranges)))
+                prefixes = self.encoding.prefixes(unit, d.level, ranges) if self.anytime else [(d.level, len(ranges))]
+                sent.put((unit, d.level, ranges, prefixes, rec, self.link.send(self.file_id, ranges)))
         except BaseException as e:  # noqa: BLE001 - handed to the executor, which raises it
             state.fail(StreamError(f"receiving the cache failed: {e}"))
         finally:
@@ -177,13 +184,16 @@ class StreamedEdit:
             while (item := sent.get()) is not None:
                 if state.error is not None:
                     continue  # drain, so the requester never blocks
-                unit, level, ranges, rec, pending = item
-                tr = self.link.receive(pending)
+                unit, level, ranges, prefixes, rec, pending = item
+                tr = self.link.receive(pending, state.cut[unit.needed_by], [k for _, k in prefixes])
+                if len(tr.parts) < len(ranges):  # execution reached the unit first: its best prefix
+                    level, ranges = next(lv for lv, k in prefixes if k == len(tr.parts)), ranges[:len(tr.parts)]
+                    timeline.cut(rec, level.label, tr.nbytes, state.now())
                 active = self.monitor.observe(tr.nbytes, tr.t_request, tr.t_last_byte)
                 slots.release()
                 state.hold(tr.nbytes)
                 timeline.arrived(rec, state.now(), active, ranges)
-                out.put((unit, level, tr.parts, rec))
+                out.put((unit, level, ranges, tr.parts, rec))
         except BaseException as e:  # noqa: BLE001 - handed to the executor, which raises it
             state.fail(StreamError(f"receiving the cache failed: {e}"))
             while sent.get() is not None:  # let the requester finish
@@ -196,9 +206,10 @@ class StreamedEdit:
         while (item := inbox.get()) is not None:
             if state.error is not None:
                 continue  # drain, so the receiver never blocks on a full queue
-            unit, level, parts, rec = item
+            unit, level, ranges, parts, rec = item
             try:
-                kv = self.encoding.decode(unit, level, parts)
+                kv = (self.encoding.decode(unit, level, parts) if rec.requested_level == "" else
+                      self.encoding.decode_prefix(unit, level, ranges, parts))
             except Exception as e:  # noqa: BLE001 - malformed bytes: the executor raises it
                 state.fail(StreamError(f"rebuilding fetch unit {unit.index} failed: {e}"))
                 continue

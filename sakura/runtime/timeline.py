@@ -34,6 +34,8 @@ class UnitRecord:
     deadline_t: float = 0.0  # predicted need time when requested
     needed_t: float = 0.0  # when execution actually reached it
     ranges: int = 0
+    requested_level: str = ""  # what was asked for, when execution cut the transfer short (anytime)
+    requested_bytes: int = 0
 
 
 @dataclass
@@ -95,6 +97,18 @@ class Timeline:
         self._emit("arrival", unit=rec.unit, shard=rec.needed_by, level=rec.level, bytes=rec.nbytes, t=t,
                    deadline=rec.deadline_t, active_s=active_s, ranges=[list(r) for r in ranges])
 
+    def cut(self, rec: UnitRecord, level: str, nbytes: int, t: float) -> None:
+        """Execution reached the unit before all of it arrived: it uses ``level``, the best
+        configuration within the ``nbytes`` that had, and the rest of the transfer is dropped."""
+        rec.requested_level, rec.requested_bytes = rec.level, rec.nbytes
+        rec.level, rec.nbytes = level, nbytes
+        self._emit("cut", unit=rec.unit, shard=rec.needed_by, level=level, bytes=nbytes,
+                   requested_level=rec.requested_level, requested_bytes=rec.requested_bytes, t=t)
+
+    @property
+    def cuts(self) -> int:
+        return sum(1 for u in self.units if u.requested_level)
+
     def rebuilt(self, rec: UnitRecord, t: float) -> None:
         rec.rebuild_done_t = t
         self._emit("rebuilt", unit=rec.unit, shard=rec.needed_by, t=t)
@@ -118,6 +132,11 @@ class Timeline:
                                          _num(ev.get("budget_bytes")), _num(ev.get("window_s")),
                                          _num(ev.get("rate_mbps")), bool(ev.get("fits", True)), _num(t),
                                          deadline_t=_num(ev.get("deadline"))))
+        elif kind == "cut":
+            rec = self.unit(int(ev.get("unit", -1)))
+            if rec is not None:
+                rec.requested_level, rec.requested_bytes = rec.level, rec.nbytes
+                rec.level, rec.nbytes = str(ev.get("level", rec.level)), int(ev.get("bytes") or 0)
         elif kind in ("arrival", "rebuilt"):
             rec = self.unit(int(ev.get("unit", -1)))
             if rec is not None and isinstance(t, (int, float)):
@@ -164,7 +183,7 @@ class Timeline:
         return {"system": self.system, "clock": self.clock, "latency_s": self.latency_s,
                 "stall_s": self.stall_s, "bytes": self.bytes_total, "deadline_misses": self.deadline_misses,
                 "shards": len(self.shards), "peak_cache_bytes": self.peak_cache_bytes,
-                "levels": [u.level for u in self.units]}
+                "levels": [u.level for u in self.units], "cuts": self.cuts}
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -1,0 +1,76 @@
+"""Anytime shards: a shard's bytes arrive smallest configuration first, and when execution reaches a
+shard still in flight it uses the best configuration that came through instead of stalling."""
+
+import numpy as np
+import pytest
+
+from sakura.formats import encoding_from_header, file_id
+from sakura.net.folder import FolderSource
+from sakura.net.traces import Trace
+from sakura.runtime.calibration import CalibrationStore
+from sakura.runtime.session import DeviceRuntime, Network
+
+# 40 Mbps for 50 ms (the policy's first estimate), then 2 Mbps: what was asked for cannot all arrive.
+COLLAPSE = Trace(np.array([0.0, 0.05, 30.0]), np.array([40.0, 2.0]), "collapse")
+
+
+@pytest.fixture(scope="module")
+def folder(fs_packs):
+    packs, tpl = fs_packs
+    runtime = DeviceRuntime(FolderSource(packs), calibration=CalibrationStore(repeats=1))
+    req = runtime.session(tpl, "oracle", Network(COLLAPSE, "collapse", 0.0, 1.0)).request(
+        catalog_request=tpl.eval_requests[0])
+    raw = (packs / f"{file_id(tpl.id, 'sakura')}.pack").read_bytes()
+    return tpl, runtime, req, raw
+
+
+def test_every_prefix_of_a_level_decodes_to_that_configuration(folder):
+    tpl, runtime, req, raw = folder
+    enc = encoding_from_header("sakura", raw)
+    unit = enc.units[1]
+    top = unit.levels[-1]
+    ranges = enc.ranges(unit, top)
+    assert sum(n for _, n in ranges) == top.nbytes
+    prefixes = enc.prefixes(unit, top, ranges)
+    assert len(prefixes) > 3 and prefixes[-1] == (top, len(ranges))
+    assert [k for _, k in prefixes] == sorted({k for _, k in prefixes})  # strictly growing prefixes
+    for level, k in prefixes:
+        assert level in unit.levels
+        assert sum(n for _, n in ranges[:k]) == level.nbytes  # a prefix holds exactly that configuration
+        part = enc.decode_prefix(unit, level, ranges[:k], [raw[o:o + n] for o, n in ranges[:k]])
+        whole = enc.decode(unit, level, [raw[o:o + n] for o, n in enc.ranges(unit, level)])
+        for key in whole:
+            np.testing.assert_array_equal(part[key][0].numpy(), whole[key][0].numpy())
+
+
+def rebuilt_from_timeline(enc, tl, raw) -> dict:
+    """The cache the device used, rebuilt locally from the timeline's requested and used levels."""
+    kv = {}
+    for unit, rec in zip(enc.units, tl.units):
+        by_label = {lv.label: lv for lv in unit.levels}
+        asked = by_label[rec.requested_level or rec.level]
+        ranges = enc.ranges(unit, asked)
+        k = dict((lv.label, k) for lv, k in enc.prefixes(unit, asked, ranges))[rec.level]
+        kv.update(enc.decode_prefix(unit, by_label[rec.level], ranges[:k], [raw[o:o + n] for o, n in ranges[:k]]))
+    return kv
+
+
+@pytest.mark.parametrize("clock", ["sim", "real"])
+def test_a_collapsing_link_cuts_shards_short_instead_of_stalling(folder, clock):
+    tpl, runtime, req, raw = folder
+    session = runtime.session(tpl, "sakura", Network(COLLAPSE, "collapse", 0.0, 1.0))
+    outcome = session.simulate(req) if clock == "sim" else session.run(req)
+    tl = outcome.timeline
+    cut = [u for u in tl.units if u.requested_level]
+    assert cut, "the policy's first choices cannot arrive at 2 Mbps: some shards must be cut"
+    for u in cut:
+        assert u.nbytes < u.requested_bytes and u.level != u.requested_level
+    assert tl.summary()["cuts"] == len(cut)
+    # the image is exactly what the used configurations give
+    kv = rebuilt_from_timeline(session.encoding, tl, raw)
+    expected = session.model.masked_edit(req, lambda s, l: kv[(s, l)]).image
+    np.testing.assert_array_equal(outcome.image, expected)
+    if clock == "sim":  # and it is faster than waiting for everything that was asked for
+        waited = session.simulate(req, anytime=False).timeline
+        assert not any(u.requested_level for u in waited.units)
+        assert tl.latency_s < waited.latency_s
