@@ -92,7 +92,8 @@ def _shards(progress: EditProgress, fig: go.Figure) -> None:
                         colorbar=dict(title="bytes<br>vs FP16", len=0.55, y=0.3, thickness=12),
                         line=dict(color=["#e03131" if not u.fits else "rgba(0,0,0,0.25)" for u in done],
                                   width=[2 if not u.fits else 0.5 for u in done])),
-            text=[u.level for u in done], textposition="inside", insidetextanchor="start",
+            text=[f"{u.level} of {u.requested_level} (cut)" if u.requested_level else u.level for u in done],
+            textposition="inside", insidetextanchor="start",
             customdata=[[u.level, u.nbytes / 1e6, u.deadline_t, u.rate_mbps, u.label, r]
                         for u, r in zip(done, ratio)],
             hovertemplate=("%{customdata[4]}<br>level %{customdata[0]} · %{customdata[1]:.3f} MB "
