@@ -31,6 +31,7 @@ from sakura.formats import PackFormatError, file_id
 from sakura.model import ModelInputError, ModelLoadError
 from sakura.net.client import FetchError, RangeClient, WsRangeClient
 from sakura.net.paced import LinkClosed
+from sakura.net.traces import TraceError
 from sakura.quality import quality
 from sakura.runtime.calibration import CalibrationStore
 from sakura.runtime.errors import StreamError, TemplateUnavailable
@@ -230,6 +231,8 @@ class DeviceAgent:
         """(one-line message, error code) for an exception of an edit."""
         if isinstance(e, (ModelInputError, CatalogError)):
             return one_line(e), "rejected"
+        if isinstance(e, TraceError):  # the job's network trace cannot drive this edit
+            return f"bad network trace: {one_line(e)}", "rejected"
         if isinstance(e, ModelLoadError):
             return f"the device model cannot be loaded: {one_line(e)}", "failed"
         if isinstance(e, TemplateUnavailable):

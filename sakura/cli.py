@@ -7,7 +7,6 @@ one line on stderr, never a traceback.
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
 import time
@@ -16,53 +15,13 @@ from typing import Optional
 
 import typer
 
+from sakura.cli_errors import MAX_IMAGE_SIDE, UserError, check_image_file, friendly
 from sakura.systems import SYSTEMS
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="SAKURA: private image editing on phones by streaming reusable attention state.")
 catalog_app = typer.Typer(no_args_is_help=True, help="The template catalog.")
 app.add_typer(catalog_app, name="catalog")
-
-
-class UserError(Exception):
-    """An error the user can fix; printed as one line."""
-
-
-def _expected_errors() -> tuple[type[BaseException], ...]:
-    errors: list[type[BaseException]] = [UserError, FileNotFoundError, PermissionError, IsADirectoryError]
-    from sakura.catalog import CatalogError
-    from sakura.model import ModelInputError, ModelLoadError
-
-    errors += [CatalogError, ModelInputError, ModelLoadError, KeyError]
-    for mod, name in [("sakura.formats", "PackFormatError"), ("sakura.net.traces", "TraceError"),
-                      ("sakura.runtime.executors.errors", "BackendUnavailable"),
-                      ("sakura.runtime.errors", "StreamError"), ("sakura.runtime.errors", "TemplateUnavailable"),
-                      ("sakura.net.client", "FetchError"),
-                      ("sakura.runtime.executors.base", "ShardExecutionError")]:
-        try:
-            errors.append(getattr(__import__(mod, fromlist=[name]), name))
-        except (ImportError, AttributeError):
-            pass
-    return tuple(errors)
-
-
-def friendly(fn):
-    """Turn expected errors into ``error: <one line>`` and exit status 2."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except typer.Exit:
-            raise
-        except Exception as e:  # noqa: BLE001 - filtered just below
-            if isinstance(e, _expected_errors()):
-                msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
-                typer.echo(f"error: {str(msg).splitlines()[0] if str(msg) else type(e).__name__}", err=True)
-                raise typer.Exit(2)
-            raise
-
-    return wrapper
 
 
 CatalogOpt = typer.Option(None, "--catalog", help="Catalog manifest (TOML); default: the embedded one.")
@@ -125,6 +84,7 @@ def edit(
                                                "device compute, shared with `sakura device --calibration`."),
 ):
     """Edit a template locally: full recomputation or masked execution with template KV reuse."""
+    check_image_file(reference)
     if stream:
         from sakura.runtime.cli import stream_edit  # the streaming runtime owns this path
 
@@ -372,6 +332,9 @@ def _register_plugins() -> None:
 
 
 def main() -> None:
+    from PIL import Image
+
+    Image.MAX_IMAGE_PIXELS = MAX_IMAGE_SIDE * MAX_IMAGE_SIDE  # any image the CLI decodes (PIL warns above, refuses at 2×)
     _register_runtime_commands()
     _register_plugins()
     try:

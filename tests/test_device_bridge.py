@@ -244,7 +244,7 @@ def test_bandwidth_collapse_fails_within_the_timeout_and_missing_packs_are_clear
     events: list[dict] = []
     t0 = time.monotonic()
     try:
-        with pytest.raises(EditFailed, match="did not arrive within 1 s"):
+        with pytest.raises(EditFailed, match="link is too slow for this edit|did not arrive within 1 s"):
             agent.edit(job("sakura", network=collapse), events.append)
     finally:
         agent.timeout_s = old

@@ -175,8 +175,9 @@ class Trace:
             raise TraceError(f"scale must be > 0, got {k}")
         return Trace(self.edges, self.mbps * k, f"{self.name}*{k:g}")
 
-    def window(self, start: float, duration: float) -> Trace:
-        """The trace seen from ``start`` for ``duration`` seconds (wraps), re-based to 0."""
+    def steps(self, start: float, duration: float) -> tuple[np.ndarray, np.ndarray]:
+        """The rate seen from ``start`` for ``duration`` seconds (wraps), re-based to 0, as ``(edges,
+        mbps)``: a step function that may be all zero (an outage), unlike a :class:`Trace`."""
         if not duration > 0:
             raise TraceError(f"window duration must be > 0, got {duration}")
         base = math.floor(start / self.duration) * self.duration
@@ -185,8 +186,11 @@ class Trace:
         all_edges = (self.edges[:-1][None, :] + self.duration * np.arange(n_periods)[:, None]).ravel()
         inner = all_edges[(all_edges > s) & (all_edges < s + duration)]
         edges = np.concatenate([[s], inner, [s + duration]])
-        rates = np.asarray(self.rate_at(edges[:-1]))  # each sub-interval starts on an edge
-        return Trace(edges - s, rates, f"{self.name}@{start:g}+{duration:g}")
+        return edges - s, np.asarray(self.rate_at(edges[:-1]))  # each sub-interval starts on an edge
+
+    def window(self, start: float, duration: float) -> Trace:
+        """The trace seen from ``start`` for ``duration`` seconds (wraps), re-based to 0."""
+        return Trace(*self.steps(start, duration), f"{self.name}@{start:g}+{duration:g}")
 
 
 # --- files ------------------------------------------------------------------------------------
@@ -350,9 +354,10 @@ def paper_regime_scale(trace: Trace, fp16_cache_bytes: float, local_full_s: floa
         scale = fp16_cache_bytes * 8 / (median_bps * local_full_s * 23/13)
 
     makes ``fp16_cache_bytes / (scale * median) == local_full_s * 23/13``, i.e. the same ratio,
-    so transfer and compute pressure relate as in the paper whatever the absolute speeds.
+    so transfer and compute pressure relate as in the paper whatever the absolute speeds. A trace
+    that is down more than half the time has a median of 0: its mean rate stands in for it.
     """
     if fp16_cache_bytes <= 0 or local_full_s <= 0:
         raise ValueError("fp16_cache_bytes and local_full_s must be > 0")
-    median_bps = trace.median_mbps * 1e6
+    median_bps = (trace.median_mbps or trace.mean_mbps) * 1e6
     return fp16_cache_bytes * 8 / (median_bps * local_full_s * PAPER_FP16_TRANSFER_S / PAPER_LOCAL_FULL_S)

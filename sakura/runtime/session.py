@@ -263,9 +263,9 @@ class EditSession:
     def trace_window(self, duration: float = PLAN_TRACE_WINDOW_S) -> dict:
         """The scaled link from the edit's start as a step function: ``mbps[i]`` holds from ``t[i]`` to
         ``t[i+1]`` (same length as ``t``: the last value is repeated)."""
-        w = self.trace.window(self.start, duration)
-        mbps = [round(float(x), 3) for x in w.mbps]
-        return {"t": [round(float(x), 4) for x in w.edges], "mbps": mbps + mbps[-1:]}
+        edges, rates = self.trace.steps(self.start, duration)  # may be all zero: an outage is a link too
+        mbps = [round(float(x), 3) for x in rates]
+        return {"t": [round(float(x), 4) for x in edges], "mbps": mbps + mbps[-1:]}
 
     def link_model(self) -> LinkModel:
         """The link on the simulated clock: the scaled trace from this edit's start, and the request
@@ -275,7 +275,21 @@ class EditSession:
 
     def run(self, req: EditRequest) -> Outcome:
         """The edit on the real clock: bytes read from the source, paced along the scaled trace."""
+        self._check_link()
         return self.runner.run(self, req)
+
+    def _check_link(self) -> None:
+        """Fail at once, not after the timeout, when the first shard's cache cannot arrive in time even at
+        its smallest levels (e.g. ``fixed:0.001`` with no regime scale): its wait would surely time out."""
+        if self.encoding is None:
+            return
+        least = sum(min(lv.nbytes for lv in u.levels) for u in self.encoding.units if u.needed_by == 0 and u.levels)
+        need = self.trace.time_to_send(least, self.start)
+        if need > self.timeout_s + self.compute.prelude_s:
+            raise StreamError(f"the link is too slow for this edit: the first shard's cache at its smallest level "
+                              f"({least / 1e3:.1f} kB) would take {need:.0f} s on {self.network.name} (×{self.scale:.3g})"
+                              f" from {self.start:g} s; the wait limit is {self.timeout_s:.0f} s. Use a faster trace, "
+                              "--trace-scale or --regime paper")
 
     def simulate(self, req: EditRequest, *, request_key=None, **kw) -> Outcome:
         """The edit on the simulated clock: measured compute, real decodes, the trace integral.

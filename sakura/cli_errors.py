@@ -1,0 +1,96 @@
+"""How the ``sakura`` command fails: one line on stderr and exit status 2 for every expected error
+(:func:`friendly`), never a traceback; and the reference-image check done before anything decodes it."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import typer
+
+
+class UserError(Exception):
+    """An error the user can fix; printed as one line."""
+
+
+# A reference photo's side limit (the device agent's, device_bridge.media.MAX_PHOTO_SIDE): checked from
+# the file's header before anything is decoded; PIL refuses larger pixel counts outright.
+MAX_IMAGE_SIDE = 4096
+
+
+def _expected_errors() -> tuple[type[BaseException], ...]:
+    errors: list[type[BaseException]] = [UserError, FileNotFoundError, PermissionError, IsADirectoryError,
+                                          ConnectionError, TimeoutError]
+    from sakura.catalog import CatalogError
+    from sakura.model import ModelInputError, ModelLoadError
+
+    errors += [CatalogError, ModelInputError, ModelLoadError, KeyError]
+    for mod, name in [("sakura.formats", "PackFormatError"), ("sakura.net.traces", "TraceError"),
+                      ("sakura.runtime.executors.errors", "BackendUnavailable"),
+                      ("sakura.runtime.errors", "StreamError"), ("sakura.runtime.errors", "TemplateUnavailable"),
+                      ("sakura.net.client", "FetchError"),
+                      ("sakura.runtime.executors.base", "ShardExecutionError"),
+                      ("httpx", "TransportError"), ("websockets.exceptions", "WebSocketException"),
+                      ("PIL.Image", "DecompressionBombError")]:
+        try:
+            errors.append(getattr(__import__(mod, fromlist=[name]), name))
+        except (ImportError, AttributeError):
+            pass
+    return tuple(errors)
+
+
+def _message(e: BaseException) -> str:
+    """One line for an expected error; a network failure says which server it was talking to."""
+    msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+    line = str(msg).strip().splitlines()[0] if str(msg).strip() else type(e).__name__
+    module = type(e).__module__.split(".")[0]
+    if module in ("httpx", "httpcore", "websockets") or isinstance(e, (ConnectionError, TimeoutError)):
+        try:
+            where = f" at {e.request.url.scheme}://{e.request.url.netloc.decode()}"  # type: ignore[attr-defined]
+        except (AttributeError, RuntimeError):  # httpx raises RuntimeError when no request is attached
+            where = ""
+        return f"the template server{where} is unreachable or dropped the connection ({type(e).__name__}: {line})"
+    return line
+
+
+def friendly(fn):
+    """Turn expected errors into ``error: <one line>`` and exit status 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except typer.Exit:
+            raise
+        except Exception as e:  # noqa: BLE001 - filtered just below
+            if isinstance(e, _expected_errors()):
+                typer.echo(f"error: {_message(e)}", err=True)
+                raise typer.Exit(2)
+            raise
+
+    return wrapper
+
+
+def check_image_file(spec: str | None, what: str = "reference image") -> None:
+    """Refuse an image file larger than :data:`MAX_IMAGE_SIDE` per side from its header alone (PIL reads
+    the size lazily), before anything decodes it; package images (``skimage:…``) are known and small."""
+    import warnings
+
+    from PIL import Image
+
+    path = Path(spec).expanduser() if spec else None
+    if path is None or not path.is_file():
+        return  # a package image, or a missing file the loader reports
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # the size is checked just below
+            with Image.open(path) as im:
+                w, h = im.size
+    except Image.DecompressionBombError:
+        raise UserError(f"{what} {spec} is too large (over {2 * MAX_IMAGE_SIDE ** 2 / 1e6:.0f} M pixels; the limit is "
+                        f"{MAX_IMAGE_SIDE} px per side): use a smaller image") from None
+    except Exception as e:  # noqa: BLE001 - PIL raises many types for files it cannot identify
+        raise UserError(f"{what} {spec} is not an image we can read ({type(e).__name__})") from None
+    if max(w, h) > MAX_IMAGE_SIDE:
+        raise UserError(f"{what} {spec} is too large ({w}×{h} px; the limit is {MAX_IMAGE_SIDE} px per side): "
+                        "use a smaller image")
