@@ -4,13 +4,19 @@
 
 1. **Edit quality.** On held-out images, faces, textures and masks (``edit_data.heldout_examples``),
    masked-region PSNR against the synthesized ground truth of: copying the template, the seeded
-   (untrained) model, and the trained model (the shipped weights, or ``--weights DIR``).
+   (untrained) model, and the trained model (the shipped weights, or ``--weights DIR``); masked SSIM
+   likewise.
 2. **Attention structure** (the paper's Fig. 2 observation) on the embedded catalog: for each
    template, capture its cache, run the masked edit with the attention probe for the 5 profiling
    requests and ``--heldout`` evaluation requests. Per cache unit (step, layer) the probe gives the
    squared attention mass each reusable token receives from the masked queries. Reported: the
    share of mass held by the top 10 % tokens (per request, averaged), and the overlap of the top-10 %
    set of the summed profiling importance with each held-out request's top-10 % set.
+3. **Cache sensitivity** on the embedded catalog: masked PSNR of the masked run against the same run
+   on the exact FP16 cache (first ``--sensitivity-requests`` evaluation requests) when every reusable
+   K/V is zeroed, quantised per token (min–max over the channels) to INT2 or INT4, or replaced by
+   another template's image captured under this template's mask; and Fig. 2's share of the
+   INT2-induced error carried by the top decile of tokens by profiled importance.
 
 Writes ``model_eval.json``, ``samples.png`` (sakura-tiny) and ``samples_sd3.png`` to ``--out``.
 """
@@ -27,10 +33,12 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from sakura.formats.intq import decode_unit, encode_unit
 from sakura.model.base import EditRequest
 from sakura.model.edit_data import TASKS, EditSynth, heldout_examples
 from sakura.model.embedded import WEIGHTS_DIR, load_model, load_model_folder, seeded_model
 from sakura.model.sample_grid import render_grid
+from sakura.quality import ssim
 
 TOP = 0.10
 
@@ -44,14 +52,22 @@ def _request(e) -> EditRequest:
     return EditRequest(e.template, e.mask, e.task, e.prompt or "", e.reference, seed=0)
 
 
-def edit_quality(models: dict, examples) -> dict:
-    """Per task: mean masked PSNR of copy-the-template and of each model's full edit."""
+def edit_quality(models: dict, examples, ssim_out: dict | None = None) -> dict:
+    """Per task: mean masked PSNR of copy-the-template and of each model's full edit (and, into
+    ``ssim_out``, the same for masked SSIM)."""
     rows: dict[str, dict[str, list[float]]] = {}
+    ssims: dict[str, dict[str, list[float]]] = {}
     for e in examples:
         r = rows.setdefault(e.task, {"copy": []} | {k: [] for k in models})
+        s = ssims.setdefault(e.task, {"copy": []} | {k: [] for k in models})
         r["copy"].append(masked_psnr(e.template, e.target, e.mask))
+        s["copy"].append(ssim(e.template, e.target, e.mask))
         for name, adapter in models.items():
-            r[name].append(masked_psnr(adapter.full_edit(_request(e)).image, e.target, e.mask))
+            img = adapter.full_edit(_request(e)).image
+            r[name].append(masked_psnr(img, e.target, e.mask))
+            s[name].append(ssim(img, e.target, e.mask))
+    if ssim_out is not None:
+        ssim_out.update({task: {k: round(float(np.mean(v)), 4) for k, v in r.items()} for task, r in ssims.items()})
     out = {task: {k: round(float(np.mean(v)), 3) for k, v in r.items()} | {"n": len(r["copy"])}
            for task, r in rows.items()}
     allv = {k: [x for r in rows.values() for x in r[k]] for k in next(iter(rows.values()))}
@@ -97,6 +113,48 @@ def attention_structure(adapter, base: EditRequest, profile: list[EditRequest], 
             "reusable_tokens": n, "units": len(units), "profile": len(profile), "heldout": len(held)}
 
 
+def per_token_quant(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """(n, d) → per-token asymmetric min–max quantisation to ``bits`` (IntQ's codec on the transpose)."""
+    n, d = x.shape
+    return decode_unit(encode_unit(x.t().contiguous(), bits), d, n, bits).t().contiguous()
+
+
+def cache_sensitivity(adapter, base: EditRequest, profile: list[EditRequest], held: list[EditRequest],
+                      other_image: np.ndarray | None = None, deciles: bool = True) -> dict:
+    """Masked PSNR vs the FP16-cache output under degraded reusable K/V, and the top decile's share
+    of INT2-induced error (INT2 applied to one importance decile at a time)."""
+    cache = adapter.capture(base).to(torch.float16)
+    exact = {key: cache.get(*key) for key in cache.k}
+    refs = [adapter.masked_edit(r, lambda s, l: exact[(s, l)]).image for r in held]
+
+    def psnr(kv) -> float:
+        return float(np.mean([masked_psnr(adapter.masked_edit(r, lambda s, l: kv[(s, l)]).image, ref, r.mask)
+                              for r, ref in zip(held, refs)]))
+
+    quant = {b: {key: (per_token_quant(k.float(), b), per_token_quant(v.float(), b)) for key, (k, v) in exact.items()}
+             for b in (2, 4)}
+    out = {"zeros": psnr({key: (torch.zeros_like(k), torch.zeros_like(v)) for key, (k, v) in exact.items()}),
+           "int2": psnr(quant[2]), "int4": psnr(quant[4])}
+    if other_image is not None:
+        other = adapter.capture(EditRequest(other_image, base.mask, base.task, "", None, seed=base.seed))
+        out["other"] = psnr({key: other.get(*key) for key in other.k})
+    if deciles:
+        imp = [adapter.masked_edit(r, cache.provider(), probe=True).importance for r in profile]
+        order = {key: torch.argsort(sum(i[key] for i in imp), descending=True).chunk(10) for key in exact}
+        errs = []
+        for d in range(10):
+            kv = {}
+            for key, (k, v) in exact.items():
+                rows = order[key][d]
+                k2, v2 = k.float().clone(), v.float().clone()
+                k2[rows], v2[rows] = quant[2][key][0][rows], quant[2][key][1][rows]
+                kv[key] = (k2, v2)
+            errs.append(sum(float(np.mean((adapter.masked_edit(r, lambda s, l: kv[(s, l)]).image - ref) ** 2))
+                            for r, ref in zip(held, refs)))
+        out["int2_top_decile_error_share"] = errs[0] / max(sum(errs), 1e-30)
+    return {k: round(v, 3) for k, v in out.items()} | {"requests": len(held)}
+
+
 def synthetic_templates(name: str, heldout: int):
     """Fallback when no catalog is installed: held-out synthetic templates with random requests."""
     synth = EditSynth("heldout")
@@ -139,6 +197,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", default="docs")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--skip-attention", action="store_true")
+    ap.add_argument("--skip-sensitivity", action="store_true")
+    ap.add_argument("--sensitivity-requests", type=int, default=3, help="evaluation requests per template for "
+                                                                         "the cache sensitivity")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     out = Path(args.out)
@@ -152,8 +213,9 @@ def main(argv: list[str] | None = None) -> None:
         tasks = ("mb",) if name.endswith("sd3") else TASKS
         examples = [e for e in heldout_examples(args.n_per_task) if e.task in tasks]
         print(f"[{name}] edit quality on {len(examples)} held-out synthetic edits …", flush=True)
-        quality = edit_quality({"seeded": seeded, "trained": trained}, tqdm(examples, leave=False))
-        rep = {"psnr_masked": quality, "attention": {}}
+        ssim_masked: dict = {}
+        quality = edit_quality({"seeded": seeded, "trained": trained}, tqdm(examples, leave=False), ssim_masked)
+        rep = {"psnr_masked": quality, "ssim_masked": ssim_masked, "attention": {}}
         if not args.skip_attention:
             for tid, base, prof, held in tqdm(list(catalog_templates(name, args.heldout)), desc="attention", leave=False):
                 rep["attention"][tid] = {w: attention_structure(a, base, prof, held)
@@ -162,13 +224,21 @@ def main(argv: list[str] | None = None) -> None:
             if att:
                 rep["attention_mean"] = {w: {m: round(float(np.mean([v[w][m] for v in att.values()])), 4)
                                              for m in ("top10_share", "top10_overlap")} for w in ("trained", "seeded")}
+        if not args.skip_sensitivity:
+            tpls = list(catalog_templates(name, max(args.heldout, args.sensitivity_requests)))
+            rep["sensitivity"] = {}
+            for i, (tid, base, prof, held) in enumerate(tqdm(tpls, desc="sensitivity", leave=False)):
+                other = next((o[1].template for o in tpls[i + 1:] + tpls[:i] if o[1].task == base.task), None)
+                rep["sensitivity"][tid] = cache_sensitivity(trained, base, prof, held[:args.sensitivity_requests],
+                                                            other)
         grid_ex = [e for e in heldout_examples(2) if e.task in tasks]
         fname = "samples.png" if name == "sakura-tiny" else f"samples_{name.split('-')[-1]}.png"
         render_grid(trained, grid_ex, out / fname, title=f"{name}: held-out synthetic edits (trained weights)",
                     extra={"seeded model": lambda e, s=seeded: s.full_edit(_request(e)).image})
         rep["seconds"] = round(time.perf_counter() - t0, 1)
         report["models"][name] = rep
-        print(json.dumps({name: {"psnr_masked": quality["all"], "attention_mean": rep.get("attention_mean")}}), flush=True)
+        print(json.dumps({name: {"psnr_masked": quality["all"], "attention_mean": rep.get("attention_mean"),
+                                 "sensitivity": rep.get("sensitivity")}}), flush=True)
     path = out / "model_eval.json"
     if path.exists() and set(names) != {"sakura-tiny", "sakura-tiny-sd3"}:  # keep the other model's numbers
         old = json.loads(path.read_text())
