@@ -40,11 +40,13 @@ import torch
 
 from sakura.formats import cachegen_codec as codec
 from sakura.formats.base import KV, FetchUnit, Level, Range, StreamEncoding, shard_label
-from sakura.formats.container import Blobs, PackFormatError, StoredInfo, write_container
+from sakura.formats.container import (Blobs, PackFormatError, StoredInfo, checked_plan, geometry_ints,
+                                      write_container)
 from sakura.kvcache import KVCache, kv_pairs, shard_plan, shard_units
 
 FORMAT = "sakura-cachegen"
 VERSION = 2  # 2: shard → level → token chunk layout, per-level lzma tables, ANS
+MAX_LEVELS = 16
 SUFFIX = ".cachegen"
 Bins = tuple[tuple[int, ...], tuple[int, ...]]  # (key bins per layer group, value bins per layer group)
 # Lowest quality first. L3 is the configuration LMCache ships for 7B models (K 32/16/16, V 32/16).
@@ -158,18 +160,20 @@ class CacheGenInfo(StoredInfo):
 
     def __init__(self, header: dict[str, Any], index):
         super().__init__(header, index)
+        # every field bounded and checked against the index before anything sized by it is built
+        ints = geometry_ints(header, ("num_steps", "num_layers", "heads", "head_dim", "n", "shard_size",
+                                      "chunk_tokens"), "CacheGen")
+        levels = (header.get("geometry") or {}).get("levels")
+        if not (isinstance(levels, list) and 1 <= len(levels) <= MAX_LEVELS and all(
+                isinstance(lv, list) and len(lv) == 2 and all(isinstance(g, list) and len(g) <= 8 and all(
+                    type(b) is int for b in g) for g in lv) for lv in levels)):
+            raise PackFormatError(f"CacheGen header: levels must be 1..{MAX_LEVELS} [[key bins], [value bins]]")
         try:
-            g = dict(header["geometry"])
-            g["levels"] = tuple((tuple(k), tuple(v)) for k, v in g["levels"])
-            self.geometry = CacheGenGeometry(**g)
-            self.shards = [tuple(s) for s in header["shards"]]
-        except (KeyError, TypeError, ValueError) as e:
+            self.geometry = CacheGenGeometry(**ints, levels=tuple((tuple(k), tuple(v)) for k, v in levels))
+        except ValueError as e:
             raise PackFormatError(f"CacheGen header is invalid: {e}") from None
-        geo = self.geometry
-        if self.shards != shard_plan(geo.num_steps, geo.num_layers, geo.shard_size):
-            raise PackFormatError("shard list does not match the geometry")
-        if len(index) != self.num_levels * (1 + self.num_shards * self.num_chunks):
-            raise PackFormatError("CacheGen index has the wrong number of chunks")
+        per_shard = len(levels) * -(-ints["n"] // ints["chunk_tokens"])
+        self.shards = checked_plan(header, index, ints, per_shard, shard_plan, "CacheGen", extra_chunks=len(levels))
 
     @property
     def num_levels(self) -> int:
