@@ -18,7 +18,7 @@ from sakura.eval import plots as P
 from sakura.eval.equal_bytes import fig15_bytes_quality
 from sakura.quality import quality
 from sakura.eval.sensitivity import fig16_mask_ratio, fig18_resolution
-from sakura.formats import FetchUnit, Level
+from sakura.formats import FetchUnit, Level, StreamEncoding
 from sakura.formats.pack import PackEncoding, PackInfo, decode_shard
 from sakura.net.traces import load_trace
 from sakura.offline.compress import pack_cache
@@ -55,6 +55,8 @@ class StepCoarseEncoding(PackEncoding):
     @property
     def units(self):
         return self._coarse
+
+    prefixes = StreamEncoding.prefixes  # the paper's per-step transfer: no anytime prefixes
 
     def ranges(self, unit, level):
         return [r for s in self._groups[unit.index] for r in self.info.ranges(s, *level.key)]

@@ -375,9 +375,9 @@ class PackEncoding(ShardEncoding):
 
     def prefixes(self, fetch_unit, level, ranges):
         chain, segments = self.anytime_chain(fetch_unit.index, level.key)
-        levels = {lv.key: lv for lv in fetch_unit.levels}
+        levels = {lv.key: lv for lv in fetch_unit.levels}  # only configurations this stream offers
         ends = np.cumsum([len(seg) for seg in segments])
-        return [(levels.get(key, level), int(n)) for key, n in zip(chain, ends)]
+        return [(levels[key], int(n)) for key, n in zip(chain[:-1], ends[:-1]) if key in levels] + [(level, len(ranges))]
 
     def decode_prefix(self, fetch_unit, level, ranges, blobs):
         return self._decode(fetch_unit.index, level.key, dict(zip(ranges, blobs)))
