@@ -97,7 +97,7 @@ def prepare_template(tpl, packs: Path, max_rank: int = 128, q: float = 0.5, say:
     if not (packs / f"{file_id(tpl.id, 'sakura')}.pack").exists():
         say(f"building packs for {tpl.id}")
         build_template(tpl, packs, max_rank=max_rank, q=q)
-    say(f"measuring device compute for {tpl.id}")
+    say(f"{tpl.id}: device compute from the calibration (measured now if it has none)")
     return TemplateBench(tpl, packs, calibration or CalibrationStore(repeats=repeats))
 
 
