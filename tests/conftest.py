@@ -5,6 +5,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # Tests start servers and agents in other processes on a 2-core machine: one torch thread per
 # process avoids oversubscription, which made small matmuls 5x slower and the suite erratic.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# `sakura bench` keeps its calibration in the user's cache by default; tests never touch it.
+os.environ.setdefault("SAKURA_CACHE_DIR", __import__("tempfile").mkdtemp(prefix="sakura-test-cache-"))
 
 import pytest  # noqa: E402
 
