@@ -24,9 +24,10 @@ class TransferSample:
 
 
 ESTIMATORS = ("harmonic", "robust-mpc")
-# robust-mpc had the lower SAKURA p90 on all four measured traces (fs, 20 offsets each, paper regime:
-# 0.83 vs 1.11 s 4G driving, 0.83 vs 0.84 4G+5G, 0.83 vs 1.05 5G driving, 0.84 vs 1.09 5G walking;
-# masked PSNR −0.2 … −0.5 dB): `sakura bench --figure estimators`. harmonic stays as the ablation.
+# robust-mpc had the lower SAKURA p90 on all four measured traces (fs, 20 offsets each, paper regime,
+# anytime shards: 0.51 vs 0.59 s 4G driving, 0.50 vs 0.61 4G+5G, 0.49 vs 0.58 5G driving, 0.53 vs
+# 0.63 5G walking; masked PSNR −0.1 … −0.3 dB): `sakura bench --figure estimators`. harmonic stays
+# as the ablation.
 DEFAULT_ESTIMATOR = "robust-mpc"
 # Zero is a bandwidth (a trace can start in an outage): an initial estimate at or below this is
 # floored to it, so the first choices take the smallest levels until transfers are measured.
