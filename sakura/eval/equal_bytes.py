@@ -63,13 +63,8 @@ def sakura_budgets(units_per_template: list[list[FetchUnit]], n: int) -> list[fl
 def rebuild(encoding, source, fid: str, choose: Choose) -> tuple[dict, int, list[str]]:
     """Fetch and decode every fetch unit at the chosen level: ``(kv, bytes fetched, labels)``."""
     kv, nbytes, labels = {}, 0, []
-    pre = getattr(encoding, "preamble_ranges", lambda: [])()  # formats before per-level table pricing
-    if pre:
-        encoding.set_preamble(source.fetch(fid, pre))
-        nbytes += sum(n for _, n in pre)
-    priced = getattr(encoding, "priced", lambda u: u)
     for unit in encoding.units:
-        unit = priced(unit)
+        unit = encoding.priced(unit)
         level = choose(unit)
         ranges = encoding.ranges(unit, level)
         kv.update(encoding.decode(unit, level, source.fetch(fid, ranges)))
