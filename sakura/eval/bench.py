@@ -29,7 +29,7 @@ from sakura.net.traces import Trace, load_trace
 from sakura.offline.builder import build_template
 from sakura.online.monitor import DEFAULT_ESTIMATOR
 from sakura.quality import quality
-from sakura.runtime.calibration import CalibrationStore
+from sakura.runtime.calibration import CalibrationStore, spread
 from sakura.runtime.session import DeviceRuntime, Network, network_scale
 from sakura.systems import STREAMING, SYSTEMS
 
@@ -323,7 +323,8 @@ def describe_regime(workload: str, prepared_all: list[TemplateBench], scales: di
     parts = []
     for p in prepared_all:
         xs = p.compute.local_full_samples
-        spread = f"±{50 * (max(xs) - min(xs)) / p.compute.local_full_s:.0f}%" if len(xs) > 1 else "1 run"
-        parts.append(f"{p.template.id} local {p.compute.local_full_s:.2f} s ({spread}, {len(xs)} runs) → "
+        s = spread(xs)
+        shown = f"spread {100 * s:.0f}%" if s is not None else "1 run"
+        parts.append(f"{p.template.id} local {p.compute.local_full_s:.2f} s ({shown}, {len(xs)} runs) → "
                      f"scale {scales[p.template.id]:.4f}")
     return f"{workload}: " + "; ".join(parts)

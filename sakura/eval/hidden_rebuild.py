@@ -16,7 +16,7 @@ import statistics
 import torch
 
 from sakura.catalog import load_catalog
-from sakura.formats import file_id
+from sakura.eval.realclock import warm
 from sakura.net.client import RangeClient
 from sakura.net.traces import Trace
 from sakura.runtime.calibration import CalibrationStore
@@ -38,8 +38,7 @@ def rebuild_busy_s(tl) -> float:
 def measure(packs: str, template_id: str, runs: int) -> dict:
     tpl = load_catalog().get(template_id)
     with start_server(packs, port=0, process=True) as srv, RangeClient(srv.url) as client:
-        for fmt in ("fp16", "sakura"):  # the server's first range per file is slow
-            client.fetch(file_id(tpl.id, fmt), [(0, 8)])
+        warm(client, tpl.id, ("fp16", "sakura"))
         runtime = DeviceRuntime(client, calibration=CalibrationStore(repeats=2))
         req = runtime.session(tpl, "oracle", UNLIMITED).request(catalog_request=tpl.eval_requests[0])
         lat: dict[str, list[float]] = {"sakura": [], "oracle": []}

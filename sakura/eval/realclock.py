@@ -20,6 +20,13 @@ from sakura.server.run import start_server
 from sakura.systems import STREAMING
 
 
+def warm(client, template_id: str, formats=("fp16", *STREAMING)) -> None:
+    """One tiny range of each file first: a server's first range request per file is slow (lazy
+    open), which timed transfers should not measure."""
+    for fmt in formats:
+        client.fetch(file_id(template_id, fmt), [(0, 8)])
+
+
 def run_one_real(runtime: DeviceRuntime, prepared: TemplateBench, req_index: int, system: str, trace: Trace,
                  scale: float, start: float) -> dict:
     """One edit on the real clock: the same session as the simulated sweep's, reading the template
@@ -40,8 +47,7 @@ def run_bench_real(cfg: BenchConfig, out: Path, progress=None, say=print, benche
             tid = prepared.template.id
             if tid not in runtimes:
                 runtimes[tid] = DeviceRuntime(client, calibration=prepared.runtime.calibration)
-                for fmt in {"fp16", *(s for s in STREAMING)}:  # the server's first range per file is slow
-                    client.fetch(file_id(tid, fmt), [(0, 8)])
+                warm(client, tid)
             return run_one_real(runtimes[tid], prepared, req_index, system, trace, scale, start)
 
         return run_bench(cfg, out, progress, say, benches=benches, run_edit=real_edit, clock="real")
@@ -55,8 +61,8 @@ def measure_round_trips(packs: Path, template_ids: list[str], store: Calibration
     with start_server(packs, port=0, process=True) as srv, RangeClient(srv.url) as client:
         fids = [file_id(t, "sakura") for t in template_ids]
         sizes = {f: (Path(packs) / f"{f}.pack").stat().st_size for f in fids}
-        for f in fids:
-            client.fetch(f, [(0, 8)])
+        for t in template_ids:
+            warm(client, t, ("sakura",))
         for k in range(requests):
             f = fids[k % len(fids)]
             n = int(rng.integers(10_000, 600_000))
@@ -97,11 +103,12 @@ def run_both_clocks(cfg: BenchConfig, out: Path, progress=None, say=print) -> di
     templates, requests and calibration; the simulated summary gains a ``clock_check`` table."""
     import json
 
+    from sakura.eval.plots import load_records
+
     benches: dict = {}
     summary = run_bench(cfg, out, progress, say, benches=benches)
     run_bench_real(cfg, out / "real", progress, say, benches=benches)
-    load = lambda d: [json.loads(x) for x in (d / "records.jsonl").read_text().splitlines() if x.strip()]  # noqa: E731
-    summary["clock_check"] = clock_check(load(out), load(out / "real"))
+    summary["clock_check"] = clock_check(load_records(out), load_records(out / "real"))
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
 

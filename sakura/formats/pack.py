@@ -30,6 +30,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import torch
 
+from sakura.formats import anytime
 from sakura.formats.base import KV, Level, Range, ShardEncoding
 from sakura.formats.bitplanes import HEAD_BYTES, PLANES, FactorBytes, QuantizedFactors, plane_bytes, plane_records
 from sakura.formats.container import (Blobs, PackFormatError, StoredInfo, check_lengths, checked_plan, coalesce,
@@ -199,7 +200,6 @@ def _geometry(header: dict[str, Any]) -> Geometry:
 
 # ---------------------------------------------------------------------------------------------- write
 
-
 @dataclass
 class PackSource:
     """What the offline side computed for one pack, for :func:`write_pack` to serialise.
@@ -259,8 +259,6 @@ def write_pack(path: str | Path, source: PackSource, *, model_id: str = "", temp
 
 
 # ----------------------------------------------------------------------------------------------- read
-
-
 class PackReader:
     """A pack on disk, memory-mapped and validated (magic, version, index, length)."""
 
@@ -292,8 +290,6 @@ class PackReader:
 
 
 # --------------------------------------------------------------------------------------------- decode
-
-
 @dataclass
 class ShardBytes:
     """The received bytes of one configuration of a shard, regrouped: means, then A's and B's planes."""
@@ -362,6 +358,10 @@ class PackEncoding(ShardEncoding):
     name, info_cls = "sakura", PackInfo
     reconstructor = None  # anything with .rebuild(info, shard, r, b_a, b_b, blobs) -> {(step, layer): (K, V)}
 
+    def __init__(self, info):
+        super().__init__(info)
+        self._chains: dict = {}
+
     def _levels(self, shard):
         frontier = self.info.frontier(shard)
         if not frontier:
@@ -374,36 +374,17 @@ class PackEncoding(ShardEncoding):
         return [r for segment in self.anytime_chain(fetch_unit.index, level.key)[1] for r in segment]
 
     def prefixes(self, fetch_unit, level, ranges):
-        chain, segments = self.anytime_chain(fetch_unit.index, level.key)
         levels = {lv.key: lv for lv in fetch_unit.levels}  # only configurations this stream offers
-        ends = np.cumsum([len(seg) for seg in segments])
-        return [(levels[key], int(n)) for key, n in zip(chain[:-1], ends[:-1]) if key in levels] + [(level, len(ranges))]
+        return anytime.prefixes(levels, level, *self.anytime_chain(fetch_unit.index, level.key))
 
     def decode_prefix(self, fetch_unit, level, ranges, blobs):
         return self._decode(fetch_unit.index, level.key, dict(zip(ranges, blobs)))
 
     def anytime_chain(self, shard: int, key: tuple) -> tuple[list[tuple], list[list[Range]]]:
-        """Frontier configurations nested inside ``key`` (each one's chunks contain the previous
-        one's: rank and both bit widths never decrease), smallest first and ending at ``key``, and
-        for each the byte ranges it adds. Cached per (shard, key): headers are immutable."""
-        cache = self.__dict__.setdefault("_chains", {})
-        if (shard, key) not in cache:
-            inside = sorted({c.key for c in self.info.frontier(shard) if c.key != key and all(
-                a <= b for a, b in zip(c.key, key))} | {key}, key=lambda k: self.info.config_bytes(shard, *k))
-            # the longest nested chain ending at key (most prefixes = finest anytime steps): a DP over
-            # the frontier points inside key, ordered by size
-            best: dict[tuple, list[tuple]] = {}
-            for k in inside:
-                below = [best[j] for j in best if all(a <= b for a, b in zip(j, k))]
-                best[k] = max(below, key=len, default=[]) + [k]
-            chain = best[key]
-            segments, have = [], set()
-            for k in chain:
-                chunks = set(self.info.chunks(shard, *k))
-                segments.append(coalesce([self.info.index.span(i) for i in sorted(chunks - have)]))
-                have = chunks
-            cache[(shard, key)] = (chain, segments)
-        return cache[(shard, key)]
+        """:func:`anytime.nested_chain`, cached per (shard, key): headers are immutable."""
+        if (shard, key) not in self._chains:
+            self._chains[(shard, key)] = anytime.nested_chain(self.info, shard, key)
+        return self._chains[(shard, key)]
 
     def _decode(self, shard, key, blobs):
         if self.reconstructor is not None:

@@ -26,6 +26,18 @@ DEFAULT_REQUEST_OVERHEAD_S = 0.002
 POLL_S = 0.002  # a waiting receive re-reads its booking this often (a cut before it may move it earlier)
 
 
+def cut_point(trace: Trace, begin: float, now: float, sizes: Sequence[float], ends: Sequence[int]) -> tuple[int, float]:
+    """Where a transfer whose bytes started at trace time ``begin`` is cut when it is needed at ``now``:
+    the largest usable prefix through by then (``ends``: how many leading parts each usable prefix
+    needs, smallest first; ``sizes[k]``: bytes of the first k parts), or else the smallest, as soon as
+    it is through. Returns (parts kept, trace time of the cut). Both clocks decide cuts here."""
+    delivered = trace.bytes_between(begin, now) if now > begin else 0.0
+    fitting = [k for k in ends[:-1] if sizes[k] <= delivered]
+    if fitting:
+        return fitting[-1], now
+    return ends[0], begin + trace.time_to_send(float(sizes[ends[0]]), begin)
+
+
 class LinkClosed(RuntimeError):
     """The edit ended (or was cancelled) while a transfer was being paced."""
 
@@ -108,13 +120,10 @@ class PacedLink:
 
     def _cut(self, pending: Pending, prefix_ends: Sequence[int]) -> int:
         with self._lock:
-            now = time.monotonic()
             at = lambda t: self.start + (t - self._t0)  # noqa: E731 - trace time of a monotonic instant
-            delivered = self.trace.bytes_between(at(pending.begin), at(now)) if now > pending.begin else 0.0
             sizes = np.cumsum([0] + [len(p) for p in pending.transfer.parts])
-            fitting = [k for k in prefix_ends[:-1] if sizes[k] <= delivered]
-            keep = fitting[-1] if fitting else prefix_ends[0]
-            t_cut = now if fitting else pending.begin + self.trace.time_to_send(float(sizes[keep]), at(pending.begin))
+            keep, t_cut = cut_point(self.trace, at(pending.begin), at(time.monotonic()), sizes, prefix_ends)
+            t_cut += self._t0 - self.start
             if t_cut >= pending.done:
                 return len(pending.transfer.parts)
             pending.done = self._free_at = t_cut

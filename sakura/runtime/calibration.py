@@ -162,7 +162,7 @@ class CalibrationStore:
         return {"file": str(self.path) if self.path else None, "reused_from_file": self.loaded_from is not None,
                 "machine": self.machine,
                 "templates": {k: {"local_full_s": v["local_full_s"], "runs": len(v.get("local_full_samples", [])),
-                                  "local_full_spread": _spread(v.get("local_full_samples", [])),
+                                  "local_full_spread": spread(v.get("local_full_samples", [])),
                                   "measured_at": v.get("measured_at", "")} for k, v in sorted(self._profiles.items())},
                 "request_overhead_s": self.request_overhead_s, "round_trips": len(rt),
                 "request_overhead_p10_p90_s": [float(np.percentile(rt, 10)), float(np.percentile(rt, 90))] if rt else None,
@@ -182,5 +182,6 @@ class CalibrationStore:
             log.warning("cannot save calibration to %s: %s", self.path, e)
 
 
-def _spread(xs: list[float]) -> float | None:
+def spread(xs: list[float]) -> float | None:
+    """(max − min) / median of repeated timings; None for fewer than two."""
     return (max(xs) - min(xs)) / statistics.median(xs) if len(xs) > 1 else None

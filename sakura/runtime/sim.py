@@ -14,8 +14,10 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
+
 from sakura.formats import KV, FetchUnit, Level, StreamEncoding
-from sakura.net.paced import DEFAULT_INFLIGHT, DEFAULT_REQUEST_OVERHEAD_S
+from sakura.net.paced import DEFAULT_INFLIGHT, DEFAULT_REQUEST_OVERHEAD_S, cut_point
 from sakura.net.traces import Trace
 from sakura.online.deadline import predict_need
 from sakura.online.monitor import DEFAULT_ESTIMATOR, RuntimeMonitor
@@ -182,18 +184,16 @@ class _SimulatedEdit:
         prefixes = self.encoding.prefixes(b.unit, b.level, b.ranges)
         if len(prefixes) < 2:
             return b.level, len(b.ranges)
-        trace, start = self.link.trace, self.link.start_s
-        delivered = trace.bytes_between(start + b.begin, start + need) if need > b.begin else 0.0
-        size = lambda k: sum(n for _, n in b.ranges[:k])  # noqa: E731
-        fitting = [(lv, k) for lv, k in prefixes[:-1] if size(k) <= delivered]
-        level, k = fitting[-1] if fitting else prefixes[0]
-        t_cut = need if fitting else b.begin + trace.time_to_send(size(k), start + b.begin)
+        start = self.link.start_s
+        sizes = np.cumsum([0] + [n for _, n in b.ranges])
+        k, t_cut = cut_point(self.link.trace, start + b.begin, start + need, sizes, [k for _, k in prefixes])
+        level, t_cut = next(lv for lv, n in prefixes if n == k), t_cut - start
         if t_cut >= b.t_arr:
             return b.level, len(b.ranges)
-        b.t_arr, b.nbytes = t_cut, size(k)
+        b.t_arr, b.nbytes = t_cut, int(sizes[k])
         self.tl.cut(b.rec, level.label, b.nbytes, t_cut)
         free = t_cut
-        for later in self.booked[self.booked.index(b) + 1:]:  # their bytes move up behind the cut
+        for later in self.booked[self.done + 1:]:  # (b is booked[done]) their bytes move up behind the cut
             later.begin = max(later.t_req + self.link.request_overhead_s, free)
             later.t_arr = free = self.link.arrival(later.nbytes, later.t_req, free)
         self.link_free = free
