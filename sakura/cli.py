@@ -213,7 +213,7 @@ def bench(
                                                      "both (both sweeps and the sim-vs-real table)."),
     quick: bool = typer.Option(False, "--quick", help="10 offsets, the fs workload only: minutes."),
     packs: Path = typer.Option(Path("packs"), "--packs", help="Pack folder (missing packs are built)."),
-    figure: Optional[str] = typer.Option(None, "--figure", help="Regenerate one figure: 11,12,13,15,16,17,18,19,20,21,table2,estimators, or all."),
+    figure: Optional[str] = typer.Option(None, "--figure", help="Regenerate one figure: 11,12,13,15,16,17,18,19,20,21,table2,estimators,tails, or all."),
     project: Optional[str] = typer.Option(None, "--project", help="Paper-scale projection, e.g. flux2-klein-4b."),
     seed: int = typer.Option(0, "--seed"),
     append: bool = typer.Option(False, "--append", help="Keep other workloads already in OUT/summary.json."),

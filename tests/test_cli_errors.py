@@ -32,13 +32,13 @@ def calibration(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("cal") / "calibration.json"
 
 
-def sakura(*args: str) -> tuple[int, str, float]:
-    """``sakura ARGS`` in this process: (exit code, stderr, seconds)."""
+def sakura(*args: str, stdout: bool = False) -> tuple[int, str, float]:
+    """``sakura ARGS`` in this process: (exit code, stderr — or stdout — , seconds)."""
     t0 = time.monotonic()
     r = CliRunner().invoke(app, list(args))
     if r.exception is not None and not isinstance(r.exception, SystemExit):
         raise r.exception
-    return r.exit_code, r.stderr, time.monotonic() - t0
+    return r.exit_code, r.stdout if stdout else r.stderr, time.monotonic() - t0
 
 
 def one_line_error(code: int, err: str) -> bool:
@@ -98,13 +98,14 @@ def server(packs):
         yield srv
 
 
-def test_hopeless_link_fails_fast(server, packs, calibration, tmp_path):
-    """fixed:0.001 Mbps unscaled: the first shard cannot arrive in time; said at once (it was a 66 s
-    ReadTimeout traceback, then a 60 s wait)."""
-    code, err, took = sakura(*stream_args(packs, calibration, tmp_path / "o.png", "--server", server.url,
-                                          "--trace", "fixed:0.001", "--regime", "none"))
-    assert one_line_error(code, err) and "too slow" in err, err
-    print(f"fixed:0.001 (regime none) failed in {took:.1f} s: {err.strip()}")
+def test_hopeless_link_goes_local(server, packs, calibration, tmp_path):
+    """fixed:0.001 Mbps unscaled: the cache cannot arrive in time, so the edit runs locally and says so
+    (it was a 66 s ReadTimeout traceback, then a 60 s wait, then a refusal)."""
+    code, out, took = sakura(*stream_args(packs, calibration, tmp_path / "o.png", "--server", server.url,
+                                          "--trace", "fixed:0.001", "--regime", "none"), stdout=True)
+    assert code == 0 and "switch to local generation" in out, out
+    assert (tmp_path / "o.png").is_file()
+    print(f"fixed:0.001 (regime none) went local in {took:.1f} s")
 
 
 def test_trace_down_at_the_start_with_median_zero_finishes(server, packs, calibration, tmp_path):

@@ -237,21 +237,22 @@ def test_bad_inputs_give_one_line_errors_and_agent_keeps_working(agent, agent_ws
     check_result(res, events, "sakura", reference=False)
 
 
-def test_bandwidth_collapse_fails_within_the_timeout_and_missing_packs_are_clear(agent):
+def test_bandwidth_collapse_goes_local_and_missing_packs_are_clear(agent):
     collapse = {"trace": "collapse.csv", "trace_csv": "time_s,mbps\n0,0.01\n60,0.01\n", "start": 0,
                 "regime": "none"}
     old, agent.timeout_s = agent.timeout_s, 1.0
     events: list[dict] = []
     t0 = time.monotonic()
-    try:
-        with pytest.raises(EditFailed, match="link is too slow for this edit|did not arrive within 1 s"):
-            agent.edit(job("sakura", network=collapse), events.append)
+    try:  # the cache cannot come in time: the edit runs locally instead of failing or hanging
+        res = agent.edit(job("sakura", network=collapse, reference_output=False), events.append)
     finally:
         agent.timeout_s = old
     assert time.monotonic() - t0 < 30
     plan = next(e for e in events if e["type"] == "plan")
     assert plan["timeout_s"] == 1.0 and plan["initial_mbps"] == pytest.approx(0.01)
-    assert events[-1]["type"] == "error" and events[-1]["code"] == "failed"
+    fallback = next(e for e in events if e["type"] == "fallback")
+    assert fallback["kind"] == "local" and fallback["shard"] == 0
+    assert res["type"] == "result" and res["summary"]["fallbacks"] == {"local": 1}
     with pytest.raises(EditFailed, match="no packs for fs-grace-hopper") as e:
         agent.edit({**job(), "template_id": "fs-grace-hopper"})
     assert e.value.code == "unavailable"

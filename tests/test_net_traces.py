@@ -52,7 +52,6 @@ def test_csv_and_text_loaders_agree(tmp_path: Path) -> None:
         ("time,bandwidth\n1,10\n", "header"),
         ("1 2 3\n", "2 columns"),
         ("1\n", "2 columns"),
-        ("1 0\n2 0\n", "no bandwidth"),
         (b"\x89PNG\r\n\x1a\n\x00\x00\xff\xfe", "cannot read"),
     ],
 )
@@ -176,3 +175,11 @@ def test_real_traces_load_with_published_stats() -> None:
     s = synthetic("5g")
     assert abs(s.median_mbps - w.median_mbps) / w.median_mbps < 0.15
     assert abs(s.mean_mbps - w.mean_mbps) / w.mean_mbps < 0.15
+
+
+def test_a_dead_link_is_a_trace(tmp_path: Path) -> None:
+    """Zero is a bandwidth: a trace that is 0 throughout loads, delivers nothing, and never divides by it."""
+    trace = read_trace_file(_write(tmp_path, "dead.trace", "1 0\n2 0\n"))
+    assert trace.total_bytes == 0 and trace.bytes_between(0.0, 5.0) == 0.0
+    assert trace.time_to_send(1, 0.3) == float("inf")
+    assert paper_regime_scale(trace, 1e6, 2.0) == 1.0

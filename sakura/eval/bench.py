@@ -108,21 +108,23 @@ def record(prepared: TemplateBench, req_index: int, system: str, start: float, t
             "latency_s": tl.latency_s, "stall_s": tl.stall_s, "bytes": tl.bytes_total,
             "deadline_misses": tl.deadline_misses, "shards": len(tl.shards),
             "peak_cache_bytes": tl.peak_cache_bytes, "levels": [u.level for u in tl.units], "cuts": tl.cuts,
-            "units": len(tl.units),
+            "units": len(tl.units), "fallbacks": tl.fallback_counts(),
             **quality(out, prepared.reference(req_index), req.mask)}
 
 
 def run_one(prepared: TemplateBench, req_index: int, system: str, trace: Trace, start: float, *, policy=None,
             encoding=None, timer: Callable[[], float] = time.perf_counter, estimator: str = DEFAULT_ESTIMATOR,
-            name: str | None = None) -> dict:
+            name: str | None = None, fallbacks: bool = True, anytime: bool = True) -> dict:
     """One edit of one system at one offset of an (already scaled) trace on the simulated clock, with
     its quality: an edit session, as the device runs it.
 
-    ``policy`` / ``encoding`` / ``estimator`` replace the system's own (ablation variants, recorded as
-    ``name``); ``timer`` is the clock the rebuilds are measured on (the compute profile's)."""
+    ``policy`` / ``encoding`` / ``estimator`` replace the system's own, ``fallbacks`` / ``anytime`` turn
+    the runtime's off (ablation variants, recorded as ``name``); ``timer`` is the clock the rebuilds
+    are measured on (the compute profile's)."""
     session = prepared.session(system, Network(trace, trace.name, start, scale=1.0), policy=policy, encoding=encoding,
-                               estimator=estimator)
-    outcome = session.simulate(prepared.request(req_index), request_key=req_index, timer=timer)
+                               estimator=estimator, fallbacks=fallbacks)
+    kw = {} if anytime else {"anytime": False}
+    outcome = session.simulate(prepared.request(req_index), request_key=req_index, timer=timer, **kw)
     return record(prepared, req_index, name or (policy.name if policy else system), start, outcome.timeline,
                   outcome.image)
 
@@ -180,8 +182,24 @@ def summarize(records: list[dict], storage: dict[str, float]) -> dict:
             # what the system's stored format costs per template (oracle: the FP16 cache it already holds)
             "storage_bytes": float(storage.get(SYSTEMS[system].format, 0.0) if system in SYSTEMS else 0.0),
             "device_peak_cache_bytes": int(max(r["peak_cache_bytes"] for r in rs)),
+            **fallback_stats(rs),
         }
     return out
+
+
+def fallback_stats(rs: list[dict]) -> dict:
+    """Fallbacks fired per edit by kind, the share of edits with any, and the masked PSNR of edits
+    with and without them (None where there are none)."""
+    kinds = sorted({k for r in rs for k in r.get("fallbacks", {})})
+    fired = [r for r in rs if sum(r.get("fallbacks", {}).values())]
+    calm = [r for r in rs if not sum(r.get("fallbacks", {}).values())]
+
+    def masked(group):
+        return float(np.mean([r["psnr_masked"] for r in group])) if group else None
+
+    return {"fallbacks_mean": {k: float(np.mean([r.get("fallbacks", {}).get(k, 0) for r in rs])) for k in kinds},
+            "fallback_rate": len(fired) / max(1, len(rs)),
+            "psnr_masked_with_fallbacks": masked(fired), "psnr_masked_without_fallbacks": masked(calm)}
 
 
 def storage_of(prepared_all: list[TemplateBench]) -> dict[str, float]:

@@ -308,6 +308,10 @@ def run(cfg: bench.BenchConfig, out: Path, *, figure: str | None = None, project
         from sakura.eval.estimators import fig_estimators
 
         return fig_estimators(cfg, out, cache, progress, say)
+    if figure == "tails":
+        from sakura.eval.tails import fig_tails
+
+        return fig_tails(cfg, out, cache, progress, say)
     if figure not in FIGURES:
         raise KeyError(f"unknown figure {figure!r}; choose from {', '.join(sorted(MAIN | set(FIGURES)))}")
     return FIGURES[figure](cfg, out, cache, progress, say)

@@ -30,6 +30,12 @@ class ModelInputError(ValueError):
     """A request the model cannot run (wrong mask shape, empty prompt, …); the message is one line."""
 
 
+class LocalSwitch(Exception):
+    """Raised by a provider when the reusable K/V it was asked for will not come in time: the masked
+    run then computes the current step again, and every later one, on every token (no cache needed).
+    The step's partial masked work is dropped; the token state at the step's start is intact."""
+
+
 @dataclass
 class EditRequest:
     """One edit, as the device sees it. Images are float32 HxWx3 in [0, 1]; mask is bool HxW."""
@@ -141,6 +147,7 @@ class RunContext:
         self.probe: dict[tuple[int, int], torch.Tensor] | None = None
         self.num_masked = 0  # masked image queries in the current (masked) sequence
         self.layer_times: list[tuple[int, int, float]] = []  # (step, layer, t) when K/V were asked for
+        self.local_from: int | None = None  # the step a masked run switched to every token at (LocalSwitch)
 
 
 class DiTAdapter(ABC):
@@ -215,7 +222,7 @@ class DiTAdapter(ABC):
         ctx.reuse_index = state.get("reuse_index")
         ctx.probe = {} if state.get("probe") else None
         ctx.explicit = state.get("explicit", False)
-        ctx.layer_times = []
+        ctx.layer_times, ctx.local_from = [], None
         try:
             yield ctx
         finally:
@@ -287,7 +294,11 @@ class DiTAdapter(ABC):
             self.ctx.step = i
             # unmasked tokens always sit on the template's own trajectory (request independent)
             x = torch.where(tmask[:, None], x, (1 - t) * x0 + t * noise)
-            v = self._velocity(x, cond, tmask, t, text, ref, rows)
+            try:
+                v = self._velocity(x, cond, tmask, t, text, ref, rows)
+            except LocalSwitch:
+                rows, self.ctx.mode, self.ctx.local_from = None, "off", i
+                v = self._velocity(x, cond, tmask, t, text, ref, rows)
             if rows is None:
                 x = x + (t_next - t) * v
             else:
@@ -322,7 +333,8 @@ class DiTAdapter(ABC):
     @torch.no_grad()
     def masked_edit(self, req: EditRequest, provider: Provider, probe: bool = False,
                     explicit: bool = False) -> EditResult:
-        """Compute only masked tokens; reusable K/V come from ``provider(step, layer)``."""
+        """Compute only masked tokens; reusable K/V come from ``provider(step, layer)``. A provider that
+        raises :class:`LocalSwitch` turns the rest of the run into a full one (the local fallback)."""
         self.validate(req)
         start = time.perf_counter()
         tmask = self.token_mask(req.mask)
@@ -331,11 +343,11 @@ class DiTAdapter(ABC):
         with self._run("masked", provider=provider, reuse_index=reuse, probe=probe, explicit=explicit) as ctx:
             ctx.num_masked = int(rows.numel())
             img = self._sample(req, rows=rows)
-            importance = ctx.probe
+            importance, local_from = ctx.probe, ctx.local_from
             times = list(ctx.layer_times)
         end = time.perf_counter()
         return EditResult(img, end - start, importance=importance,
-                          extras={"layer_times": times, "t0": start, "t1": end})
+                          extras={"layer_times": times, "t0": start, "t1": end, "local_from": local_from})
 
     # -- helpers for processors -------------------------------------------------------------------
     def _reused_kv(self, layer: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

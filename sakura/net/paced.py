@@ -95,13 +95,16 @@ class PacedLink:
         self._free_at = pending.done
 
     def receive(self, pending: Pending, cut: threading.Event | None = None,
-                prefix_ends: Sequence[int] = ()) -> Transfer:
+                prefix_ends: Sequence[int] = (), drop: threading.Event | None = None) -> Transfer:
         """Wait until the request's bytes are through. If ``cut`` is set first, stop at the largest
         usable prefix through by then (``prefix_ends``: how many leading parts each usable prefix needs,
         smallest first) — or at the smallest, as soon as it is — and carry the later requests' bytes
-        from there on. The transfer returned then holds only that prefix's parts."""
+        from there on. The transfer returned then holds only that prefix's parts. If ``drop`` is set
+        first, stop at once: no parts, ``nbytes`` = what had come through (a fallback replaced it)."""
         keep = len(pending.transfer.parts)
         while (wait := pending.done - time.monotonic()) > 0:
+            if drop is not None and drop.is_set():
+                return self._drop(pending)
             if cut is not None and cut.is_set() and len(prefix_ends) > 1:
                 keep = self._cut(pending, prefix_ends)
                 cut = None
@@ -130,6 +133,29 @@ class PacedLink:
             for later in self._outstanding[self._outstanding.index(pending) + 1:]:
                 self._book(later, self._free_at)
             return keep
+
+    def progress(self, pending: Pending) -> tuple[float, float]:
+        """(bytes through so far, seconds its bytes have been on the link): what a device sees of a
+        transfer in flight, from which it can tell a silent link from a slow start."""
+        now = time.monotonic()
+        if now <= pending.begin:
+            return 0.0, 0.0
+        at = lambda t: self.start + (t - self._t0)  # noqa: E731 - trace time of a monotonic instant
+        got = self.trace.bytes_between(at(pending.begin), at(min(now, pending.done)))
+        return min(float(pending.transfer.wire_bytes), got), now - pending.begin
+
+    def _drop(self, pending: Pending) -> Transfer:
+        got, _ = self.progress(pending)
+        with self._lock:
+            now = time.monotonic()
+            pending.done = self._free_at = max(now, pending.begin)
+            if pending in self._outstanding:
+                i = self._outstanding.index(pending)
+                for later in self._outstanding[i + 1:]:
+                    self._book(later, self._free_at)
+                self._outstanding.remove(pending)
+        tr = pending.transfer
+        return Transfer([], int(got), int(got), pending.t_request, tr.t_first_byte, now)
 
     def fetch_timed(self, file_id: str, ranges) -> Transfer:
         return self.receive(self.send(file_id, ranges))

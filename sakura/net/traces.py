@@ -76,8 +76,6 @@ class Trace:
             raise TraceError(f"{self.name}: edges must start at 0 and increase strictly")
         if not np.all(np.isfinite(r)) or np.any(r < 0):
             raise TraceError(f"{self.name}: rates must be finite and >= 0")
-        if not np.any(r > 0):
-            raise TraceError(f"{self.name}: trace has no bandwidth (all rates are 0)")
         object.__setattr__(self, "edges", e)
         object.__setattr__(self, "mbps", r)
         # Cumulative bytes at each edge: makes every integral O(log n) and exact.
@@ -153,6 +151,8 @@ class Trace:
         """Seconds needed to deliver ``nbytes`` starting at trace time ``start_t`` (exact)."""
         if nbytes <= 0:
             return 0.0
+        if self.total_bytes <= 0:  # a dead link (zero is a bandwidth): nothing ever arrives
+            return math.inf
         base = math.floor(start_t / self.duration) * self.duration
         s = start_t - base
         target = self._cum_at(s) + nbytes
@@ -238,8 +238,6 @@ def parse_trace_text(text: str, name: str = "trace", where: str | None = None) -
             raise TraceError(f"{p}:{n}: time {t:g} does not increase (previous {times[-1]:g})")
         times.append(t)
         rates.append(r)
-    if not any(r > 0 for r in rates):
-        raise TraceError(f"{p}: trace has no bandwidth (all rates are 0)")
     return Trace.from_samples(np.array(times), np.array(rates), name=name)
 
 
@@ -360,4 +358,6 @@ def paper_regime_scale(trace: Trace, fp16_cache_bytes: float, local_full_s: floa
     if fp16_cache_bytes <= 0 or local_full_s <= 0:
         raise ValueError("fp16_cache_bytes and local_full_s must be > 0")
     median_bps = (trace.median_mbps or trace.mean_mbps) * 1e6
+    if median_bps <= 0:
+        return 1.0  # a dead link: there is no rate to scale
     return fp16_cache_bytes * 8 / (median_bps * local_full_s * PAPER_FP16_TRANSFER_S / PAPER_LOCAL_FULL_S)

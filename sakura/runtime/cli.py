@@ -96,6 +96,11 @@ def _print_summary(report: dict) -> None:
     console.print(f"[bold]{report['policy']}[/] on {report['trace']} (×{report['trace_scale']:.3g}, start "
                   f"{report['start']} s): latency {report['latency_s']:.3f} s, stall {report.get('stall_s', 0):.3f} s, "
                   f"{report.get('bytes', 0) / 1e6:.2f} MB → {report['out']}")
+    fired = report.get("fallbacks") or {}
+    if fired:
+        told = {"reuse": "shard(s) reused the previous step's K/V", "local": "switch to local generation (the link "
+                "could not deliver the cache in time)"}
+        console.print("fallbacks: " + "; ".join(f"{n} {told.get(k, k)}" for k, n in fired.items()))
     levels = report.get("levels") or []
     if levels:
         table = Table("fetch unit", "level")

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from sakura.kvcache import shard_of_layers
-from sakura.model import EditRequest
+from sakura.model import EditRequest, LocalSwitch
 from sakura.net.paced import PacedLink
 from sakura.runtime.sim import simulate, simulate_masked
 from sakura.runtime.stream import StreamedEdit
@@ -50,7 +50,7 @@ class StreamRunner(Runner):
         link = PacedLink(session.source, session.trace, session.start)
         edit = StreamedEdit(session.model, session.encoding, session.policy, link, session.file_id, session.compute,
                             session.initial_bps, timeout_s=session.timeout_s, executor=session.executor,
-                            estimator=session.estimator)
+                            estimator=session.estimator, fallback=session.fallback_context())
         try:
             result = edit.run(req, tl)
         finally:
@@ -64,8 +64,15 @@ class StreamRunner(Runner):
             return session.source.fetch_timed(session.file_id, ranges).parts
 
         tl, kv = simulate(session.encoding, session.policy, session.compute, session.link_model(), fetch,
-                          timer=timer, estimator=session.estimator, **kw)
-        return Outcome(session.model.masked_edit(req, lambda step, layer: kv[(step, layer)]).image, tl)
+                          timer=timer, estimator=session.estimator, fallback=session.fallback_context(), **kw)
+        local_from = tl.extras.get("local_from_step")
+
+        def provider(step, layer):
+            if local_from is not None and step >= local_from:
+                raise LocalSwitch
+            return kv[(step, layer)]
+
+        return Outcome(session.model.masked_edit(req, provider).image, tl)
 
 
 class LocalRunner(Runner):

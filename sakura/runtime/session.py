@@ -34,6 +34,7 @@ from sakura.model import DiTAdapter, EditRequest
 from sakura.net.client import FetchError
 from sakura.net.paced import DEFAULT_REQUEST_OVERHEAD_S
 from sakura.net.traces import Trace, paper_regime_scale
+from sakura.online.fallback import FallbackContext
 from sakura.online.monitor import DEFAULT_ESTIMATOR
 from sakura.online.policies import Policy, get_policy
 from sakura.runtime.calibration import CalibrationStore
@@ -207,14 +208,16 @@ class EditSession:
                  on_event: EventSink | None = None, on_status: StatusSink | None = None, timeout_s: float = 60.0,
                  executor=None, reconstructor=None, policy: Policy | None = None,
                  encoding: StreamEncoding | None = None, rng: random.Random | None = None,
-                 estimator: str = DEFAULT_ESTIMATOR) -> None:
+                 estimator: str = DEFAULT_ESTIMATOR, fallbacks: bool = True) -> None:
         """``source``: where this edit reads template data (default: the runtime's), e.g. an audited
-        client. ``policy`` / ``encoding`` / ``estimator`` replace the system's own (ablation variants)."""
+        client. ``policy`` / ``encoding`` / ``estimator`` replace the system's own (ablation variants).
+        ``fallbacks``: reuse / local fallbacks bound waiting (False: always wait, the paper's runtime)."""
         self.runtime, self.template, self.network = runtime, template, network
         self.system: System = get_system(system)
         self.source = source or runtime.source
         self.on_event, self.on_status = on_event, on_status
         self.timeout_s, self.executor, self.estimator = timeout_s, executor, estimator
+        self.fallbacks = fallbacks
         self.state = runtime.template_state(template, self.source, on_status)
         self.compute = self.state.compute
         self.scale = network_scale(network, self.state)
@@ -273,6 +276,13 @@ class EditSession:
         overhead = self.runtime.calibration.request_overhead_s
         return LinkModel(self.trace, self.start, DEFAULT_REQUEST_OVERHEAD_S if overhead is None else overhead)
 
+    def fallback_context(self) -> FallbackContext | None:
+        """What the fallback choice knows about this edit (None: fallbacks off). Going local needs the
+        eager model (an exported executor runs fixed masked programs)."""
+        if not self.fallbacks:
+            return None
+        return FallbackContext.for_edit(self.compute, self.model.num_steps, allow_local=self.executor is None)
+
     def run(self, req: EditRequest) -> Outcome:
         """The edit on the real clock: bytes read from the source, paced along the scaled trace."""
         self._check_link()
@@ -281,8 +291,9 @@ class EditSession:
     def _check_link(self) -> None:
         """Fail at once, not after the timeout, when the first shard's cache cannot arrive in time even at
         its smallest levels (e.g. ``fixed:0.001`` with no regime scale): its wait would surely time out."""
-        if self.encoding is None:
-            return
+        fb = self.fallback_context()
+        if self.encoding is None or (fb is not None and fb.allow_local):
+            return  # (with the local fallback a dead link costs local generation's time, not a failure)
         least = sum(min(lv.nbytes for lv in u.levels) for u in self.encoding.units if u.needed_by == 0 and u.levels)
         need = self.trace.time_to_send(least, self.start)
         if need > self.timeout_s + self.compute.prelude_s:

@@ -20,6 +20,7 @@ from sakura.formats import KV, FetchUnit, Level, StreamEncoding
 from sakura.net.paced import DEFAULT_INFLIGHT, DEFAULT_REQUEST_OVERHEAD_S, cut_point
 from sakura.net.traces import Trace
 from sakura.online.deadline import predict_need
+from sakura.online.fallback import CHECK_EVERY_S, FallbackContext, InFlight, choose_fallback, predict_ready
 from sakura.online.monitor import DEFAULT_ESTIMATOR, RuntimeMonitor
 from sakura.online.policies import Policy
 from sakura.runtime.compute import ComputeProfile
@@ -61,6 +62,7 @@ class _Booked:
     begin: float  # the link starts on its bytes
     t_arr: float  # its last (used) byte is through
     nbytes: int
+    used: tuple = ()  # (level, parts) execution uses: all of it, or the prefix it was cut at
 
 
 def simulate(encoding: StreamEncoding, policy: Policy, compute: ComputeProfile, link: LinkModel,
@@ -68,7 +70,8 @@ def simulate(encoding: StreamEncoding, policy: Policy, compute: ComputeProfile, 
              rebuild_model: Callable[[FetchUnit, object], float] | None = None,
              predicted: ComputeProfile | None = None,
              timer: Callable[[], float] = time.perf_counter,
-             estimator: str = DEFAULT_ESTIMATOR, anytime: bool = True) -> tuple[Timeline, KV]:
+             estimator: str = DEFAULT_ESTIMATOR, anytime: bool = True,
+             fallback: FallbackContext | None = None) -> tuple[Timeline, KV]:
     """Run one edit on the simulated clock. Returns its timeline and the rebuilt cache (for quality).
 
     Rebuild times are measured by decoding the chosen bytes for real; with ``rebuild_model`` (and no
@@ -77,14 +80,18 @@ def simulate(encoding: StreamEncoding, policy: Policy, compute: ComputeProfile, 
     a real run passes the profile the real runtime predicted with and the compute it really did.
     ``timer`` measures the decodes; use the clock the compute profile was measured on. ``anytime``:
     when execution reaches a unit still in flight, use the best prefix that came through and drop the
-    rest (encodings whose levels are prefixes of one another, SAKURA's pack)."""
+    rest (encodings whose levels are prefixes of one another, SAKURA's pack). ``fallback``: while
+    execution waits on a shard, re-decide every ``CHECK_EVERY_S`` between waiting, reusing the previous
+    step's K/V and going local (:mod:`sakura.online.fallback`); None: always wait (the paper's runtime).
+    A local fallback ends the stream: ``timeline.extras["local_from_step"]`` says from which step."""
     return _SimulatedEdit(encoding.fresh(), policy, compute, link, fetch, ahead, keep, rebuild_model,
-                          predicted or compute, timer, estimator, anytime).run()
+                          predicted or compute, timer, estimator, anytime, fallback).run()
 
 
 class _SimulatedEdit:
     def __init__(self, encoding, policy, compute, link, fetch, ahead, keep, rebuild_model, predicted, timer,
-                 estimator, anytime):
+                 estimator, anytime, fallback=None):
+        self.fallback = fallback
         self.encoding, self.policy, self.compute, self.link, self.fetch = encoding, policy, compute, link, fetch
         self.ahead, self.keep, self.rebuild_model, self.predicted = ahead, keep, rebuild_model, predicted
         self.timer, self.anytime = timer, anytime
@@ -101,29 +108,43 @@ class _SimulatedEdit:
         self.link_free = self.rebuild_free = self.last_request = 0.0
         self.held: list[tuple[float, float, int]] = []  # (from, to, bytes) of received / rebuilt cache
         self.rebuilt: dict[int, list[tuple[float, int]]] = {}  # per shard: (ready at, K/V bytes), held until it ends
+        self.rebuild_s: dict[int, float] = {}  # per shard with data: its rebuild time (what a reuse of it costs)
+        self.kv_bytes: dict[int, int] = {}  # per shard: rebuilt K/V bytes
+        self.local_at: tuple[int, float] | None = None  # (shard, time) of a local fallback
 
     def run(self) -> tuple[Timeline, KV]:
         self.policy.begin(self.encoding.units, self.predicted.masked_s, self.monitor.initial_bps)
         for u in self.encoding.units:
             self.run_until(u.needed_by - 1)
+            if self.local_at is not None:
+                break
             self.book(u)
         self.run_until(len(self.starts) - 1)
         tl = self.tl
         for rec in tl.units:
-            rec.needed_t = self.starts[rec.needed_by]
+            rec.needed_t = self.starts[rec.needed_by] if self.starts[rec.needed_by] is not None else 0.0
         tl.peak_cache_bytes = peak_concurrent(self.held)
-        tl.latency_s = self.ends[-1]
+        tl.latency_s = self.ends[-1] if self.local_at is None else self._local_end()
         tl.bytes_total = sum(r.nbytes for r in tl.units)
         return tl, self.cache
 
     def run_until(self, j: int) -> None:
         """The execution schedule of shards ≤ j: each starts when the previous ended and its data is rebuilt."""
         for k in range(j + 1):
+            if self.local_at is not None:
+                return
             if self.starts[k] is None:
                 prev_end = self.compute.prelude_s if k == 0 else self.ends[k - 1]
+                first = self.done
                 while self.done < len(self.booked) and self.booked[self.done].unit.needed_by == k:
-                    self.finalize(self.booked[self.done], prev_end)
+                    self.settle(self.booked[self.done], prev_end)
                     self.done += 1
+                mine = self.booked[first:self.done]
+                if self.fallback is not None and not self._fall_back(k, prev_end, mine, first):
+                    for b in mine:
+                        self.finalize(b)
+                if self.local_at is not None:
+                    return
                 self.starts[k] = max(prev_end, self.ready[k])
                 self.ends[k] = self.starts[k] + self.compute.shard_s[k]
                 self.tl.shard_started(k, self.starts[k], max(0.0, self.ready[k] - prev_end))
@@ -136,9 +157,7 @@ class _SimulatedEdit:
         gate = self.starts[u.needed_by - self.ahead] if u.needed_by - self.ahead >= 0 else 0.0
         slot = self.booked[-link.inflight].t_arr if len(self.booked) >= link.inflight else 0.0
         t_req = self.last_request = max(gate, slot, self.last_request)
-        while self.unseen and self.unseen[0].t_arr <= t_req:  # transfers completed by now
-            b = self.unseen.pop(0)
-            self.monitor.observe(b.nbytes, b.t_req, b.t_arr)
+        self._observe_until(t_req)  # transfers completed by now
         u = self.encoding.priced(u)
         deadline = predict_need(u.needed_by, t_req, self.predicted, self.starts)
         d = self.policy.choose(u, t_req, deadline, self.monitor)
@@ -153,12 +172,17 @@ class _SimulatedEdit:
         self.booked.append(b)
         self.unseen.append(b)
 
-    def finalize(self, b: _Booked, need: float) -> None:
-        """Execution reaches ``b``'s shard at ``need``: cut it short if it is still in flight (anytime),
-        then rebuild what it uses."""
-        level, k = b.level, len(b.ranges)
+    def settle(self, b: _Booked, need: float) -> None:
+        """Execution reaches ``b``'s shard at ``need``: cut it short if it is still in flight (anytime)."""
+        b.used = (b.level, len(b.ranges))
         if self.anytime and b.t_arr > need:
-            level, k = self._cut(b, need)
+            b.used = self._cut(b, need)
+        if self.fallback is None:
+            self.finalize(b)
+
+    def finalize(self, b: _Booked) -> None:
+        """Rebuild what ``b`` uses."""
+        level, k = b.used
         ranges = b.ranges[:k]
         if self.rebuild_model is not None:
             kv, rebuild_s = {}, self.rebuild_model(b.unit, level)
@@ -170,13 +194,84 @@ class _SimulatedEdit:
             rebuild_s = self.timer() - t0
         t_ready = self.rebuild_free = max(b.t_arr, self.rebuild_free) + rebuild_s
         shard = b.unit.needed_by
+        self.rebuild_s[shard] = self.rebuild_s.get(shard, 0.0) + rebuild_s
         self.ready[shard] = max(self.ready[shard], t_ready)
         if self.keep:
             self.cache.update(kv)
         self.tl.arrived(b.rec, b.t_arr, b.t_arr - b.t_req, ranges)
         self.tl.rebuilt(b.rec, t_ready)
         self.held.append((b.t_req, t_ready, b.nbytes))
-        self.rebuilt.setdefault(shard, []).append((t_ready, sum(x.nbytes + y.nbytes for x, y in kv.values())))
+        kv_bytes = sum(x.nbytes + y.nbytes for x, y in kv.values())
+        self.kv_bytes[shard] = self.kv_bytes.get(shard, 0) + kv_bytes
+        self.rebuilt.setdefault(shard, []).append((t_ready, kv_bytes))
+
+    def _fall_back(self, k: int, need: float, mine: list[_Booked], first: int) -> bool:
+        """While shard ``k`` would wait (from ``need`` until its last transfer is through), re-decide every
+        ``CHECK_EVERY_S`` as the device would; True when a fallback fired (its transfers are dropped)."""
+        until = max((b.t_arr for b in mine), default=need)
+        fb, start, per_step = self.fallback, self.link.start_s, self.shards_per_step
+        prev = k - per_step
+        reuse_s = self.rebuild_s.get(prev) if prev >= 0 and prev in self.rebuild_s else None
+        rebuild_est = sum(self.rebuild_s.values()) / max(1, len(self.rebuild_s))
+        t = need + CHECK_EVERY_S  # the executor's first look, as on the real clock
+        while t < until:
+            self._observe_until(t)
+            flights = [InFlight(b.nbytes, min(b.nbytes, self.link.trace.bytes_between(start + b.begin, start + t))
+                                if t > b.begin else 0.0, max(0.0, t - b.begin)) for b in mine if b.t_arr > t]
+            ready = predict_ready(t, flights, self.monitor.rate_bps, rebuild_est)
+            kind, ends = choose_fallback(fb, k, t, ready, reuse_s)
+            if kind != "wait":
+                self._drop(mine, first, t)
+                self.tl.fallback(kind, k, t, ends)
+                if kind == "local":
+                    self.local_at = (k, t)
+                    self.tl.extras["local_from_step"] = fb.shard_step[k]
+                else:
+                    self._reuse(k, prev, t + reuse_s)
+                return True
+            t += CHECK_EVERY_S
+        return False
+
+    @property
+    def shards_per_step(self) -> int:
+        return sum(1 for s, _, _ in self.compute.shards if s == self.compute.shards[0][0])
+
+    def _observe_until(self, t: float) -> None:
+        while self.unseen and self.unseen[0].t_arr <= t:
+            b = self.unseen.pop(0)
+            self.monitor.observe(b.nbytes, b.t_req, b.t_arr)
+
+    def _drop(self, mine: list[_Booked], first: int, t: float) -> None:
+        """Shard ``mine``'s transfers stop at ``t`` (what came through is wasted); later ones move up."""
+        start = self.link.start_s
+        for b in mine:
+            got = self.link.trace.bytes_between(start + b.begin, start + t) if t > b.begin else 0.0
+            b.nbytes, b.t_arr = int(min(b.nbytes, got)), min(b.t_arr, max(t, b.begin))
+            self.tl.dropped(b.rec, b.nbytes, t)
+            if b in self.unseen:
+                self.unseen.remove(b)
+        free = t
+        for later in self.booked[first + len(mine):]:
+            later.begin = max(later.t_req + self.link.request_overhead_s, free)
+            later.t_arr = free = self.link.arrival(later.nbytes, later.t_req, free)
+        self.link_free = free
+
+    def _reuse(self, k: int, prev: int, ready: float) -> None:
+        """Shard ``k`` runs on the K/V its layers had one step earlier (shard ``prev``)."""
+        self.ready[k] = self.rebuild_free = max(ready, self.rebuild_free)
+        self.rebuild_s[k] = self.rebuild_s[prev]
+        self.rebuilt.setdefault(k, []).append((ready, self.kv_bytes.get(prev, 0)))
+        self.kv_bytes[k] = self.kv_bytes.get(prev, 0)
+        step = self.compute.shards[k][0]
+        for (s, layer), kv in list(self.cache.items()):
+            if s == step - 1 and self.compute.shards[prev][1] <= layer < self.compute.shards[prev][2]:
+                self.cache[(step, layer)] = kv
+
+    def _local_end(self) -> float:
+        """A local fallback at shard k, time t: the rest of the edit on every token, from k's step."""
+        k, t = self.local_at
+        fb = self.fallback
+        return t + (fb.num_steps - fb.shard_step[k]) * fb.full_step_s
 
     def _cut(self, b: _Booked, need: float) -> tuple[Level, int]:
         """The best prefix through the link by ``need`` (or the smallest, when it comes); the link then

@@ -21,9 +21,10 @@ from typing import Protocol
 
 from sakura.formats import StreamEncoding
 from sakura.kvcache import shard_of_layers
-from sakura.model import DiTAdapter, EditRequest, EditResult
+from sakura.model import DiTAdapter, EditRequest, EditResult, LocalSwitch
 from sakura.net.paced import DEFAULT_INFLIGHT
 from sakura.online.deadline import predict_need
+from sakura.online.fallback import CHECK_EVERY_S, FallbackContext, InFlight, choose_fallback, predict_ready
 from sakura.online.monitor import DEFAULT_ESTIMATOR, RuntimeMonitor
 from sakura.online.policies import Policy
 from sakura.runtime.compute import ComputeProfile
@@ -36,7 +37,9 @@ class Link(Protocol):
 
     def send(self, file_id: str, ranges): ...
 
-    def receive(self, pending): ...
+    def receive(self, pending, cut=None, prefix_ends=(), drop=None): ...
+
+    def progress(self, pending) -> tuple[float, float]: ...
 
 
 @dataclass
@@ -49,7 +52,11 @@ class StreamState:
     started: list[threading.Event]  # per shard: execution started (gates the receiver)
     pending_units: list[int]  # per shard: fetch units not yet rebuilt
     cut: list[threading.Event]  # per shard: execution reached it first (anytime: use what arrived)
+    drop: list[threading.Event]  # per shard: a fallback replaced it (its transfers stop, its bytes go unused)
     kv: dict = field(default_factory=dict)
+    flights: dict = field(default_factory=dict)  # per shard: [(pending transfer, bytes of its smallest prefix)]
+    kept: dict = field(default_factory=dict)  # per shard: the compressed bytes it was rebuilt from (one step kept)
+    rebuild_s: dict = field(default_factory=dict)  # per shard: its measured rebuild time
     error: BaseException | None = None
     held_bytes: int = 0
     peak_bytes: int = 0
@@ -73,12 +80,15 @@ class StreamedEdit:
     def __init__(self, adapter: DiTAdapter, encoding: StreamEncoding, policy: Policy, link: Link,
                  file_id: str, compute: ComputeProfile, initial_bps: float, ahead: int = 2,
                  timeout_s: float = 120.0, executor=None, inflight: int = DEFAULT_INFLIGHT,
-                 estimator: str = DEFAULT_ESTIMATOR, anytime: bool = True):
+                 estimator: str = DEFAULT_ESTIMATOR, anytime: bool = True,
+                 fallback: FallbackContext | None = None):
+        self.fallback = fallback  # None: always wait for the cache (the paper's runtime)
         self.adapter, self.encoding, self.policy, self.link = adapter, encoding.fresh(), policy, link
         self.file_id, self.compute, self.ahead, self.timeout_s = file_id, compute, ahead, timeout_s
         self.inflight, self.anytime = inflight, anytime
         self.monitor = RuntimeMonitor(initial_bps, estimator=estimator)
         self.executor = executor  # None: the adapter's eager masked run; else e.g. an ExecuTorch executor
+        self._per_step = sum(1 for s, _, _ in compute.shards if s == compute.shards[0][0])
 
     def run(self, req: EditRequest, timeline: Timeline) -> EditResult:
         """Stream, rebuild and execute; ``timeline`` (over the compute profile's shards) is filled in."""
@@ -87,7 +97,7 @@ class StreamedEdit:
         state = StreamState(time.perf_counter(), [None] * n, [threading.Event() for _ in range(n)],
                             [threading.Event() for _ in range(n)],
                             [sum(1 for u in self.encoding.units if u.needed_by == j) for j in range(n)],
-                            [threading.Event() for _ in range(n)])
+                            [threading.Event() for _ in range(n)], [threading.Event() for _ in range(n)])
         self.policy.begin(self.encoding.units, self.compute.masked_s, self.monitor.initial_bps)
         rebuild_q: queue.Queue = queue.Queue(maxsize=self.ahead + 1)
         sent: queue.Queue = queue.Queue()
@@ -119,7 +129,7 @@ class StreamedEdit:
                 self.link.close()
             for t in threads:
                 t.join(timeout=10)
-        if timeline.shards:
+        if timeline.shards and "local_from_step" not in timeline.extras:
             timeline.shard_ended(n - 1, end)
         for rec in timeline.units:
             rec.needed_t = state.starts[rec.needed_by] or 0.0
@@ -136,9 +146,9 @@ class StreamedEdit:
                 timeline.shard_ended(j - 1, asked)
             if self.anytime and not state.ready[j].is_set():
                 state.cut[j].set()  # use what has arrived (see _collect)
-            if not state.ready[j].wait(self.timeout_s):
+            if not self._wait_for(state, timeline, j, step, asked):
                 state.fail(StreamError(f"cache shard {j} did not arrive within {self.timeout_s:.0f} s"))
-            if state.pending_units[j] != 0:  # woken by a failure, not by the shard
+            if state.pending_units[j] != 0 and not state.drop[j].is_set():  # woken by a failure, not by the shard
                 raise StreamError(str(state.error))
             start = state.now()
             state.starts[j] = start
@@ -147,6 +157,47 @@ class StreamedEdit:
         k, v = state.kv.pop((step, layer))
         state.hold(-(k.nbytes + v.nbytes))
         return k, v
+
+    def _wait_for(self, state: StreamState, timeline: Timeline, j: int, step: int, asked: float) -> bool:
+        """Wait for shard ``j``'s cache, or fall back (:mod:`sakura.online.fallback`); False on timeout."""
+        fb = self.fallback
+        if fb is None:
+            return state.ready[j].wait(self.timeout_s)
+        prev = j - self._per_step
+        while not state.ready[j].wait(CHECK_EVERY_S):
+            now = state.now()
+            if state.error is not None or now - asked > self.timeout_s:
+                return state.ready[j].is_set()
+            flights = [InFlight(need, *self.link.progress(p)) for p, need in state.flights.get(j, [])]
+            times = list(state.rebuild_s.values())
+            ready = predict_ready(now, flights, self.monitor.rate_bps, sum(times) / max(1, len(times)))
+            kept = state.kept.get(prev) if prev >= 0 else None
+            kind, ends = choose_fallback(fb, j, now, ready, state.rebuild_s.get(prev) if kept else None)
+            if kind == "wait":
+                continue
+            state.drop[j].set()
+            timeline.fallback(kind, j, now, ends)
+            if kind == "local":
+                timeline.extras["local_from_step"] = step
+                state.fail(StreamError("the edit went local"))  # stops the receiver: no more cache needed
+                if hasattr(self.link, "close"):
+                    self.link.close()
+                raise LocalSwitch
+            self._reuse(state, j, prev, kept)
+            return True
+        return True
+
+    def _reuse(self, state: StreamState, j: int, prev: int, kept: list) -> None:
+        """Shard ``j`` runs on its layers' K/V of one step earlier, rebuilt from the kept bytes."""
+        t0 = time.perf_counter()
+        step = self.compute.shards[j][0]
+        for unit, level, ranges, parts, whole in kept:
+            kv = (self.encoding.decode(unit, level, parts) if whole else
+                  self.encoding.decode_prefix(unit, level, ranges, parts))
+            for (s, layer), pair in kv.items():
+                state.kv[(step, layer)] = pair
+                state.hold(pair[0].nbytes + pair[1].nbytes)
+        state.kept[j], state.rebuild_s[j] = kept, time.perf_counter() - t0
 
     # -- receiver: a requester that decides and sends, a collector that waits for the bytes ----------
     def _request(self, state: StreamState, timeline: Timeline, sent: queue.Queue, slots: threading.Semaphore) -> None:
@@ -171,7 +222,10 @@ class StreamedEdit:
                                  ranges=len(ranges))
                 timeline.requested(rec)
                 prefixes = self.encoding.prefixes(unit, d.level, ranges) if self.anytime else [(d.level, len(ranges))]
-                sent.put((unit, d.level, ranges, prefixes, rec, self.link.send(self.file_id, ranges)))
+                pending = self.link.send(self.file_id, ranges)
+                state.flights.setdefault(unit.needed_by, []).append(
+                    (pending, sum(n for _, n in ranges[:prefixes[0][1]])))
+                sent.put((unit, d.level, ranges, prefixes, rec, pending))
         except BaseException as e:  # noqa: BLE001 - handed to the executor, which raises it
             state.fail(StreamError(f"receiving the cache failed: {e}"))
         finally:
@@ -185,7 +239,13 @@ class StreamedEdit:
                 if state.error is not None:
                     continue  # drain, so the requester never blocks
                 unit, level, ranges, prefixes, rec, pending = item
-                tr = self.link.receive(pending, state.cut[unit.needed_by], [k for _, k in prefixes])
+                tr = self.link.receive(pending, state.cut[unit.needed_by], [k for _, k in prefixes],
+                                       state.drop[unit.needed_by])
+                if state.drop[unit.needed_by].is_set():  # a fallback replaced the unit
+                    self.monitor.observe(tr.nbytes, tr.t_request, tr.t_last_byte)
+                    slots.release()
+                    timeline.dropped(rec, tr.nbytes, state.now())
+                    continue
                 if len(tr.parts) < len(ranges):  # execution reached the unit first: its best prefix
                     level, ranges = next(lv for lv, k in prefixes if k == len(tr.parts)), ranges[:len(tr.parts)]
                     timeline.cut(rec, level.label, tr.nbytes, state.now())
@@ -207,9 +267,18 @@ class StreamedEdit:
             if state.error is not None:
                 continue  # drain, so the receiver never blocks on a full queue
             unit, level, ranges, parts, rec = item
+            j = unit.needed_by
+            if state.drop[j].is_set():  # a fallback replaced the shard while its bytes waited here
+                state.hold(-sum(len(p) for p in parts))
+                continue
             try:
-                kv = (self.encoding.decode(unit, level, parts) if rec.requested_level == "" else
+                t0 = time.perf_counter()
+                whole = rec.requested_level == ""
+                kv = (self.encoding.decode(unit, level, parts) if whole else
                       self.encoding.decode_prefix(unit, level, ranges, parts))
+                state.rebuild_s[j] = state.rebuild_s.get(j, 0.0) + time.perf_counter() - t0
+                state.kept.setdefault(j, []).append((unit, level, ranges, parts, whole))
+                state.kept.pop(j - 2 * self._per_step, None)  # compressed bytes of one step back are enough
             except Exception as e:  # noqa: BLE001 - malformed bytes: the executor raises it
                 state.fail(StreamError(f"rebuilding fetch unit {unit.index} failed: {e}"))
                 continue

@@ -36,6 +36,7 @@ class UnitRecord:
     ranges: int = 0
     requested_level: str = ""  # what was asked for, when execution cut the transfer short (anytime)
     requested_bytes: int = 0
+    dropped: bool = False  # a fallback replaced it: what came through (``nbytes``) was not used
 
 
 @dataclass
@@ -73,6 +74,7 @@ class Timeline:
     peak_cache_bytes: int = 0
     trace_start_s: float = 0.0
     extras: dict = field(default_factory=dict)
+    fallbacks: list[dict] = field(default_factory=list)  # {kind, shard, t, predicted_end_s}, in order
     on_event: EventSink | None = field(default=None, repr=False, compare=False)
 
     @classmethod
@@ -82,9 +84,9 @@ class Timeline:
                    on_event=on_event, **kw)
 
     # ------------------------------------------------------------------ recording (the runtime side)
-    def _emit(self, kind: str, **data) -> None:
+    def _emit(self, event_type: str, **data) -> None:
         if self.on_event is not None:
-            self.on_event({"type": kind, **data})
+            self.on_event({"type": event_type, **data})
 
     def requested(self, rec: UnitRecord) -> None:
         self.units.append(rec)
@@ -105,9 +107,28 @@ class Timeline:
         self._emit("cut", unit=rec.unit, shard=rec.needed_by, level=level, bytes=nbytes,
                    requested_level=rec.requested_level, requested_bytes=rec.requested_bytes, t=t)
 
+    def dropped(self, rec: UnitRecord, nbytes: int, t: float) -> None:
+        """A fallback replaced the unit: its transfer stopped at ``t`` with ``nbytes`` through, unused."""
+        rec.requested_level, rec.requested_bytes = rec.level, rec.nbytes
+        rec.level, rec.nbytes, rec.dropped, rec.arrival_t = "", nbytes, True, t
+        self._emit("drop", unit=rec.unit, shard=rec.needed_by, bytes=nbytes, t=t)
+
+    def fallback(self, kind: str, shard: int, t: float, predicted_end_s: dict | None = None) -> None:
+        """Execution did not wait for ``shard``: ``reuse`` (the previous step's K/V of its layers) or
+        ``local`` (this step and the rest on every token), chosen by predicted end of the edit."""
+        ends = {k: round(v, 4) for k, v in (predicted_end_s or {}).items() if v != float("inf")}
+        self.fallbacks.append({"kind": kind, "shard": shard, "t": t, "predicted_end_s": ends})
+        self._emit("fallback", kind=kind, shard=shard, t=t, predicted_end_s=ends)
+
+    def fallback_counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for f in self.fallbacks:
+            out[f["kind"]] = out.get(f["kind"], 0) + 1
+        return out
+
     @property
     def cuts(self) -> int:
-        return sum(1 for u in self.units if u.requested_level)
+        return sum(1 for u in self.units if u.requested_level and not u.dropped)
 
     def rebuilt(self, rec: UnitRecord, t: float) -> None:
         rec.rebuild_done_t = t
@@ -137,6 +158,14 @@ class Timeline:
             if rec is not None:
                 rec.requested_level, rec.requested_bytes = rec.level, rec.nbytes
                 rec.level, rec.nbytes = str(ev.get("level", rec.level)), int(ev.get("bytes") or 0)
+        elif kind == "drop":
+            rec = self.unit(int(ev.get("unit", -1)))
+            if rec is not None:
+                rec.requested_level, rec.requested_bytes = rec.level, rec.nbytes
+                rec.level, rec.nbytes, rec.dropped, rec.arrival_t = "", int(ev.get("bytes") or 0), True, _num(t)
+        elif kind == "fallback":
+            self.fallbacks.append({"kind": str(ev.get("kind", "")), "shard": int(ev.get("shard", 0)), "t": _num(t),
+                                   "predicted_end_s": ev.get("predicted_end_s") or {}})
         elif kind in ("arrival", "rebuilt"):
             rec = self.unit(int(ev.get("unit", -1)))
             if rec is not None and isinstance(t, (int, float)):
@@ -183,7 +212,7 @@ class Timeline:
         return {"system": self.system, "clock": self.clock, "latency_s": self.latency_s,
                 "stall_s": self.stall_s, "bytes": self.bytes_total, "deadline_misses": self.deadline_misses,
                 "shards": len(self.shards), "peak_cache_bytes": self.peak_cache_bytes,
-                "levels": [u.level for u in self.units], "cuts": self.cuts}
+                "levels": [u.level for u in self.units], "cuts": self.cuts, "fallbacks": self.fallback_counts()}
 
     def to_dict(self) -> dict:
         d = asdict(self)

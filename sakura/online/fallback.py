@@ -1,0 +1,88 @@
+"""Fallbacks: what the device does when a shard's cache will not arrive before execution needs it.
+
+Three ways past such a shard, chosen by predicted completion time (both clocks call
+:func:`choose_fallback` the same way, every ``CHECK_EVERY_S`` while execution waits):
+
+* ``wait`` for the smallest usable prefix (anytime shards) — no quality cost, costs the stall;
+* ``reuse`` the previous denoising step's K/V of the same layers, rebuilt from the compressed bytes the
+  device kept — costs one rebuild, no transfer; adjacent steps' K/V differ by ~26 % (relative L2) on
+  the embedded catalog, and one reused shard leaves the masked output at 49–68 dB against the
+  FP16-cache output (``python -m sakura.eval.fallback_quality``);
+* ``local``: the current step and every later one run on every token (the model needs no cache) —
+  costs the full model for the remaining steps, and the output becomes local generation's from there.
+
+Waiting is preferred while the edit is predicted to end within ``bound_s`` (a share of local
+generation's time): a stall that keeps the edit faster than local generation costs no quality. Past
+it, the cheapest way wins. The wait is predicted from what the device sees: the bytes of the transfer
+delivered so far and the monitor's rate, capped by the rate this transfer itself has shown once it
+has run for ``MIN_OBSERVED_S`` (a link that has gone silent reads as silent, not as its past average).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+FALLBACKS = ("reuse", "local")  # what can fire (``wait`` is the absence of a fallback)
+CHECK_EVERY_S = 0.01  # a waiting executor re-decides this often
+MIN_OBSERVED_S = 0.02  # a transfer's own rate counts once it has been on the link this long
+BOUND_SHARE = 0.9  # wait while the edit is predicted to end within this share of local generation's time
+MIN_RATE_BPS = 1.0  # a rate is never zero in a division
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """One transfer a waiting shard still needs, as the device sees it at ``now``."""
+
+    need_bytes: int  # bytes of its smallest usable prefix (or of all of it, without anytime)
+    delivered: float  # bytes through so far
+    active_s: float  # how long its bytes have been on the link (0: not started)
+
+
+def observed_rate_bps(monitor_bps: float, transfers: list[InFlight]) -> float:
+    """The monitor's rate, capped by what the transfers in progress have shown."""
+    rate = max(monitor_bps, MIN_RATE_BPS)
+    for tr in transfers:
+        if tr.active_s >= MIN_OBSERVED_S:
+            rate = min(rate, max(8 * tr.delivered / tr.active_s, MIN_RATE_BPS))
+    return rate
+
+
+def predict_ready(now: float, transfers: list[InFlight], monitor_bps: float, rebuild_s: float) -> float:
+    """When the waiting shard's cache is predicted to be rebuilt (transfers share the link in order)."""
+    rate = observed_rate_bps(monitor_bps, transfers)
+    remaining = sum(max(0.0, tr.need_bytes - tr.delivered) for tr in transfers)
+    return now + 8 * remaining / rate + rebuild_s
+
+
+@dataclass(frozen=True)
+class FallbackContext:
+    """What the choice needs to know about the edit (fixed for the edit)."""
+
+    shard_s: list[float]  # predicted execution time of each shard
+    shard_step: list[int]  # the denoising step of each shard
+    num_steps: int
+    full_step_s: float  # one step on every token (local generation's time / steps)
+    bound_s: float  # the edit should end by then
+    allow_local: bool = True  # the executor can switch to every token (eager model runs)
+
+    @classmethod
+    def for_edit(cls, compute, num_steps: int, allow_local: bool = True,
+                 bound_share: float = BOUND_SHARE) -> "FallbackContext":
+        return cls(list(compute.shard_s), [s for s, _, _ in compute.shards], num_steps,
+                   compute.local_full_s / max(1, num_steps), bound_share * compute.local_full_s, allow_local)
+
+
+def choose_fallback(ctx: FallbackContext, shard: int, now: float, ready_s: float,
+                    reuse_s: float | None) -> tuple[str, dict[str, float]]:
+    """``wait``, ``reuse`` or ``local`` for ``shard`` waited on at ``now``, and each option's predicted
+    end of the edit. ``ready_s``: predicted time its cache is rebuilt; ``reuse_s``: the rebuild time of
+    the previous step's kept bytes for the same layers (None: the device holds none)."""
+    rest = sum(ctx.shard_s[shard:])
+    ends = {"wait": ready_s + rest}
+    if ends["wait"] <= ctx.bound_s:
+        return "wait", ends
+    if reuse_s is not None:
+        ends["reuse"] = now + reuse_s + rest
+    if ctx.allow_local:
+        ends["local"] = now + (ctx.num_steps - ctx.shard_step[shard]) * ctx.full_step_s
+    return min(ends, key=ends.get), ends

@@ -1,0 +1,103 @@
+"""Fallbacks: when a shard's cache cannot come in time the edit reuses the previous step's K/V or goes
+local, chosen by predicted end of the edit, on both clocks; a dead link costs local generation's time."""
+
+import numpy as np
+import pytest
+
+from sakura.model import LocalSwitch
+from sakura.net.folder import FolderSource
+from sakura.net.traces import Trace
+from sakura.online.fallback import FallbackContext, InFlight, choose_fallback, observed_rate_bps, predict_ready
+from sakura.runtime.calibration import CalibrationStore
+from sakura.runtime.compute import ComputeProfile
+from sakura.runtime.session import DeviceRuntime, Network
+from sakura.runtime.timeline import Timeline
+
+DEAD = Trace(np.array([0.0, 600.0]), np.array([0.0]), "dead")
+
+
+@pytest.fixture(scope="module")
+def folder(fs_packs):
+    packs, tpl = fs_packs
+    runtime = DeviceRuntime(FolderSource(packs), calibration=CalibrationStore(repeats=1))
+    req = runtime.session(tpl, "oracle", Network(DEAD, "dead", 0.0, 1.0)).request(catalog_request=tpl.eval_requests[0])
+    return tpl, runtime, req
+
+
+def dip(session) -> Trace:
+    """Fast for the first third of the masked run, then nothing: shards of later steps cannot come."""
+    return Trace(np.array([0.0, 0.35 * session.compute.masked_s, 600.0]), np.array([50.0, 0.0]), "dip")
+
+
+def test_the_choice_waits_within_the_bound_and_then_takes_the_cheapest_way():
+    compute = ComputeProfile([(s, 2 * j, 2 * j + 2) for s in range(2) for j in range(2)], [0.1] * 4, 0.05, 2.0)
+    ctx = FallbackContext.for_edit(compute, num_steps=2)  # bound 0.9 × 2.0 s, one full step 1.0 s
+    assert choose_fallback(ctx, 2, 0.5, ready_s=1.0, reuse_s=0.01)[0] == "wait"  # ends at 1.2 s ≤ 1.8 s
+    kind, ends = choose_fallback(ctx, 2, 0.5, ready_s=5.0, reuse_s=0.01)
+    assert kind == "reuse" and ends["reuse"] == pytest.approx(0.71) and ends["local"] == pytest.approx(1.5)
+    assert choose_fallback(ctx, 2, 0.5, ready_s=5.0, reuse_s=None)[0] == "local"
+    assert choose_fallback(FallbackContext.for_edit(compute, 2, allow_local=False), 2, 0.5, 5.0, None)[0] == "wait"
+    # a transfer that has shown nothing for long enough reads as a dead link, whatever the monitor says
+    silent = [InFlight(10_000, 0.0, 0.5)]
+    assert observed_rate_bps(8e6, silent) == 1.0 and predict_ready(0.0, silent, 8e6, 0.0) > 1e4
+    assert predict_ready(0.0, [InFlight(10_000, 0.0, 0.001)], 8e6, 0.0) == pytest.approx(0.01)  # too early to tell
+
+
+def test_a_provider_that_switches_at_step_0_is_local_generation(folder):
+    tpl, runtime, req = folder
+    model = runtime.template_state(tpl).model
+
+    def provider(step, layer):
+        raise LocalSwitch
+
+    res = model.masked_edit(req, provider)
+    assert res.extras["local_from"] == 0
+    np.testing.assert_allclose(res.image, model.full_edit(req).image, atol=1e-5)
+
+
+@pytest.mark.parametrize("clock", ["sim", "real"])
+def test_a_dead_link_goes_local_at_once(folder, clock):
+    tpl, runtime, req = folder
+    session = runtime.session(tpl, "sakura", Network(DEAD, "dead", 0.0, 1.0), timeout_s=30)
+    outcome = session.simulate(req) if clock == "sim" else session.run(req)
+    tl = outcome.timeline
+    assert [(f["kind"], f["shard"]) for f in tl.fallbacks] == [("local", 0)]
+    assert tl.extras["local_from_step"] == 0 and tl.summary()["fallbacks"] == {"local": 1}
+    np.testing.assert_allclose(outcome.image, session.local_output(req), atol=1e-5)
+    if clock == "sim":  # the first look comes ~prelude + 10 ms in, then the whole model runs
+        assert tl.latency_s <= 1.05 * session.compute.local_full_s + session.compute.prelude_s + 0.05
+
+
+@pytest.mark.parametrize("clock", ["sim", "real"])
+def test_a_link_that_dies_mid_edit_reuses_the_previous_step(folder, clock):
+    tpl, runtime, req = folder
+    probe = runtime.session(tpl, "sakura", Network(DEAD, "dead", 0.0, 1.0))
+    session = runtime.session(tpl, "sakura", Network(dip(probe), "dip", 0.0, 1.0), timeout_s=30)
+    events: list[dict] = []
+    session.on_event = events.append
+    outcome = session.simulate(req) if clock == "sim" else session.run(req)
+    tl = outcome.timeline
+    kinds = {f["kind"] for f in tl.fallbacks}
+    assert "reuse" in kinds, tl.fallbacks
+    steps = [tl.shards[f["shard"]].step for f in tl.fallbacks if f["kind"] == "reuse"]
+    assert min(steps) >= 1  # step 0 has nothing to reuse
+    if "local" not in kinds:
+        assert all(s.exec_end_t is not None for s in tl.shards)
+    dropped = [u for u in tl.units if u.dropped]
+    assert dropped and all(u.level == "" and u.requested_level for u in dropped)
+    if clock == "real":  # the protocol events fold back into the same timeline
+        viewer = Timeline("sakura", clock)
+        for ev in events:
+            viewer.apply(ev)
+        assert [f["kind"] for f in viewer.fallbacks] == [f["kind"] for f in tl.fallbacks]
+        assert sum(u.dropped for u in viewer.units) == len(dropped)
+    q = session.quality(outcome.image, req)
+    assert q["psnr_masked"] > 30, q  # adjacent steps' K/V are close: the edit stays usable
+
+
+def test_without_fallbacks_a_dying_link_waits(folder):
+    tpl, runtime, req = folder
+    session = runtime.session(tpl, "sakura", Network(dip(runtime.session(tpl, "sakura", Network(DEAD, "d", 0.0, 1.0))),
+                                                     "dip", 0.0, 1.0), fallbacks=False)
+    tl = session.simulate(req).timeline
+    assert not tl.fallbacks and tl.latency_s > 500  # the paper's runtime waits until the trace wraps (600 s)
