@@ -92,7 +92,8 @@ def _shards(progress: EditProgress, fig: go.Figure) -> None:
                         colorbar=dict(title="bytes<br>vs FP16", len=0.55, y=0.3, thickness=12),
                         line=dict(color=["#e03131" if not u.fits else "rgba(0,0,0,0.25)" for u in done],
                                   width=[2 if not u.fits else 0.5 for u in done])),
-            text=[f"{u.level} of {u.requested_level} (cut)" if u.requested_level else u.level for u in done],
+            text=[f"dropped {u.requested_level} (fallback)" if u.dropped else
+                  f"{u.level} of {u.requested_level} (cut)" if u.requested_level else u.level for u in done],
             textposition="inside", insidetextanchor="start",
             customdata=[[u.level, u.nbytes / 1e6, u.deadline_t, u.rate_mbps, u.label, r]
                         for u, r in zip(done, ratio)],
@@ -125,12 +126,35 @@ def _shards(progress: EditProgress, fig: go.Figure) -> None:
                              x=[s.stall_s for s in stalls], orientation="h", width=0.36,
                              marker=dict(color=COLORS["stall"], pattern=dict(shape="/")), name="stall",
                              hovertemplate="stalled %{x:.3f} s waiting for cache<extra></extra>"), 2, 1)
+    _fallbacks(progress, fig)
     dl = tl.units
     if dl:
         fig.add_trace(go.Scatter(y=[u.needed_by - 0.2 for u in dl], x=[u.deadline_t for u in dl], mode="markers",
                                  marker=dict(symbol="line-ns-open", size=16, color=COLORS["deadline"],
                                              line=dict(width=2, color=COLORS["deadline"])),
                                  name="deadline", hovertemplate="deadline %{x:.3f} s<extra></extra>"), 2, 1)
+
+
+FALLBACK_TEXT = {"reuse": "reused step−1 K/V", "local": "went local: every token from here"}
+
+
+def _fallbacks(progress: EditProgress, fig: go.Figure) -> None:
+    """Where execution did not wait: a marker on the shard, and for ``local`` a band to the end."""
+    fired = progress.timeline.fallbacks
+    if not fired:
+        return
+    fig.add_trace(go.Scatter(y=[f["shard"] for f in fired], x=[f["t"] for f in fired], mode="markers+text",
+                             marker=dict(symbol="star", size=13, color="#f03e3e", line=dict(color="#222", width=1)),
+                             text=[FALLBACK_TEXT.get(f["kind"], f["kind"]) for f in fired], textposition="middle right",
+                             textfont=dict(size=10, color="#c92a2a"), name="fallback",
+                             customdata=[[f["kind"], ", ".join(f"{k} {v:.2f} s" for k, v in
+                                                               (f.get("predicted_end_s") or {}).items())] for f in fired],
+                             hovertemplate="fallback %{customdata[0]} at %{x:.3f} s<br>predicted end: "
+                                           "%{customdata[1]}<extra></extra>"), 2, 1)
+    local = next((f for f in fired if f["kind"] == "local"), None)
+    if local is not None:
+        end = max(progress.now, local["t"] + 1e-3)
+        fig.add_vrect(x0=local["t"], x1=end, fillcolor="rgba(240,62,62,0.08)", line_width=0, row=2, col=1)
 
 
 def latency_figure(rows: list[dict]) -> go.Figure:

@@ -221,6 +221,8 @@ def bench(
     calibration: Optional[Path] = typer.Option(None, "--calibration", help="Calibration file (measured compute and "
                                                "request round trip, reused until the machine or model changes); "
                                                "default: ~/.cache/sakura/calibration.json."),
+    think_time: Optional[float] = typer.Option(None, "--think-time", help="Also run `sakura+prefetch`: the template "
+                                               "was picked S seconds before the edit and its pack prefetched meanwhile."),
     calibration_runs: int = typer.Option(7, "--calibration-runs", help="Local-generation runs per template when "
                                          "calibrating (the regime scale rests on their median)."),
 ):
@@ -242,7 +244,7 @@ def bench(
     cfg = bench.BenchConfig(workloads=tuple(w.strip() for w in workloads.split(",")),
                             systems=tuple(x.strip() for x in systems.split(",")), trace=trace, starts=starts,
                             regime=regime, trace_scale=trace_scale, packs=packs, seed=seed, append=append,
-                            calibration_file=calibration or default_path(), repeats=5,
+                            calibration_file=calibration or default_path(), repeats=5, think_time=think_time,
                             full_repeats=max(1, calibration_runs))
     for sname in cfg.systems:
         if sname not in SYSTEMS:

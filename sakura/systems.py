@@ -43,6 +43,9 @@ COMPRESSED: tuple[str, ...] = tuple(n for n in STREAMING if n != "fp16")  # the 
 VARIANTS: dict[str, tuple[str, str]] = {
     "sakura-coarse": ("SAKURA (per-step)", "#f783ac"),
     "sakura-fixed8": ("SAKURA (fixed 8-bit)", "#9c36b5"),
+    "sakura+prefetch": ("SAKURA + prefetch", "#a61e4d"),  # cache fetched during the think time (--think-time)
+    "sakura-no-fallback": ("SAKURA (no fallbacks)", "#f76707"),
+    "sakura-paper": ("SAKURA (paper runtime)", "#adb5bd"),  # no anytime shards, no fallbacks
 }
 
 

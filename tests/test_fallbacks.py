@@ -101,3 +101,29 @@ def test_without_fallbacks_a_dying_link_waits(folder):
                                                      "dip", 0.0, 1.0), fallbacks=False)
     tl = session.simulate(req).timeline
     assert not tl.fallbacks and tl.latency_s > 500  # the paper's runtime waits until the trace wraps (600 s)
+
+
+@pytest.mark.parametrize("clock", ["sim", "real"])
+def test_prefetched_units_are_used_without_a_request_and_are_a_floor_under_late_upgrades(folder, clock):
+    """Prefetch on template pick (simulated think time): the held units' bytes are on the device, the
+    edit fetches only upgrades, and an upgrade still in flight when needed gives way to the held level."""
+    tpl, runtime, req = folder
+    probe = runtime.session(tpl, "sakura", Network(DEAD, "dead", 0.0, 1.0))
+    trace = Trace(np.array([0.0, 10.0, 10.0 + 0.35 * probe.compute.masked_s, 600.0]),
+                  np.array([20.0, 50.0, 0.0]), "think-then-dip")
+    session = runtime.session(tpl, "sakura", Network(trace, "think-then-dip", 10.0, 1.0), timeout_s=30)
+    held = session.prefetch_simulated(think_s=0.3)  # 0.3 s at 20 Mbps: every unit, at a low level
+    assert len(held.units) == len(session.encoding.units) and held.nbytes > 0
+    outcome = session.simulate(req) if clock == "sim" else session.run(req)
+    tl = outcome.timeline
+    assert tl.extras["prefetched"]["bytes"] == held.nbytes
+    upgraded = [u for u in tl.units if not u.prefetched]
+    floored = [u for u in tl.units if u.prefetched and u.dropped]  # the upgrade came too late
+    assert upgraded and all(u.nbytes > held.units[u.unit].nbytes for u in upgraded)  # 50 Mbps: upgrades fit
+    assert floored and not tl.fallbacks  # the dip costs nothing: every late unit has its floor
+    assert all(s.stall_s < 0.05 for s in tl.shards)
+    for u in tl.units:
+        if u.prefetched:  # the level used is the one held
+            assert u.level == held.units[u.unit].level.label
+    q = session.quality(outcome.image, req)
+    assert q["psnr_masked"] > 30, q

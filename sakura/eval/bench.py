@@ -109,20 +109,25 @@ def record(prepared: TemplateBench, req_index: int, system: str, start: float, t
             "deadline_misses": tl.deadline_misses, "shards": len(tl.shards),
             "peak_cache_bytes": tl.peak_cache_bytes, "levels": [u.level for u in tl.units], "cuts": tl.cuts,
             "units": len(tl.units), "fallbacks": tl.fallback_counts(),
+            "prefetched_bytes": (tl.extras.get("prefetched") or {}).get("bytes", 0),
             **quality(out, prepared.reference(req_index), req.mask)}
 
 
 def run_one(prepared: TemplateBench, req_index: int, system: str, trace: Trace, start: float, *, policy=None,
             encoding=None, timer: Callable[[], float] = time.perf_counter, estimator: str = DEFAULT_ESTIMATOR,
-            name: str | None = None, fallbacks: bool = True, anytime: bool = True) -> dict:
+            name: str | None = None, fallbacks: bool = True, anytime: bool = True,
+            think_s: float | None = None) -> dict:
     """One edit of one system at one offset of an (already scaled) trace on the simulated clock, with
     its quality: an edit session, as the device runs it.
 
     ``policy`` / ``encoding`` / ``estimator`` replace the system's own, ``fallbacks`` / ``anytime`` turn
     the runtime's off (ablation variants, recorded as ``name``); ``timer`` is the clock the rebuilds
-    are measured on (the compute profile's)."""
+    are measured on (the compute profile's). ``think_s``: the template was picked that long before the
+    edit, and the device prefetched its pack meanwhile (``sakura+prefetch``)."""
     session = prepared.session(system, Network(trace, trace.name, start, scale=1.0), policy=policy, encoding=encoding,
                                estimator=estimator, fallbacks=fallbacks)
+    if think_s:
+        session.prefetch_simulated(think_s)
     kw = {} if anytime else {"anytime": False}
     outcome = session.simulate(prepared.request(req_index), request_key=req_index, timer=timer, **kw)
     return record(prepared, req_index, name or (policy.name if policy else system), start, outcome.timeline,
@@ -255,6 +260,7 @@ class BenchConfig:
     max_rank: int = 128
     append: bool = False  # keep other workloads already in DIR/summary.json (run workloads separately)
     calibration_file: Path | None = None
+    think_time: float | None = None  # add `sakura+prefetch` rows: the template was picked this long before the edit
     repeats: int = 3  # masked runs per template calibration
     full_repeats: int | None = None  # local-generation runs (default repeats − 1): the regime scale rests on them
 
@@ -310,10 +316,14 @@ def run_bench(cfg: BenchConfig, out: Path, progress=None, say: Callable[[str], N
                     if progress else None)
             for prepared, req_index, start in offset_plan(prepared_all, starts):
                 for system in cfg.systems:
-                    r = run_edit(prepared, req_index, system, base_trace, scales[prepared.template.id], start)
-                    r["workload"] = workload
-                    records.append(r)
-                    rec_file.write(json.dumps(r) + "\n")
+                    rows = [run_edit(prepared, req_index, system, base_trace, scales[prepared.template.id], start)]
+                    if system == "sakura" and cfg.think_time and clock == "sim":  # beside, never instead of
+                        rows.append(run_one(prepared, req_index, system, base_trace.scaled(scales[prepared.template.id]),
+                                            start, think_s=cfg.think_time, name="sakura+prefetch"))
+                    for r in rows:
+                        r["workload"] = workload
+                        records.append(r)
+                        rec_file.write(json.dumps(r) + "\n")
                     if progress:
                         progress.advance(task)
             ws = summarize(records, storage_of(prepared_all))

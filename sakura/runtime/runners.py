@@ -50,7 +50,8 @@ class StreamRunner(Runner):
         link = PacedLink(session.source, session.trace, session.start)
         edit = StreamedEdit(session.model, session.encoding, session.policy, link, session.file_id, session.compute,
                             session.initial_bps, timeout_s=session.timeout_s, executor=session.executor,
-                            estimator=session.estimator, fallback=session.fallback_context())
+                            estimator=session.estimator, fallback=session.fallback_context(),
+                            prefetched=session.prefetched)
         try:
             result = edit.run(req, tl)
         finally:
@@ -64,7 +65,8 @@ class StreamRunner(Runner):
             return session.source.fetch_timed(session.file_id, ranges).parts
 
         tl, kv = simulate(session.encoding, session.policy, session.compute, session.link_model(), fetch,
-                          timer=timer, estimator=session.estimator, fallback=session.fallback_context(), **kw)
+                          timer=timer, estimator=session.estimator, fallback=session.fallback_context(),
+                          prefetched=session.prefetched, **kw)
         local_from = tl.extras.get("local_from_step")
 
         def provider(step, layer):

@@ -40,6 +40,7 @@ from sakura.online.policies import Policy, get_policy
 from sakura.runtime.calibration import CalibrationStore
 from sakura.runtime.compute import ComputeProfile
 from sakura.runtime.errors import StreamError, TemplateUnavailable
+from sakura.runtime.prefetch import Prefetched, simulate_prefetch
 from sakura.runtime.runners import Outcome, get_runner
 from sakura.runtime.sim import LinkModel
 from sakura.runtime.timeline import EventSink
@@ -208,16 +209,18 @@ class EditSession:
                  on_event: EventSink | None = None, on_status: StatusSink | None = None, timeout_s: float = 60.0,
                  executor=None, reconstructor=None, policy: Policy | None = None,
                  encoding: StreamEncoding | None = None, rng: random.Random | None = None,
-                 estimator: str = DEFAULT_ESTIMATOR, fallbacks: bool = True) -> None:
+                 estimator: str = DEFAULT_ESTIMATOR, fallbacks: bool = True,
+                 prefetched: Prefetched | None = None) -> None:
         """``source``: where this edit reads template data (default: the runtime's), e.g. an audited
         client. ``policy`` / ``encoding`` / ``estimator`` replace the system's own (ablation variants).
-        ``fallbacks``: reuse / local fallbacks bound waiting (False: always wait, the paper's runtime)."""
+        ``fallbacks``: reuse / local fallbacks bound waiting (False: always wait, the paper's runtime).
+        ``prefetched``: this template's units already on the device (fetched when it was picked)."""
         self.runtime, self.template, self.network = runtime, template, network
         self.system: System = get_system(system)
         self.source = source or runtime.source
         self.on_event, self.on_status = on_event, on_status
         self.timeout_s, self.executor, self.estimator = timeout_s, executor, estimator
-        self.fallbacks = fallbacks
+        self.fallbacks, self.prefetched = fallbacks, prefetched
         self.state = runtime.template_state(template, self.source, on_status)
         self.compute = self.state.compute
         self.scale = network_scale(network, self.state)
@@ -260,6 +263,7 @@ class EditSession:
                 "trace_scale": self.scale,
                 "initial_mbps": self.initial_bps / 1e6, "fp16_bytes": self.state.fp16_bytes,
                 "stored_bytes": self.encoding.storage_bytes if self.encoding else 0, "timeout_s": self.timeout_s,
+                "prefetched": self.prefetched.summary() if self.prefetched else None,
                 "compute": {"masked_s": c.masked_s, "local_full_s": c.local_full_s, "prelude_s": c.prelude_s,
                             "shard_s": list(c.shard_s)}}
 
@@ -275,6 +279,16 @@ class EditSession:
         round trip real transfers measured on this device (a default until one has)."""
         overhead = self.runtime.calibration.request_overhead_s
         return LinkModel(self.trace, self.start, DEFAULT_REQUEST_OVERHEAD_S if overhead is None else overhead)
+
+    def prefetch_simulated(self, think_s: float) -> Prefetched:
+        """What prefetch on template pick would hold at this edit's start, had the template been picked
+        ``think_s`` earlier on the same link (simulated clock); the edit then uses it."""
+        def fetch(ranges):
+            return self.source.fetch_timed(self.file_id, ranges).parts
+
+        self.prefetched = simulate_prefetch(self.encoding, self.file_id, self.template.id, self.trace, self.start,
+                                            think_s, fetch, self.link_model().request_overhead_s)
+        return self.prefetched
 
     def fallback_context(self) -> FallbackContext | None:
         """What the fallback choice knows about this edit (None: fallbacks off). Going local needs the

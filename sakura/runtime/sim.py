@@ -24,6 +24,7 @@ from sakura.online.fallback import CHECK_EVERY_S, FallbackContext, InFlight, cho
 from sakura.online.monitor import DEFAULT_ESTIMATOR, RuntimeMonitor
 from sakura.online.policies import Policy
 from sakura.runtime.compute import ComputeProfile
+from sakura.runtime.prefetch import HeldUnit, Prefetched
 from sakura.runtime.timeline import Timeline, UnitRecord
 
 Fetch = Callable[[list[tuple[int, int]]], list[bytes]]
@@ -63,6 +64,8 @@ class _Booked:
     t_arr: float  # its last (used) byte is through
     nbytes: int
     used: tuple = ()  # (level, parts) execution uses: all of it, or the prefix it was cut at
+    on_device: HeldUnit | None = None  # prefetched bytes of this unit: a floor under its transfer
+    from_device: bool = False  # execution uses the prefetched bytes (no transfer, or the upgrade came too late)
 
 
 def simulate(encoding: StreamEncoding, policy: Policy, compute: ComputeProfile, link: LinkModel,
@@ -71,7 +74,7 @@ def simulate(encoding: StreamEncoding, policy: Policy, compute: ComputeProfile, 
              predicted: ComputeProfile | None = None,
              timer: Callable[[], float] = time.perf_counter,
              estimator: str = DEFAULT_ESTIMATOR, anytime: bool = True,
-             fallback: FallbackContext | None = None) -> tuple[Timeline, KV]:
+             fallback: FallbackContext | None = None, prefetched: Prefetched | None = None) -> tuple[Timeline, KV]:
     """Run one edit on the simulated clock. Returns its timeline and the rebuilt cache (for quality).
 
     Rebuild times are measured by decoding the chosen bytes for real; with ``rebuild_model`` (and no
@@ -83,15 +86,17 @@ def simulate(encoding: StreamEncoding, policy: Policy, compute: ComputeProfile, 
     rest (encodings whose levels are prefixes of one another, SAKURA's pack). ``fallback``: while
     execution waits on a shard, re-decide every ``CHECK_EVERY_S`` between waiting, reusing the previous
     step's K/V and going local (:mod:`sakura.online.fallback`); None: always wait (the paper's runtime).
-    A local fallback ends the stream: ``timeline.extras["local_from_step"]`` says from which step."""
+    A local fallback ends the stream: ``timeline.extras["local_from_step"]`` says from which step.
+    ``prefetched``: units already on the device (:mod:`sakura.runtime.prefetch`)."""
     return _SimulatedEdit(encoding.fresh(), policy, compute, link, fetch, ahead, keep, rebuild_model,
-                          predicted or compute, timer, estimator, anytime, fallback).run()
+                          predicted or compute, timer, estimator, anytime, fallback, prefetched).run()
 
 
 class _SimulatedEdit:
     def __init__(self, encoding, policy, compute, link, fetch, ahead, keep, rebuild_model, predicted, timer,
-                 estimator, anytime, fallback=None):
+                 estimator, anytime, fallback=None, prefetched=None):
         self.fallback = fallback
+        self.prefetched = prefetched.units if prefetched is not None else {}
         self.encoding, self.policy, self.compute, self.link, self.fetch = encoding, policy, compute, link, fetch
         self.ahead, self.keep, self.rebuild_model, self.predicted = ahead, keep, rebuild_model, predicted
         self.timer, self.anytime = timer, anytime
@@ -100,6 +105,8 @@ class _SimulatedEdit:
         self.ends: list[float | None] = [None] * n
         self.ready = [0.0] * n
         self.tl = Timeline.for_shards(policy.name, "sim", compute.shards, trace_start_s=link.start_s)
+        if prefetched is not None:
+            self.tl.extras["prefetched"] = prefetched.summary()
         self.cache: KV = {}
         self.monitor = RuntimeMonitor(initial_bps=link.rate_bps_at(0.0), estimator=estimator)
         self.booked: list[_Booked] = []  # every request, in order
@@ -161,6 +168,14 @@ class _SimulatedEdit:
         u = self.encoding.priced(u)
         deadline = predict_need(u.needed_by, t_req, self.predicted, self.starts)
         d = self.policy.choose(u, t_req, deadline, self.monitor)
+        on_device = self.prefetched.get(u.index)
+        if on_device is not None and d.level.error >= on_device.level.error:  # nothing better: no request
+            rec = UnitRecord(u.index, u.needed_by, u.label, on_device.level.label, 0, d.budget_bytes, d.window_s,
+                             d.rate_bps / 1e6, True, t_req, deadline_t=deadline, prefetched=True)
+            self.tl.requested(rec)
+            self.booked.append(_Booked(u, on_device.level, on_device.ranges, rec, t_req, t_req, t_req, 0,
+                                       on_device=on_device, from_device=True))
+            return
         ranges = self.encoding.ranges(u, d.level)
         nbytes = sum(n for _, n in ranges)
         begin = max(t_req + link.request_overhead_s, self.link_free)
@@ -168,14 +183,20 @@ class _SimulatedEdit:
         rec = UnitRecord(u.index, u.needed_by, u.label, d.level.label, nbytes, d.budget_bytes, d.window_s,
                          d.rate_bps / 1e6, d.fits, t_req, deadline_t=deadline, ranges=len(ranges))
         self.tl.requested(rec)
-        b = _Booked(u, d.level, ranges, rec, t_req, begin, t_arr, nbytes)
+        b = _Booked(u, d.level, ranges, rec, t_req, begin, t_arr, nbytes, on_device=on_device)
         self.booked.append(b)
         self.unseen.append(b)
 
     def settle(self, b: _Booked, need: float) -> None:
         """Execution reaches ``b``'s shard at ``need``: cut it short if it is still in flight (anytime)."""
         b.used = (b.level, len(b.ranges))
-        if self.anytime and b.t_arr > need:
+        if b.from_device:
+            pass
+        elif b.on_device is not None and b.t_arr > need:  # the upgrade is late: the prefetched level instead
+            self._drop([b], self.done, need, used_level=b.on_device.level.label)
+            b.t_arr, b.from_device = need, True
+            b.used = (b.on_device.level, len(b.on_device.ranges))
+        elif self.anytime and b.t_arr > need:
             b.used = self._cut(b, need)
         if self.fallback is None:
             self.finalize(b)
@@ -183,13 +204,13 @@ class _SimulatedEdit:
     def finalize(self, b: _Booked) -> None:
         """Rebuild what ``b`` uses."""
         level, k = b.used
-        ranges = b.ranges[:k]
+        ranges = b.on_device.ranges if b.from_device else b.ranges[:k]
         if self.rebuild_model is not None:
             kv, rebuild_s = {}, self.rebuild_model(b.unit, level)
         else:
-            blobs = self.fetch(ranges)
+            blobs = b.on_device.parts if b.from_device else self.fetch(ranges)
             t0 = self.timer()
-            kv = (self.encoding.decode(b.unit, level, blobs) if k == len(b.ranges)
+            kv = (self.encoding.decode(b.unit, level, blobs) if b.from_device or k == len(b.ranges)
                   else self.encoding.decode_prefix(b.unit, level, ranges, blobs))
             rebuild_s = self.timer() - t0
         t_ready = self.rebuild_free = max(b.t_arr, self.rebuild_free) + rebuild_s
@@ -221,7 +242,7 @@ class _SimulatedEdit:
             ready = predict_ready(t, flights, self.monitor.rate_bps, rebuild_est)
             kind, ends = choose_fallback(fb, k, t, ready, reuse_s)
             if kind != "wait":
-                self._drop(mine, first, t)
+                self._drop([b for b in mine if not b.from_device], first, t)
                 self.tl.fallback(kind, k, t, ends)
                 if kind == "local":
                     self.local_at = (k, t)
@@ -241,17 +262,19 @@ class _SimulatedEdit:
             b = self.unseen.pop(0)
             self.monitor.observe(b.nbytes, b.t_req, b.t_arr)
 
-    def _drop(self, mine: list[_Booked], first: int, t: float) -> None:
+    def _drop(self, mine: list[_Booked], first: int, t: float, used_level: str = "") -> None:
         """Shard ``mine``'s transfers stop at ``t`` (what came through is wasted); later ones move up."""
         start = self.link.start_s
         for b in mine:
             got = self.link.trace.bytes_between(start + b.begin, start + t) if t > b.begin else 0.0
             b.nbytes, b.t_arr = int(min(b.nbytes, got)), min(b.t_arr, max(t, b.begin))
-            self.tl.dropped(b.rec, b.nbytes, t)
+            self.tl.dropped(b.rec, b.nbytes, t, used_level)
             if b in self.unseen:
                 self.unseen.remove(b)
         free = t
         for later in self.booked[first + len(mine):]:
+            if later.from_device:
+                continue
             later.begin = max(later.t_req + self.link.request_overhead_s, free)
             later.t_arr = free = self.link.arrival(later.nbytes, later.t_req, free)
         self.link_free = free
@@ -289,6 +312,8 @@ class _SimulatedEdit:
         self.tl.cut(b.rec, level.label, b.nbytes, t_cut)
         free = t_cut
         for later in self.booked[self.done + 1:]:  # (b is booked[done]) their bytes move up behind the cut
+            if later.from_device:
+                continue
             later.begin = max(later.t_req + self.link.request_overhead_s, free)
             later.t_arr = free = self.link.arrival(later.nbytes, later.t_req, free)
         self.link_free = free

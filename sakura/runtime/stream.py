@@ -29,6 +29,7 @@ from sakura.online.monitor import DEFAULT_ESTIMATOR, RuntimeMonitor
 from sakura.online.policies import Policy
 from sakura.runtime.compute import ComputeProfile
 from sakura.runtime.errors import StreamError
+from sakura.runtime.prefetch import Prefetched
 from sakura.runtime.timeline import Timeline, UnitRecord
 
 
@@ -81,8 +82,10 @@ class StreamedEdit:
                  file_id: str, compute: ComputeProfile, initial_bps: float, ahead: int = 2,
                  timeout_s: float = 120.0, executor=None, inflight: int = DEFAULT_INFLIGHT,
                  estimator: str = DEFAULT_ESTIMATOR, anytime: bool = True,
-                 fallback: FallbackContext | None = None):
+                 fallback: FallbackContext | None = None, prefetched: Prefetched | None = None):
         self.fallback = fallback  # None: always wait for the cache (the paper's runtime)
+        self.prefetched = prefetched
+        self.on_device = prefetched.units if prefetched is not None else {}  # fetched when the template was picked
         self.adapter, self.encoding, self.policy, self.link = adapter, encoding.fresh(), policy, link
         self.file_id, self.compute, self.ahead, self.timeout_s = file_id, compute, ahead, timeout_s
         self.inflight, self.anytime = inflight, anytime
@@ -99,6 +102,8 @@ class StreamedEdit:
                             [sum(1 for u in self.encoding.units if u.needed_by == j) for j in range(n)],
                             [threading.Event() for _ in range(n)], [threading.Event() for _ in range(n)])
         self.policy.begin(self.encoding.units, self.compute.masked_s, self.monitor.initial_bps)
+        if self.prefetched is not None:
+            timeline.extras["prefetched"] = self.prefetched.summary()
         rebuild_q: queue.Queue = queue.Queue(maxsize=self.ahead + 1)
         sent: queue.Queue = queue.Queue()
         slots = threading.Semaphore(self.inflight)
@@ -216,6 +221,14 @@ class StreamedEdit:
                 unit = self.encoding.priced(unit)
                 deadline = predict_need(unit.needed_by, now, self.compute, state.starts)
                 d = self.policy.choose(unit, now, deadline, self.monitor)
+                on_device = self.on_device.get(unit.index)
+                if on_device is not None and d.level.error >= on_device.level.error:  # nothing better: no request
+                    slots.release()
+                    rec = UnitRecord(unit.index, unit.needed_by, unit.label, on_device.level.label, 0, d.budget_bytes,
+                                     d.window_s, d.rate_bps / 1e6, True, now, deadline_t=deadline, prefetched=True)
+                    timeline.requested(rec)
+                    sent.put((unit, on_device.level, on_device.ranges, None, rec, None, on_device))
+                    continue
                 ranges = self.encoding.ranges(unit, d.level)
                 rec = UnitRecord(unit.index, unit.needed_by, unit.label, d.level.label, sum(n for _, n in ranges),
                                  d.budget_bytes, d.window_s, d.rate_bps / 1e6, d.fits, now, deadline_t=deadline,
@@ -225,7 +238,7 @@ class StreamedEdit:
                 pending = self.link.send(self.file_id, ranges)
                 state.flights.setdefault(unit.needed_by, []).append(
                     (pending, sum(n for _, n in ranges[:prefixes[0][1]])))
-                sent.put((unit, d.level, ranges, prefixes, rec, pending))
+                sent.put((unit, d.level, ranges, prefixes, rec, pending, on_device))
         except BaseException as e:  # noqa: BLE001 - handed to the executor, which raises it
             state.fail(StreamError(f"receiving the cache failed: {e}"))
         finally:
@@ -238,7 +251,10 @@ class StreamedEdit:
             while (item := sent.get()) is not None:
                 if state.error is not None:
                     continue  # drain, so the requester never blocks
-                unit, level, ranges, prefixes, rec, pending = item
+                unit, level, ranges, prefixes, rec, pending, on_device = item
+                if on_device is not None:
+                    self._from_device(state, timeline, slots, out, item)
+                    continue
                 tr = self.link.receive(pending, state.cut[unit.needed_by], [k for _, k in prefixes],
                                        state.drop[unit.needed_by])
                 if state.drop[unit.needed_by].is_set():  # a fallback replaced the unit
@@ -246,14 +262,15 @@ class StreamedEdit:
                     slots.release()
                     timeline.dropped(rec, tr.nbytes, state.now())
                     continue
-                if len(tr.parts) < len(ranges):  # execution reached the unit first: its best prefix
+                whole = len(tr.parts) == len(ranges)
+                if not whole:  # execution reached the unit first: its best prefix
                     level, ranges = next(lv for lv, k in prefixes if k == len(tr.parts)), ranges[:len(tr.parts)]
                     timeline.cut(rec, level.label, tr.nbytes, state.now())
                 active = self.monitor.observe(tr.nbytes, tr.t_request, tr.t_last_byte)
                 slots.release()
                 state.hold(tr.nbytes)
                 timeline.arrived(rec, state.now(), active, ranges)
-                out.put((unit, level, ranges, tr.parts, rec))
+                out.put((unit, level, ranges, tr.parts, rec, whole))
         except BaseException as e:  # noqa: BLE001 - handed to the executor, which raises it
             state.fail(StreamError(f"receiving the cache failed: {e}"))
             while sent.get() is not None:  # let the requester finish
@@ -261,19 +278,40 @@ class StreamedEdit:
         finally:
             out.put(None)
 
+    def _from_device(self, state: StreamState, timeline: Timeline, slots: threading.Semaphore, out: queue.Queue,
+                     item) -> None:
+        """A unit with prefetched bytes: nothing to receive, or an upgrade that is used only if it comes
+        before execution needs the unit (else the prefetched level)."""
+        unit, level, ranges, prefixes, rec, pending, on_device = item
+        if pending is not None:
+            tr = self.link.receive(pending, drop=state.cut[unit.needed_by])
+            if len(tr.parts) == len(ranges):
+                active = self.monitor.observe(tr.nbytes, tr.t_request, tr.t_last_byte)
+                slots.release()
+                state.hold(tr.nbytes)
+                timeline.arrived(rec, state.now(), active, ranges)
+                out.put((unit, level, ranges, tr.parts, rec, True))
+                return
+            self.monitor.observe(tr.nbytes, tr.t_request, tr.t_last_byte)
+            slots.release()
+            timeline.dropped(rec, tr.nbytes, state.now(), on_device.level.label)
+        else:
+            timeline.arrived(rec, state.now(), 0.0, on_device.ranges)
+        state.hold(on_device.nbytes)
+        out.put((unit, on_device.level, on_device.ranges, on_device.parts, rec, True))
+
     # -- reconstructor -----------------------------------------------------------------------------
     def _rebuild(self, state: StreamState, timeline: Timeline, inbox: queue.Queue) -> None:
         while (item := inbox.get()) is not None:
             if state.error is not None:
                 continue  # drain, so the receiver never blocks on a full queue
-            unit, level, ranges, parts, rec = item
+            unit, level, ranges, parts, rec, whole = item
             j = unit.needed_by
             if state.drop[j].is_set():  # a fallback replaced the shard while its bytes waited here
                 state.hold(-sum(len(p) for p in parts))
                 continue
             try:
                 t0 = time.perf_counter()
-                whole = rec.requested_level == ""
                 kv = (self.encoding.decode(unit, level, parts) if whole else
                       self.encoding.decode_prefix(unit, level, ranges, parts))
                 state.rebuild_s[j] = state.rebuild_s.get(j, 0.0) + time.perf_counter() - t0

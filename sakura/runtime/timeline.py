@@ -37,6 +37,7 @@ class UnitRecord:
     requested_level: str = ""  # what was asked for, when execution cut the transfer short (anytime)
     requested_bytes: int = 0
     dropped: bool = False  # a fallback replaced it: what came through (``nbytes``) was not used
+    prefetched: bool = False  # execution used bytes fetched when the template was picked (``level``)
 
 
 @dataclass
@@ -92,7 +93,7 @@ class Timeline:
         self.units.append(rec)
         self._emit("request", unit=rec.unit, shard=rec.needed_by, label=rec.label, level=rec.level, bytes=rec.nbytes,
                    t=rec.request_t, deadline=rec.deadline_t, budget_bytes=rec.budget_bytes, window_s=rec.window_s,
-                   rate_mbps=rec.rate_mbps, fits=rec.fits)
+                   rate_mbps=rec.rate_mbps, fits=rec.fits, prefetched=rec.prefetched)
 
     def arrived(self, rec: UnitRecord, t: float, active_s: float, ranges) -> None:
         rec.arrival_t = t
@@ -107,11 +108,13 @@ class Timeline:
         self._emit("cut", unit=rec.unit, shard=rec.needed_by, level=level, bytes=nbytes,
                    requested_level=rec.requested_level, requested_bytes=rec.requested_bytes, t=t)
 
-    def dropped(self, rec: UnitRecord, nbytes: int, t: float) -> None:
-        """A fallback replaced the unit: its transfer stopped at ``t`` with ``nbytes`` through, unused."""
+    def dropped(self, rec: UnitRecord, nbytes: int, t: float, used_level: str = "") -> None:
+        """A fallback replaced the unit: its transfer stopped at ``t`` with ``nbytes`` through, unused.
+        ``used_level``: the level execution uses instead, from bytes prefetched on the device."""
         rec.requested_level, rec.requested_bytes = rec.level, rec.nbytes
-        rec.level, rec.nbytes, rec.dropped, rec.arrival_t = "", nbytes, True, t
-        self._emit("drop", unit=rec.unit, shard=rec.needed_by, bytes=nbytes, t=t)
+        rec.level, rec.nbytes, rec.dropped, rec.arrival_t = used_level, nbytes, True, t
+        rec.prefetched = bool(used_level)
+        self._emit("drop", unit=rec.unit, shard=rec.needed_by, bytes=nbytes, t=t, used_level=used_level)
 
     def fallback(self, kind: str, shard: int, t: float, predicted_end_s: dict | None = None) -> None:
         """Execution did not wait for ``shard``: ``reuse`` (the previous step's K/V of its layers) or
@@ -152,7 +155,7 @@ class Timeline:
                                          str(ev.get("level", "")), int(ev.get("bytes") or 0),
                                          _num(ev.get("budget_bytes")), _num(ev.get("window_s")),
                                          _num(ev.get("rate_mbps")), bool(ev.get("fits", True)), _num(t),
-                                         deadline_t=_num(ev.get("deadline"))))
+                                         deadline_t=_num(ev.get("deadline")), prefetched=bool(ev.get("prefetched"))))
         elif kind == "cut":
             rec = self.unit(int(ev.get("unit", -1)))
             if rec is not None:
@@ -162,7 +165,9 @@ class Timeline:
             rec = self.unit(int(ev.get("unit", -1)))
             if rec is not None:
                 rec.requested_level, rec.requested_bytes = rec.level, rec.nbytes
-                rec.level, rec.nbytes, rec.dropped, rec.arrival_t = "", int(ev.get("bytes") or 0), True, _num(t)
+                rec.level, rec.nbytes, rec.dropped, rec.arrival_t = (str(ev.get("used_level") or ""),
+                                                                     int(ev.get("bytes") or 0), True, _num(t))
+                rec.prefetched = bool(ev.get("used_level"))
         elif kind == "fallback":
             self.fallbacks.append({"kind": str(ev.get("kind", "")), "shard": int(ev.get("shard", 0)), "t": _num(t),
                                    "predicted_end_s": ev.get("predicted_end_s") or {}})
