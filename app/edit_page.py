@@ -163,8 +163,8 @@ class EditPage:
                                [c["builds"], template_info], show_progress="hidden", queue=False)
         for g, gids in galleries:
             g.select(self._picker(gids), None, template, show_progress="hidden", queue=False)
-        template.change(self.on_template, template, [template_info, preview, prompt, photo, photo_state, status],
-                        show_progress="hidden", queue=False)
+        template.change(self.on_template, [template, network, fixed, trace_state, start, regime],
+                        [template_info, preview, prompt, photo, photo_state, status], show_progress="hidden", queue=False)
         photo.upload(self.on_photo, photo, [preview, photo_state, status, photo], show_progress="minimal")
         photo.clear(lambda: (None, None, status_html("Photo removed.")), None, [preview, photo_state, status],
                     queue=False)
@@ -214,15 +214,27 @@ class EditPage:
 
         return pick
 
-    def on_template(self, tid):
+    def on_template(self, tid, network=None, fixed=None, trace_up=None, start=None, regime=True):
         if self.builds is not None and tid:
             self.builds.prioritize(tid)  # the template the user wants is built next
         task = self._task(tid)
         photo_task = task != "mb"
+        fetching = self._prefetch(tid, network, fixed, trace_up, start, regime)
         return (self._template_info(tid), gr.update(visible=photo_task, value=None),
                 gr.update(visible=not photo_task), gr.update(visible=photo_task, value=None), None,
                 status_html(f"Template {tid} selected: " + ("type an instruction." if not photo_task
-                                                            else "upload a photo.")))
+                                                            else "upload a photo.") + fetching))
+
+    def _prefetch(self, tid, network, fixed, trace_up, start, regime) -> str:
+        """Picking a template starts its pack downloading (template data only) while the person picks a
+        photo; the status line says so. A prefetch that cannot start costs nothing: the edit streams it all."""
+        if not tid or not self._ready(tid) or network is None:
+            return ""
+        try:
+            self.bridge.prefetch(tid, network_spec(network, fixed, trace_up, start, bool(regime)))
+        except Exception:  # noqa: BLE001 - e.g. an unparsable trace: the edit reports it
+            return ""
+        return " Its cache is downloading meanwhile (template data only)."
 
     def on_photo(self, path):
         try:
@@ -294,7 +306,8 @@ class EditPage:
         for k, name in enumerate(systems):
             prefix = f"[{k + 1}/{len(systems)}] " if len(systems) > 1 else ""
             progress = EditProgress(system=SYSTEM_TITLES[name])
-            edit = EditRun(self.bridge, Job(tid, name, text, photo, net)).start()
+            # prefetched bytes only for a single SAKURA run: the side-by-side stays paper-comparable
+            edit = EditRun(self.bridge, Job(tid, name, text, photo, net, prefetch=len(systems) == 1)).start()
             for batch in edit.events():
                 for ev in batch:
                     progress.apply(ev)

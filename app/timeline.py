@@ -46,10 +46,18 @@ def timeline_figure(progress: EditProgress, title: str | None = None) -> go.Figu
     fig.update_xaxes(range=[0, horizon * 1.04], row=1, col=1)
     fig.update_xaxes(range=[0, horizon * 1.04], row=2, col=1)
     fig.update_layout(barmode="overlay", height=max(460, 260 + 26 * n), margin=dict(l=10, r=10, t=50, b=90),
-                      title=dict(text=title or f"live timeline — {progress.system}", x=0.01, font=dict(size=15)),
+                      title=dict(text=title or _title(progress), x=0.01, font=dict(size=15)),
                       legend=dict(orientation="h", yanchor="top", y=-0.1, xanchor="left", x=0),
                       uniformtext=dict(minsize=8, mode="hide"), template="plotly_white")
     return fig
+
+
+def _title(progress: EditProgress) -> str:
+    held = progress.plan.get("prefetched") or {}
+    if held.get("bytes"):
+        return (f"live timeline — {progress.system} · {held['bytes'] / 1e6:.2f} MB ({held.get('units', 0)} shards) "
+                "already on the device at Run (prefetched on template pick)")
+    return f"live timeline — {progress.system}"
 
 
 def _bandwidth(progress: EditProgress, fig: go.Figure, horizon: float) -> None:
@@ -92,7 +100,9 @@ def _shards(progress: EditProgress, fig: go.Figure) -> None:
                         colorbar=dict(title="bytes<br>vs FP16", len=0.55, y=0.3, thickness=12),
                         line=dict(color=["#e03131" if not u.fits else "rgba(0,0,0,0.25)" for u in done],
                                   width=[2 if not u.fits else 0.5 for u in done])),
-            text=[f"dropped {u.requested_level} (fallback)" if u.dropped else
+            text=[f"{u.level} (prefetched; {u.requested_level} came late)" if u.dropped and u.prefetched else
+                  f"{u.level} (prefetched, on device)" if u.prefetched else
+                  f"dropped {u.requested_level} (fallback)" if u.dropped else
                   f"{u.level} of {u.requested_level} (cut)" if u.requested_level else u.level for u in done],
             textposition="inside", insidetextanchor="start",
             customdata=[[u.level, u.nbytes / 1e6, u.deadline_t, u.rate_mbps, u.label, r]

@@ -23,8 +23,9 @@ import httpx
 
 from device_bridge.links import AuditedLink, EditCancelled
 from device_bridge.media import mask_overlay, png_b64
+from device_bridge.prefetcher import DEFAULT_THINK_S, Prefetcher
 from device_bridge.protocol import (PROTOCOL_VERSION, EditFailed, EditRejected, Job, event, jsonable, one_line,
-                                    parse_job)
+                                    parse_job, parse_network)
 from device_bridge.slot import EditSlot
 from sakura.catalog import TASK_NAMES, Catalog, CatalogError, load_catalog
 from sakura.formats import PackFormatError, file_id
@@ -90,6 +91,10 @@ class DeviceAgent:
                                      calibration=CalibrationStore(calibration_file, calibration_repeats),
                                      reference_caches=reference_cache_templates)
         self._thumbs: dict[str, str] = {}
+        self.prefetcher = Prefetcher(self.runtime, self._client)
+
+    def _client(self):
+        return WsRangeClient(self.server_url) if self.transport == "ws" else RangeClient(self.server_url)
 
     # ---------------------------------------------------------------------------- small endpoints
     @property
@@ -137,7 +142,22 @@ class DeviceAgent:
                 raise EditFailed(*self._describe(e)) from None
         return {"template_id": template.id, "compute": state.compute.to_dict()}
 
+    def prefetch(self, template_id: str, network=None, think_s: float = DEFAULT_THINK_S) -> dict:
+        """The person picked a template: start fetching its pack (template data only) over ``network``
+        (a job's network object) while they choose a photo or type a prompt. Returns at once."""
+        try:
+            template = self.catalog.get(template_id)
+        except CatalogError as e:
+            raise EditRejected(one_line(str(e).strip("'\""))) from None
+        net = parse_network(network)
+        try:
+            return self.prefetcher.start(template, Network(net.link_trace, net.trace, net.start, net.scale, net.regime),
+                                         think_s)
+        except Exception as e:  # noqa: BLE001
+            raise EditFailed(*self._describe(e)) from None
+
     def close(self) -> None:
+        self.prefetcher.stop()
         self.runtime.source.close()
         if self._server is not None:
             self._server.stop()
@@ -186,17 +206,19 @@ class DeviceAgent:
 
     def _run(self, spec: Job, template, emit, cancel: threading.Event, job_id: str) -> dict:
         sent: list[dict] = []
-        client = WsRangeClient(self.server_url) if self.transport == "ws" else RangeClient(self.server_url)
-        source = AuditedLink(client, sent, cancel)
+        source = AuditedLink(self._client(), sent, cancel)
         timing: dict[str, float] = {}
         net = spec.network
+        held, goes_on_at = self.prefetcher.take(template.id)  # the edit continues the prefetch's link
+        held = held if spec.system == "sakura" and spec.prefetch else None  # (prefetch fetches SAKURA's pack)
+        start = net.start if net.start is not None or held is None else goes_on_at
         try:
             t0 = time.perf_counter()
             calibrating = not self.runtime.knows(template)
             session = self.runtime.session(
-                template, spec.system, Network(net.link_trace, net.trace, net.start, net.scale, net.regime), source=source,
+                template, spec.system, Network(net.link_trace, net.trace, start, net.scale, net.regime), source=source,
                 on_event=emit, on_status=lambda stage, msg: emit(event("status", stage=stage, message=msg)),
-                timeout_s=self.timeout_s)
+                timeout_s=self.timeout_s, prefetched=held)
             timing["setup_s"] = time.perf_counter() - t0
             if calibrating:
                 timing["calibration_s"] = timing["setup_s"]

@@ -41,6 +41,10 @@ class NetworkSpec:
     regime: str = "paper"
     upload: TraceUpload | None = None
 
+    def to_wire(self) -> dict:
+        return {"trace": self.trace, "start": self.start, "scale": self.scale, "regime": self.regime,
+                "samples": self.upload.to_wire() if self.upload else None}
+
     @cached_property
     def link_trace(self) -> Trace:
         """The (unscaled) trace, loaded once: by the validator, then used by the edit."""
@@ -58,14 +62,13 @@ class Job:
     network: NetworkSpec = field(default_factory=NetworkSpec)
     reference_output: bool = True
     catalog_request: int | None = None  # use the template's evaluation request #i as the input (user studies)
+    prefetch: bool = True  # sakura may use the pack bytes prefetched when the template was picked
 
     def to_wire(self) -> dict:
-        net = self.network
         return {"template_id": self.template_id, "system": self.system, "prompt": self.prompt,
-                "photo": self.photo.to_wire() if self.photo else None,
-                "network": {"trace": net.trace, "start": net.start, "scale": net.scale, "regime": net.regime,
-                            "samples": net.upload.to_wire() if net.upload else None},
-                "reference_output": self.reference_output, "catalog_request": self.catalog_request}
+                "photo": self.photo.to_wire() if self.photo else None, "network": self.network.to_wire(),
+                "reference_output": self.reference_output, "catalog_request": self.catalog_request,
+                "prefetch": self.prefetch}
 
 
 def _number(value: Any, what: str, *, positive: bool = False) -> float | None:
@@ -114,6 +117,9 @@ def _network(net: Any) -> NetworkSpec:
     return spec
 
 
+parse_network = _network  # a job's network object on its own (prefetch on template pick)
+
+
 def parse_job(job: Any, catalog) -> tuple[Job, Any]:
     """The one validator: a :class:`Job` or its JSON form → (Job, catalog template), or :class:`EditRejected`."""
     from_wire = not isinstance(job, Job)
@@ -147,11 +153,11 @@ def parse_job(job: Any, catalog) -> tuple[Job, Any]:
     if template.task != "mb" and photo is None and catalog_request is None:
         what = "a face photo" if template.task == "fs" else "a garment photo"
         raise EditRejected(f"template {template.id} needs {what}: please upload an image")
-    ref_out = get("reference_output", True)
-    if not isinstance(ref_out, bool):
-        raise EditRejected("reference_output must be true or false")
+    ref_out, prefetch = get("reference_output", True), get("prefetch", True)
+    if not isinstance(ref_out, bool) or not isinstance(prefetch, bool):
+        raise EditRejected("reference_output and prefetch must be true or false")
     return Job(template.id, get_system(system).name, prompt if template.task == "mb" else "", photo,
-               _network(get("network")), ref_out, catalog_request), template
+               _network(get("network")), ref_out, catalog_request, prefetch), template
 
 
 def _photo(get, from_wire: bool) -> Photo | None:
@@ -231,6 +237,12 @@ class EditProgress:
         tl = self.timeline
         done = sum(1 for s in tl.shards if s.exec_end_t is not None)
         arrived = sum(1 for u in tl.units if u.arrival_t is not None)
+        held = self.plan.get("prefetched") or {}
+        on_device = f" · {held['bytes'] / 1e6:.2f} MB were on the device at Run (prefetched)" if held.get("bytes") else ""
+        fired = {}
+        for f in tl.fallbacks:
+            fired[f["kind"]] = fired.get(f["kind"], 0) + 1
+        fallbacks = (" · fallbacks " + ", ".join(f"{k} ×{n}" for k, n in fired.items())) if fired else ""
         return (f"{self.system}: t = {self.now:.2f} s · shards executed {done}/{len(tl.shards)} · cache units "
                 f"received {arrived}/{len(self.plan.get('units') or [])} ({tl.bytes_received / 1e6:.2f} MB) · "
-                f"stalls {tl.stall_s:.2f} s")
+                f"stalls {tl.stall_s:.2f} s{on_device}{fallbacks}")

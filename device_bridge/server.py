@@ -1,6 +1,7 @@
 """The agent's websocket server (protocol v1, see ``docs/device-protocol.md``).
 
-``GET /healthz``, ``GET /v1/templates``, ``POST /v1/warmup/{template_id}``, ``WS /v1/edit``.
+``GET /healthz``, ``GET /v1/templates``, ``POST /v1/warmup/{template_id}``, ``POST /v1/prefetch/{template_id}``
+(body ``{"network": {...}}``, a job's network), ``WS /v1/edit``.
 The agent runs each edit in a worker thread; its events are forwarded as JSON text frames as
 they happen. A client that disconnects cancels its edit (the agent stops at its next cache
 request) and the agent stays up. Nothing of a job is logged.
@@ -14,7 +15,8 @@ import threading
 from typing import Any
 
 import uvicorn
-from fastapi import FastAPI, WebSocket
+from fastapi import FastAPI, Request, WebSocket
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
@@ -47,6 +49,20 @@ def create_app(agent: DeviceAgent) -> FastAPI:
             return agent.warmup(template_id)
         except EditRejected as e:
             return JSONResponse({"error": one_line(e), "code": e.code}, status_code=404)
+        except EditFailed as e:
+            return JSONResponse({"error": one_line(e), "code": e.code}, status_code=503)
+
+    @app.post("/v1/prefetch/{template_id}")
+    async def prefetch(template_id: str, request: Request):
+        try:
+            body = await request.json()
+        except ValueError:
+            body = {}
+        try:
+            network = body.get("network") if isinstance(body, dict) else None
+            return await run_in_threadpool(agent.prefetch, template_id, network)
+        except EditRejected as e:
+            return JSONResponse({"error": one_line(e), "code": e.code}, status_code=400)
         except EditFailed as e:
             return JSONResponse({"error": one_line(e), "code": e.code}, status_code=503)
 

@@ -39,7 +39,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
 
 from device_bridge.agent import DeviceAgent
-from device_bridge.protocol import EditFailed, EditRejected, Job, one_line
+from device_bridge.protocol import EditFailed, EditRejected, Job, NetworkSpec, one_line
 
 EventCallback = Callable[[dict], None]
 DEFAULT_ADB_PORT = 8700
@@ -66,6 +66,10 @@ class Bridge(ABC):
 
     def warmup(self, template_id: str) -> dict:
         """Load the model and calibrate compute for a template ahead of its first edit."""
+        return {}
+
+    def prefetch(self, template_id: str, network: NetworkSpec | dict | None = None) -> dict:
+        """The person picked a template: the device starts fetching its pack (returns at once)."""
         return {}
 
     def close(self) -> None:
@@ -103,6 +107,9 @@ class InProcessBridge(Bridge):
     def warmup(self, template_id: str) -> dict:
         return self.agent.warmup(template_id)
 
+    def prefetch(self, template_id: str, network: NetworkSpec | dict | None = None) -> dict:
+        return self.agent.prefetch(template_id, network)
+
     def close(self) -> None:
         if self._owned:
             self.agent.close()
@@ -121,9 +128,9 @@ class WsBridge(Bridge):
         self.http_url = "http" + u[2:]
         self.open_timeout, self.event_timeout = open_timeout, event_timeout
 
-    def _get(self, path: str, method: str = "GET", timeout: float = 30.0) -> Any:
+    def _get(self, path: str, method: str = "GET", timeout: float = 30.0, json: Any = None) -> Any:
         try:
-            r = httpx.request(method, self.http_url + path, timeout=timeout)
+            r = httpx.request(method, self.http_url + path, timeout=timeout, json=json)
         except httpx.HTTPError as e:
             raise BridgeError(f"cannot reach the device agent at {self.url}: {type(e).__name__}: {one_line(e, 200)}") \
                 from None
@@ -143,6 +150,10 @@ class WsBridge(Bridge):
 
     def warmup(self, template_id: str) -> dict:
         return self._get(f"/v1/warmup/{template_id}", method="POST", timeout=600.0)
+
+    def prefetch(self, template_id: str, network: NetworkSpec | dict | None = None) -> dict:
+        body = {"network": network.to_wire() if isinstance(network, NetworkSpec) else network}
+        return self._get(f"/v1/prefetch/{template_id}", method="POST", timeout=60.0, json=body)
 
     def edit(self, job: Job | dict, on_event: EventCallback | None = None) -> dict:
         try:

@@ -415,3 +415,31 @@ def test_the_demo_agent_and_the_cli_put_an_edit_together_the_same_way(agent, tem
             assert cli["levels"] == res["summary"]["levels"] and len(set(cli["levels"])) == 1
         if trace == "fixed:0.5":  # nothing fits: the smallest, on both
             assert cli["levels"] == res["summary"]["levels"]
+
+
+def test_picking_a_template_prefetches_its_pack_and_the_edit_uses_it(agent, agent_ws, access_log):
+    """The pick starts the download over the device's paced link (template ids and ranges only); the
+    edit then fetches only upgrades, and says how much was on the device at Run."""
+    import httpx
+
+    before = access_log.read_text() if access_log.exists() else ""
+    r = httpx.post(agent_ws.replace("ws://", "http://") + f"/v1/prefetch/{TEMPLATE}",
+                   json={"network": dict(FAST_LINK)}, timeout=60)
+    assert r.status_code == 200 and r.json()["template_id"] == TEMPLATE
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and TEMPLATE not in agent.prefetcher.store:
+        time.sleep(0.2)
+    time.sleep(1.0)  # let it fetch for a while (the pick's think time)
+    events: list[dict] = []
+    res = agent.edit(job("sakura", reference_output=False), events.append)
+    plan = next(e for e in events if e["type"] == "plan")
+    assert plan["prefetched"]["bytes"] > 0 and plan["prefetched"]["units"] > 0
+    prefetched = [e for e in events if e["type"] == "request" and e.get("prefetched")]
+    assert prefetched and all(e["bytes"] == 0 for e in prefetched)
+    assert res["summary"]["bytes"] < sum(e["bytes"] for e in events if e["type"] == "request") + plan["prefetched"]["bytes"]
+    log = access_log.read_text()[len(before):]
+    assert TEMPLATE in log  # the prefetch went to the template server, over the same range interface
+    bad = httpx.post(agent_ws.replace("ws://", "http://") + "/v1/prefetch/no-such-template", json={}, timeout=60)
+    assert bad.status_code == 400 and "no-such-template" in bad.json()["error"]
+    res = agent.edit(job("sakura", reference_output=False, prefetch=False))  # a compare run does not use it
+    assert res["summary"]["bytes"] > 0

@@ -7,6 +7,7 @@ trace data ever leaves the device.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Sequence
@@ -23,6 +24,7 @@ from sakura.net.traces import Trace
 DEFAULT_INFLIGHT = 2
 # A request's round trip when no real-clock measurement is at hand (calibration stores a measured one).
 DEFAULT_REQUEST_OVERHEAD_S = 0.002
+CUT_SLACK_S = 0.001  # a cut waiting for its smallest prefix also takes what is through this soon after it
 POLL_S = 0.002  # a waiting receive re-reads its booking this often (a cut before it may move it earlier)
 
 
@@ -35,7 +37,15 @@ def cut_point(trace: Trace, begin: float, now: float, sizes: Sequence[float], en
     fitting = [k for k in ends[:-1] if sizes[k] <= delivered]
     if fitting:
         return fitting[-1], now
-    return ends[0], begin + trace.time_to_send(float(sizes[ends[0]]), begin)
+    # Nothing usable is through: wait for the smallest, and take any larger prefix through within
+    # CUT_SLACK_S of it (on a fast link whose first byte is late, the whole transfer lands at once).
+    t_smallest = begin + trace.time_to_send(float(sizes[ends[0]]), begin)
+    through = trace.bytes_between(begin, t_smallest + CUT_SLACK_S) if math.isfinite(t_smallest) else 0.0
+    larger = [k for k in ends if sizes[k] <= through]
+    if larger and larger[-1] != ends[0]:
+        k = larger[-1]
+        return k, begin + trace.time_to_send(float(sizes[k]), begin)
+    return ends[0], t_smallest
 
 
 class LinkClosed(RuntimeError):
