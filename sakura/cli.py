@@ -221,6 +221,9 @@ def bench(
     calibration: Optional[Path] = typer.Option(None, "--calibration", help="Calibration file (measured compute and "
                                                "request round trip, reused until the machine or model changes); "
                                                "default: ~/.cache/sakura/calibration.json."),
+    fallbacks: bool = typer.Option(True, "--fallbacks/--no-fallbacks", help="Let every streaming system's runtime "
+                                   "reuse the previous step's K/V, recompute step 0 or go local instead of waiting "
+                                   "(--no-fallbacks: always wait, the paper's runtime)."),
     think_time: Optional[float] = typer.Option(None, "--think-time", help="Also run `sakura+prefetch`: the template "
                                                "was picked S seconds before the edit and its pack prefetched meanwhile."),
     calibration_runs: int = typer.Option(7, "--calibration-runs", help="Local-generation runs per template when "
@@ -245,6 +248,7 @@ def bench(
                             systems=tuple(x.strip() for x in systems.split(",")), trace=trace, starts=starts,
                             regime=regime, trace_scale=trace_scale, packs=packs, seed=seed, append=append,
                             calibration_file=calibration or default_path(), repeats=5, think_time=think_time,
+                            fallbacks=fallbacks,
                             full_repeats=max(1, calibration_runs))
     for sname in cfg.systems:
         if sname not in SYSTEMS:

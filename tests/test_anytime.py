@@ -58,7 +58,7 @@ def rebuilt_from_timeline(enc, tl, raw) -> dict:
 @pytest.mark.parametrize("clock", ["sim", "real"])
 def test_a_collapsing_link_cuts_shards_short_instead_of_stalling(folder, clock):
     tpl, runtime, req, raw = folder
-    session = runtime.session(tpl, "sakura", Network(COLLAPSE, "collapse", 0.0, 1.0))
+    session = runtime.session(tpl, "sakura", Network(COLLAPSE, "collapse", 0.0, 1.0), fallbacks=False)
     outcome = session.simulate(req) if clock == "sim" else session.run(req)
     tl = outcome.timeline
     cut = [u for u in tl.units if u.requested_level]

@@ -25,7 +25,10 @@ def test_bench_summary_contract_and_figures(fs_packs, tmp_path):
     # block reports means over the workload's templates, hence the small tolerance)
     assert abs(fs["regime"]["fp16_transfer_s_at_median"] / fs["regime"]["local_full_s"] / (23 / 13) - 1) < 0.03
     assert fs["oracle"]["psnr_mean"] == 100.0 and fs["oracle"]["bytes_mean"] == 0
-    assert fs["fp16"]["psnr_mean"] == 100.0 and fs["fp16"]["bytes_mean"] == fs["regime"]["fp16_cache_bytes"]
+    fp16 = fs["fp16"]  # exact wherever the edit streamed it all (a local fallback may cut a slow FP16 edit short)
+    assert fp16["psnr_masked_without_fallbacks"] in (None, 100.0) and fp16["bytes_mean"] <= fs["regime"]["fp16_cache_bytes"]
+    assert (fp16["bytes_mean"] == fs["regime"]["fp16_cache_bytes"]) == (fp16["fallback_rate"] == 0)
+    assert set(fs["sakura"]["fallbacks_mean"]) <= {"reuse", "recompute", "local"}
     assert fs["sakura"]["bytes_mean"] < fs["fp16"]["bytes_mean"]
     assert fs["sakura"]["storage_bytes"] < fs["fp16"]["storage_bytes"]
     assert len((tmp_path / "records.jsonl").read_text().splitlines()) == 2 * len(cfg.systems)

@@ -49,7 +49,9 @@ def served(fs_packs):
 
 def run_both(served, system, trace_name, scale, start):
     tpl, runtime, req, client = served
-    session = runtime.session(tpl, system, Network(load_trace(trace_name), trace_name, start, scale))
+    # (fallbacks off on both clocks: a local fallback ends the run the replay is built from; fallbacks
+    # are proven on both clocks in test_fallbacks.py)
+    session = runtime.session(tpl, system, Network(load_trace(trace_name), trace_name, start, scale), fallbacks=False)
     real = session.run(req).timeline
     fid = file_id(tpl.id, system)
     sim, _ = simulate(session.encoding, get_policy(system), ComputeProfile.from_timeline(real), session.link_model(),

@@ -9,6 +9,7 @@ produced by the received cache vs the image produced with the exact FP16 cache.
 
 from __future__ import annotations
 
+import functools
 import json
 import resource
 import statistics
@@ -261,6 +262,7 @@ class BenchConfig:
     append: bool = False  # keep other workloads already in DIR/summary.json (run workloads separately)
     calibration_file: Path | None = None
     think_time: float | None = None  # add `sakura+prefetch` rows: the template was picked this long before the edit
+    fallbacks: bool = True  # every streaming system's runtime may reuse / recompute / go local (False: always wait)
     repeats: int = 3  # masked runs per template calibration
     full_repeats: int | None = None  # local-generation runs (default repeats − 1): the regime scale rests on them
 
@@ -277,8 +279,8 @@ EditRunner = Callable[[TemplateBench, int, str, Trace, float, float], dict]
 
 
 def simulated_edit(prepared: TemplateBench, req_index: int, system: str, trace: Trace, scale: float,
-                   start: float) -> dict:
-    return run_one(prepared, req_index, system, trace.scaled(scale), start)
+                   start: float, fallbacks: bool = True) -> dict:
+    return run_one(prepared, req_index, system, trace.scaled(scale), start, fallbacks=fallbacks)
 
 
 def run_bench(cfg: BenchConfig, out: Path, progress=None, say: Callable[[str], None] = print,
@@ -287,6 +289,8 @@ def run_bench(cfg: BenchConfig, out: Path, progress=None, say: Callable[[str], N
     ``run_edit`` runs one edit (default: on the simulated clock; :mod:`sakura.eval.realclock` passes the
     real one); everything else — offsets, templates, requests, summaries — is the same on both clocks."""
     out.mkdir(parents=True, exist_ok=True)
+    if run_edit is simulated_edit:
+        run_edit = functools.partial(simulated_edit, fallbacks=cfg.fallbacks)
     base_trace = load_trace(cfg.trace)
     rng = np.random.default_rng(cfg.seed)
     summary: dict = {"config": {**cfg.to_json(), "clock": clock}, "workloads": {}}
@@ -319,7 +323,8 @@ def run_bench(cfg: BenchConfig, out: Path, progress=None, say: Callable[[str], N
                     rows = [run_edit(prepared, req_index, system, base_trace, scales[prepared.template.id], start)]
                     if system == "sakura" and cfg.think_time and clock == "sim":  # beside, never instead of
                         rows.append(run_one(prepared, req_index, system, base_trace.scaled(scales[prepared.template.id]),
-                                            start, think_s=cfg.think_time, name="sakura+prefetch"))
+                                            start, think_s=cfg.think_time, name="sakura+prefetch",
+                                            fallbacks=cfg.fallbacks))
                     for r in rows:
                         r["workload"] = workload
                         records.append(r)

@@ -48,6 +48,9 @@ class StreamEncoding(ABC):
     state (CacheGen chunks), so make a fresh instance per edit with ``fresh()``."""
 
     name: str = ""
+    # The same bytes decode again to the same K/V (the reuse fallback rebuilds kept bytes). False for
+    # encodings whose decode keeps per-edit state (CacheGen's entropy tables ride with a level's first use).
+    redecodable: bool = True
 
     @property
     @abstractmethod

@@ -265,6 +265,7 @@ class CacheGenEncoding(StreamEncoding):
     with ``fresh()``; ``ranges`` must be called once per request and ``decode`` in request order."""
 
     name = "cachegen"
+    redecodable = False  # a level's tables come with its first use in the edit
 
     def __init__(self, info: CacheGenInfo):
         self.info = info

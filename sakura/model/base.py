@@ -148,6 +148,7 @@ class RunContext:
         self.num_masked = 0  # masked image queries in the current (masked) sequence
         self.layer_times: list[tuple[int, int, float]] = []  # (step, layer, t) when K/V were asked for
         self.local_from: int | None = None  # the step a masked run switched to every token at (LocalSwitch)
+        self.steps: int | None = None  # run only the first steps (None: all)
 
 
 class DiTAdapter(ABC):
@@ -222,7 +223,7 @@ class DiTAdapter(ABC):
         ctx.reuse_index = state.get("reuse_index")
         ctx.probe = {} if state.get("probe") else None
         ctx.explicit = state.get("explicit", False)
-        ctx.layer_times, ctx.local_from = [], None
+        ctx.layer_times, ctx.local_from, ctx.steps = [], None, state.get("steps")
         try:
             yield ctx
         finally:
@@ -289,7 +290,7 @@ class DiTAdapter(ABC):
         sig = self.sigmas()
         cond = self.conditioning_tokens(req, x0)
         x = noise.clone()
-        for i in range(self.num_steps):
+        for i in range(self.num_steps if self.ctx.steps is None else min(self.ctx.steps, self.num_steps)):
             t, t_next = float(sig[i]), float(sig[i + 1])
             self.ctx.step = i
             # unmasked tokens always sit on the template's own trajectory (request independent)
@@ -309,13 +310,14 @@ class DiTAdapter(ABC):
         return np.where(m, img, req.template).astype(np.float32)
 
     @torch.no_grad()
-    def full_edit(self, req: EditRequest, capture: bool = False) -> EditResult:
-        """Every token, every step (the `local` baseline); optionally capture the reusable K/V."""
+    def full_edit(self, req: EditRequest, capture: bool = False, steps: int | None = None) -> EditResult:
+        """Every token, every step (the `local` baseline); optionally capture the reusable K/V (of the
+        first ``steps`` steps only: the image is then not finished)."""
         self.validate(req)
         start = time.perf_counter()
         reuse = torch.nonzero(~self.token_mask(req.mask)).flatten()
         if capture:
-            with self._run("capture", reuse_index=reuse) as ctx:
+            with self._run("capture", reuse_index=reuse, steps=steps) as ctx:
                 ctx.captured = KVCache(self.num_steps, self.num_layers, self.heads, self.head_dim, reuse)
                 img = self._sample(req, rows=None)
                 cache = ctx.captured
@@ -326,9 +328,32 @@ class DiTAdapter(ABC):
         return EditResult(img, time.perf_counter() - start, cache=cache)
 
     @torch.no_grad()
-    def capture(self, req: EditRequest) -> KVCache:
+    def capture(self, req: EditRequest, steps: int | None = None) -> KVCache:
         """The template's FP32 cache, captured under its own conditioning (cast to FP16 to store/send)."""
-        return self.full_edit(self.self_conditioned(req), capture=True).cache
+        return self.full_edit(self.self_conditioned(req), capture=True, steps=steps).cache
+
+    @torch.no_grad()
+    def recompute_first_step(self, req: EditRequest) -> dict:
+        """The template's reusable K/V of step 0, computed on the device: at step 0 every token is the
+        template's fixed noise, so the state is request-independent and needs only the template image,
+        its mask and seed (which the device has). One full forward; the same K/V the stored cache holds.
+        Safe to call from inside a running masked edit's provider (the run's state is put back)."""
+        with self._nested():
+            cache = self.capture(req, steps=1)
+        return {key: (cache.k[key], cache.v[key]) for key in cache.k}
+
+    @contextmanager
+    def _nested(self):
+        """Run the model from inside a run (a provider callback): snapshot and restore the run's state."""
+        ctx = self.ctx
+        saved = dict(vars(ctx))
+        per_request = {a: getattr(self, a) for a in ("_num_txt", "_mask_feat", "_mask_px") if hasattr(self, a)}
+        try:
+            yield
+        finally:
+            vars(ctx).update(saved)
+            for a, v in per_request.items():
+                setattr(self, a, v)
 
     @torch.no_grad()
     def masked_edit(self, req: EditRequest, provider: Provider, probe: bool = False,

@@ -144,18 +144,17 @@ class PacedLink:
                 self._book(later, self._free_at)
             return keep
 
-    def progress(self, pending: Pending) -> tuple[float, float]:
-        """(bytes through so far, seconds its bytes have been on the link): what a device sees of a
-        transfer in flight, from which it can tell a silent link from a slow start."""
-        now = time.monotonic()
-        if now <= pending.begin:
-            return 0.0, 0.0
+    def progress(self, pending: Pending, need_bytes: int = 0):
+        """What a device sees of a transfer in flight (:class:`sakura.online.fallback.InFlight`): bytes
+        through so far and lately, from which it can tell a silent link from a slow start."""
+        from sakura.online.fallback import in_flight
+
         at = lambda t: self.start + (t - self._t0)  # noqa: E731 - trace time of a monotonic instant
-        got = self.trace.bytes_between(at(pending.begin), at(min(now, pending.done)))
-        return min(float(pending.transfer.wire_bytes), got), now - pending.begin
+        now = min(time.monotonic(), pending.done)
+        return in_flight(self.trace, at(pending.begin), at(now), need_bytes, float(pending.transfer.wire_bytes))
 
     def _drop(self, pending: Pending) -> Transfer:
-        got, _ = self.progress(pending)
+        got = self.progress(pending).delivered
         with self._lock:
             now = time.monotonic()
             pending.done = self._free_at = max(now, pending.begin)

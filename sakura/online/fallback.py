@@ -8,23 +8,29 @@ Three ways past such a shard, chosen by predicted completion time (both clocks c
   device kept — costs one rebuild, no transfer; adjacent steps' K/V differ by ~26 % (relative L2) on
   the embedded catalog, and one reused shard leaves the masked output at 49–68 dB against the
   FP16-cache output (``python -m sakura.eval.fallback_quality``);
+* ``recompute`` (step 0 only): the device computes the template's step-0 K/V itself — at step 0
+  every token is the template's fixed noise, so the state is request-independent and one full forward
+  gives exactly the stored FP16 cache; the rest of step 0 needs no transfer. Later steps' state
+  depends on the template run's trajectory, which the device does not have;
 * ``local``: the current step and every later one run on every token (the model needs no cache) —
   costs the full model for the remaining steps, and the output becomes local generation's from there.
 
 Waiting is preferred while the edit is predicted to end within ``bound_s`` (a share of local
 generation's time): a stall that keeps the edit faster than local generation costs no quality. Past
 it, the cheapest way wins. The wait is predicted from what the device sees: the bytes of the transfer
-delivered so far and the monitor's rate, capped by the rate this transfer itself has shown once it
-has run for ``MIN_OBSERVED_S`` (a link that has gone silent reads as silent, not as its past average).
+delivered so far and the monitor's rate, capped by the rate this transfer itself has shown over its
+last ``OBSERVE_WINDOW_S`` once it has run for ``MIN_OBSERVED_S`` (a link that has gone silent reads as
+silent, not as its past average; one that came back reads as back).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-FALLBACKS = ("reuse", "local")  # what can fire (``wait`` is the absence of a fallback)
+FALLBACKS = ("reuse", "recompute", "local")  # what can fire (``wait`` is the absence of a fallback)
 CHECK_EVERY_S = 0.01  # a waiting executor re-decides this often
 MIN_OBSERVED_S = 0.02  # a transfer's own rate counts once it has been on the link this long
+OBSERVE_WINDOW_S = 0.1  # ... measured over its last this-many seconds
 BOUND_SHARE = 0.9  # wait while the edit is predicted to end within this share of local generation's time
 MIN_RATE_BPS = 1.0  # a rate is never zero in a division
 
@@ -36,14 +42,28 @@ class InFlight:
     need_bytes: int  # bytes of its smallest usable prefix (or of all of it, without anytime)
     delivered: float  # bytes through so far
     active_s: float  # how long its bytes have been on the link (0: not started)
+    recent_bytes: float = 0.0  # bytes through in the last ``recent_s`` (what the link does now)
+    recent_s: float = 0.0
+
+
+def in_flight(trace, begin: float, now: float, need_bytes: int, total_bytes: float) -> InFlight:
+    """What a device sees of a transfer whose bytes started at trace time ``begin``: bytes through so
+    far and in the last ``OBSERVE_WINDOW_S`` (both clocks read the emulated link the same way)."""
+    if now <= begin:
+        return InFlight(need_bytes, 0.0, 0.0)
+    got = min(total_bytes, trace.bytes_between(begin, now))
+    since = max(begin, now - OBSERVE_WINDOW_S)
+    recent = min(got, trace.bytes_between(since, now))
+    return InFlight(need_bytes, got, now - begin, recent, now - since)
 
 
 def observed_rate_bps(monitor_bps: float, transfers: list[InFlight]) -> float:
-    """The monitor's rate, capped by what the transfers in progress have shown."""
+    """The monitor's rate, capped by what the transfers in progress show now (their last
+    ``OBSERVE_WINDOW_S``: a link that has gone silent reads as silent, one that came back as back)."""
     rate = max(monitor_bps, MIN_RATE_BPS)
     for tr in transfers:
-        if tr.active_s >= MIN_OBSERVED_S:
-            rate = min(rate, max(8 * tr.delivered / tr.active_s, MIN_RATE_BPS))
+        if tr.active_s >= MIN_OBSERVED_S and tr.recent_s > 0:
+            rate = min(rate, max(8 * tr.recent_bytes / tr.recent_s, MIN_RATE_BPS))
     return rate
 
 
@@ -63,26 +83,34 @@ class FallbackContext:
     num_steps: int
     full_step_s: float  # one step on every token (local generation's time / steps)
     bound_s: float  # the edit should end by then
-    allow_local: bool = True  # the executor can switch to every token (eager model runs)
+    allow_local: bool = True  # the executor can run the model on every token (eager model runs)
+    least_bytes: tuple[float, ...] = ()  # per shard: bytes of its units' smallest levels (0: unknown)
 
     @classmethod
-    def for_edit(cls, compute, num_steps: int, allow_local: bool = True,
+    def for_edit(cls, compute, num_steps: int, allow_local: bool = True, least_bytes=(),
                  bound_share: float = BOUND_SHARE) -> "FallbackContext":
         return cls(list(compute.shard_s), [s for s, _, _ in compute.shards], num_steps,
-                   compute.local_full_s / max(1, num_steps), bound_share * compute.local_full_s, allow_local)
+                   compute.local_full_s / max(1, num_steps), bound_share * compute.local_full_s, allow_local,
+                   tuple(least_bytes))
 
 
-def choose_fallback(ctx: FallbackContext, shard: int, now: float, ready_s: float,
-                    reuse_s: float | None) -> tuple[str, dict[str, float]]:
-    """``wait``, ``reuse`` or ``local`` for ``shard`` waited on at ``now``, and each option's predicted
-    end of the edit. ``ready_s``: predicted time its cache is rebuilt; ``reuse_s``: the rebuild time of
-    the previous step's kept bytes for the same layers (None: the device holds none)."""
+def choose_fallback(ctx: FallbackContext, shard: int, now: float, ready_s: float, reuse_s: float | None,
+                    rate_bps: float = float("inf")) -> tuple[str, dict[str, float]]:
+    """``wait``, ``reuse``, ``recompute`` or ``local`` for ``shard`` waited on at ``now``, and each
+    option's predicted end of the edit. ``ready_s``: predicted time its cache is rebuilt; ``reuse_s``:
+    the rebuild time of the previous step's kept bytes for the same layers (None: the device holds
+    none); ``rate_bps``: the monitor's rate — what later steps' cache would take once a dip is over (the
+    wait itself is predicted from what the transfer in progress shows, in ``ready_s``)."""
     rest = sum(ctx.shard_s[shard:])
     ends = {"wait": ready_s + rest}
     if ends["wait"] <= ctx.bound_s:
         return "wait", ends
+    step = ctx.shard_step[shard]
     if reuse_s is not None:
         ends["reuse"] = now + reuse_s + rest
+    if ctx.allow_local and step == 0:  # then later steps still stream: at the least, their smallest levels
+        later = sum(b for b, s in zip(ctx.least_bytes, ctx.shard_step) if s > 0)
+        ends["recompute"] = now + max(ctx.full_step_s + rest, 8 * later / max(rate_bps, MIN_RATE_BPS))
     if ctx.allow_local:
-        ends["local"] = now + (ctx.num_steps - ctx.shard_step[shard]) * ctx.full_step_s
+        ends["local"] = now + (ctx.num_steps - step) * ctx.full_step_s
     return min(ends, key=ends.get), ends

@@ -66,7 +66,7 @@ class StreamRunner(Runner):
 
         tl, kv = simulate(session.encoding, session.policy, session.compute, session.link_model(), fetch,
                           timer=timer, estimator=session.estimator, fallback=session.fallback_context(),
-                          prefetched=session.prefetched, **kw)
+                          prefetched=session.prefetched, recompute=lambda: session.model.recompute_first_step(req), **kw)
         local_from = tl.extras.get("local_from_step")
 
         def provider(step, layer):

@@ -34,7 +34,7 @@ from sakura.model import DiTAdapter, EditRequest
 from sakura.net.client import FetchError
 from sakura.net.paced import DEFAULT_REQUEST_OVERHEAD_S
 from sakura.net.traces import Trace, paper_regime_scale
-from sakura.online.fallback import FallbackContext
+from sakura.online.fallback import BOUND_SHARE, FallbackContext
 from sakura.online.monitor import DEFAULT_ESTIMATOR
 from sakura.online.policies import Policy, get_policy
 from sakura.runtime.calibration import CalibrationStore
@@ -221,6 +221,7 @@ class EditSession:
         self.on_event, self.on_status = on_event, on_status
         self.timeout_s, self.executor, self.estimator = timeout_s, executor, estimator
         self.fallbacks, self.prefetched = fallbacks, prefetched
+        self.fallback_bound_share = BOUND_SHARE  # wait while the edit ends within this share of local's time
         self.state = runtime.template_state(template, self.source, on_status)
         self.compute = self.state.compute
         self.scale = network_scale(network, self.state)
@@ -295,7 +296,11 @@ class EditSession:
         eager model (an exported executor runs fixed masked programs)."""
         if not self.fallbacks:
             return None
-        return FallbackContext.for_edit(self.compute, self.model.num_steps, allow_local=self.executor is None)
+        least = [0.0] * len(self.compute.shards)
+        for u in (self.encoding.units if self.encoding else []):
+            least[u.needed_by] += min(lv.nbytes for lv in u.levels)
+        return FallbackContext.for_edit(self.compute, self.model.num_steps, allow_local=self.executor is None,
+                                        least_bytes=least, bound_share=self.fallback_bound_share)
 
     def run(self, req: EditRequest) -> Outcome:
         """The edit on the real clock: bytes read from the source, paced along the scaled trace."""

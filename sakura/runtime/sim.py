@@ -20,7 +20,7 @@ from sakura.formats import KV, FetchUnit, Level, StreamEncoding
 from sakura.net.paced import DEFAULT_INFLIGHT, DEFAULT_REQUEST_OVERHEAD_S, cut_point
 from sakura.net.traces import Trace
 from sakura.online.deadline import predict_need
-from sakura.online.fallback import CHECK_EVERY_S, FallbackContext, InFlight, choose_fallback, predict_ready
+from sakura.online.fallback import CHECK_EVERY_S, FallbackContext, choose_fallback, in_flight, predict_ready
 from sakura.online.monitor import DEFAULT_ESTIMATOR, RuntimeMonitor
 from sakura.online.policies import Policy
 from sakura.runtime.compute import ComputeProfile
@@ -66,6 +66,7 @@ class _Booked:
     used: tuple = ()  # (level, parts) execution uses: all of it, or the prefix it was cut at
     on_device: HeldUnit | None = None  # prefetched bytes of this unit: a floor under its transfer
     from_device: bool = False  # execution uses the prefetched bytes (no transfer, or the upgrade came too late)
+    dropped: bool = False  # a fallback replaced it
 
 
 def simulate(encoding: StreamEncoding, policy: Policy, compute: ComputeProfile, link: LinkModel,
@@ -74,7 +75,8 @@ def simulate(encoding: StreamEncoding, policy: Policy, compute: ComputeProfile, 
              predicted: ComputeProfile | None = None,
              timer: Callable[[], float] = time.perf_counter,
              estimator: str = DEFAULT_ESTIMATOR, anytime: bool = True,
-             fallback: FallbackContext | None = None, prefetched: Prefetched | None = None) -> tuple[Timeline, KV]:
+             fallback: FallbackContext | None = None, prefetched: Prefetched | None = None,
+             recompute: Callable[[], KV] | None = None) -> tuple[Timeline, KV]:
     """Run one edit on the simulated clock. Returns its timeline and the rebuilt cache (for quality).
 
     Rebuild times are measured by decoding the chosen bytes for real; with ``rebuild_model`` (and no
@@ -87,15 +89,16 @@ def simulate(encoding: StreamEncoding, policy: Policy, compute: ComputeProfile, 
     execution waits on a shard, re-decide every ``CHECK_EVERY_S`` between waiting, reusing the previous
     step's K/V and going local (:mod:`sakura.online.fallback`); None: always wait (the paper's runtime).
     A local fallback ends the stream: ``timeline.extras["local_from_step"]`` says from which step.
-    ``prefetched``: units already on the device (:mod:`sakura.runtime.prefetch`)."""
+    ``prefetched``: units already on the device (:mod:`sakura.runtime.prefetch`); ``recompute``: the
+    template's step-0 K/V as the device would compute them (the recompute fallback's output)."""
     return _SimulatedEdit(encoding.fresh(), policy, compute, link, fetch, ahead, keep, rebuild_model,
-                          predicted or compute, timer, estimator, anytime, fallback, prefetched).run()
+                          predicted or compute, timer, estimator, anytime, fallback, prefetched, recompute).run()
 
 
 class _SimulatedEdit:
     def __init__(self, encoding, policy, compute, link, fetch, ahead, keep, rebuild_model, predicted, timer,
-                 estimator, anytime, fallback=None, prefetched=None):
-        self.fallback = fallback
+                 estimator, anytime, fallback=None, prefetched=None, recompute=None):
+        self.fallback, self.recompute = fallback, recompute
         self.prefetched = prefetched.units if prefetched is not None else {}
         self.encoding, self.policy, self.compute, self.link, self.fetch = encoding, policy, compute, link, fetch
         self.ahead, self.keep, self.rebuild_model, self.predicted = ahead, keep, rebuild_model, predicted
@@ -118,6 +121,7 @@ class _SimulatedEdit:
         self.rebuild_s: dict[int, float] = {}  # per shard with data: its rebuild time (what a reuse of it costs)
         self.kv_bytes: dict[int, int] = {}  # per shard: rebuilt K/V bytes
         self.local_at: tuple[int, float] | None = None  # (shard, time) of a local fallback
+        self.recomputed: set[int] = set()  # shards whose cache the device computed (recompute fallback)
 
     def run(self) -> tuple[Timeline, KV]:
         self.policy.begin(self.encoding.units, self.predicted.masked_s, self.monitor.initial_bps)
@@ -144,10 +148,11 @@ class _SimulatedEdit:
                 prev_end = self.compute.prelude_s if k == 0 else self.ends[k - 1]
                 first = self.done
                 while self.done < len(self.booked) and self.booked[self.done].unit.needed_by == k:
-                    self.settle(self.booked[self.done], prev_end)
+                    if not self.booked[self.done].dropped:
+                        self.settle(self.booked[self.done], prev_end)
                     self.done += 1
-                mine = self.booked[first:self.done]
-                if self.fallback is not None and not self._fall_back(k, prev_end, mine, first):
+                mine = [b for b in self.booked[first:self.done] if not b.dropped]
+                if self.fallback is not None and not self._fall_back(k, prev_end, mine):
                     for b in mine:
                         self.finalize(b)
                 if self.local_at is not None:
@@ -168,6 +173,8 @@ class _SimulatedEdit:
         u = self.encoding.priced(u)
         deadline = predict_need(u.needed_by, t_req, self.predicted, self.starts)
         d = self.policy.choose(u, t_req, deadline, self.monitor)
+        if u.needed_by in self.recomputed:  # the device computed this shard's cache itself
+            return
         on_device = self.prefetched.get(u.index)
         if on_device is not None and d.level.error >= on_device.level.error:  # nothing better: no request
             rec = UnitRecord(u.index, u.needed_by, u.label, on_device.level.label, 0, d.budget_bytes, d.window_s,
@@ -193,8 +200,8 @@ class _SimulatedEdit:
         if b.from_device:
             pass
         elif b.on_device is not None and b.t_arr > need:  # the upgrade is late: the prefetched level instead
-            self._drop([b], self.done, need, used_level=b.on_device.level.label)
-            b.t_arr, b.from_device = need, True
+            self._drop([b], need, used_level=b.on_device.level.label)
+            b.t_arr, b.from_device, b.dropped = need, True, False  # (its transfer is dropped, not the unit)
             b.used = (b.on_device.level, len(b.on_device.ranges))
         elif self.anytime and b.t_arr > need:
             b.used = self._cut(b, need)
@@ -226,27 +233,30 @@ class _SimulatedEdit:
         self.kv_bytes[shard] = self.kv_bytes.get(shard, 0) + kv_bytes
         self.rebuilt.setdefault(shard, []).append((t_ready, kv_bytes))
 
-    def _fall_back(self, k: int, need: float, mine: list[_Booked], first: int) -> bool:
+    def _fall_back(self, k: int, need: float, mine: list[_Booked]) -> bool:
         """While shard ``k`` would wait (from ``need`` until its last transfer is through), re-decide every
         ``CHECK_EVERY_S`` as the device would; True when a fallback fired (its transfers are dropped)."""
         until = max((b.t_arr for b in mine), default=need)
         fb, start, per_step = self.fallback, self.link.start_s, self.shards_per_step
         prev = k - per_step
-        reuse_s = self.rebuild_s.get(prev) if prev >= 0 and prev in self.rebuild_s else None
+        reuse_s = (self.rebuild_s.get(prev) if prev >= 0 and prev in self.rebuild_s and self.encoding.redecodable
+                   else None)
         rebuild_est = sum(self.rebuild_s.values()) / max(1, len(self.rebuild_s))
         t = need + CHECK_EVERY_S  # the executor's first look, as on the real clock
         while t < until:
             self._observe_until(t)
-            flights = [InFlight(b.nbytes, min(b.nbytes, self.link.trace.bytes_between(start + b.begin, start + t))
-                                if t > b.begin else 0.0, max(0.0, t - b.begin)) for b in mine if b.t_arr > t]
+            flights = [in_flight(self.link.trace, start + b.begin, start + t, b.nbytes, b.nbytes)
+                       for b in mine if b.t_arr > t]
             ready = predict_ready(t, flights, self.monitor.rate_bps, rebuild_est)
-            kind, ends = choose_fallback(fb, k, t, ready, reuse_s)
+            kind, ends = choose_fallback(fb, k, t, ready, reuse_s, self.monitor.rate_bps)
             if kind != "wait":
-                self._drop([b for b in mine if not b.from_device], first, t)
+                self._drop([b for b in mine if not b.from_device], t)
                 self.tl.fallback(kind, k, t, ends)
                 if kind == "local":
                     self.local_at = (k, t)
                     self.tl.extras["local_from_step"] = fb.shard_step[k]
+                elif kind == "recompute":
+                    self._recompute(k, t, t + fb.full_step_s)
                 else:
                     self._reuse(k, prev, t + reuse_s)
                 return True
@@ -262,18 +272,19 @@ class _SimulatedEdit:
             b = self.unseen.pop(0)
             self.monitor.observe(b.nbytes, b.t_req, b.t_arr)
 
-    def _drop(self, mine: list[_Booked], first: int, t: float, used_level: str = "") -> None:
-        """Shard ``mine``'s transfers stop at ``t`` (what came through is wasted); later ones move up."""
+    def _drop(self, mine: list[_Booked], t: float, used_level: str = "") -> None:
+        """``mine``'s transfers stop at ``t`` (what came through is wasted); later ones move up."""
         start = self.link.start_s
         for b in mine:
+            b.dropped = True
             got = self.link.trace.bytes_between(start + b.begin, start + t) if t > b.begin else 0.0
             b.nbytes, b.t_arr = int(min(b.nbytes, got)), min(b.t_arr, max(t, b.begin))
             self.tl.dropped(b.rec, b.nbytes, t, used_level)
             if b in self.unseen:
                 self.unseen.remove(b)
         free = t
-        for later in self.booked[first + len(mine):]:
-            if later.from_device:
+        for later in self.booked[self.done:]:
+            if later.from_device or later.dropped:
                 continue
             later.begin = max(later.t_req + self.link.request_overhead_s, free)
             later.t_arr = free = self.link.arrival(later.nbytes, later.t_req, free)
@@ -289,6 +300,20 @@ class _SimulatedEdit:
         for (s, layer), kv in list(self.cache.items()):
             if s == step - 1 and self.compute.shards[prev][1] <= layer < self.compute.shards[prev][2]:
                 self.cache[(step, layer)] = kv
+
+    def _recompute(self, k: int, t: float, ready: float) -> None:
+        """At ``t`` the device starts computing step 0's K/V itself (one full forward, done at ``ready``):
+        shard ``k`` and the rest of step 0 need no transfer; what was asked for them is dropped."""
+        mine = [j for j in range(k, len(self.starts)) if self.compute.shards[j][0] == 0]
+        self.recomputed.update(mine)
+        self._drop([b for b in self.booked[self.done:] if b.unit.needed_by in mine and not b.dropped], t)
+        kv = self.recompute() if self.recompute is not None and self.keep else {}
+        for j in mine:
+            _, l0, l1 = self.compute.shards[j]
+            part = {key: pair for key, pair in kv.items() if l0 <= key[1] < l1}
+            self.cache.update(part)
+            self.ready[j] = ready
+            self.rebuilt.setdefault(j, []).append((ready, sum(x.nbytes + y.nbytes for x, y in part.values())))
 
     def _local_end(self) -> float:
         """A local fallback at shard k, time t: the rest of the edit on every token, from k's step."""

@@ -24,7 +24,7 @@ from sakura.kvcache import shard_of_layers
 from sakura.model import DiTAdapter, EditRequest, EditResult, LocalSwitch
 from sakura.net.paced import DEFAULT_INFLIGHT
 from sakura.online.deadline import predict_need
-from sakura.online.fallback import CHECK_EVERY_S, FallbackContext, InFlight, choose_fallback, predict_ready
+from sakura.online.fallback import CHECK_EVERY_S, FallbackContext, choose_fallback, predict_ready
 from sakura.online.monitor import DEFAULT_ESTIMATOR, RuntimeMonitor
 from sakura.online.policies import Policy
 from sakura.runtime.compute import ComputeProfile
@@ -40,7 +40,7 @@ class Link(Protocol):
 
     def receive(self, pending, cut=None, prefix_ends=(), drop=None): ...
 
-    def progress(self, pending) -> tuple[float, float]: ...
+    def progress(self, pending, need_bytes: int = 0): ...
 
 
 @dataclass
@@ -95,6 +95,7 @@ class StreamedEdit:
 
     def run(self, req: EditRequest, timeline: Timeline) -> EditResult:
         """Stream, rebuild and execute; ``timeline`` (over the compute profile's shards) is filled in."""
+        self._req = req  # (the recompute fallback computes the template's own step 0 from it)
         shards = self.compute.shards
         n = len(shards)
         state = StreamState(time.perf_counter(), [None] * n, [threading.Event() for _ in range(n)],
@@ -173,15 +174,19 @@ class StreamedEdit:
             now = state.now()
             if state.error is not None or now - asked > self.timeout_s:
                 return state.ready[j].is_set()
-            flights = [InFlight(need, *self.link.progress(p)) for p, need in state.flights.get(j, [])]
+            flights = [self.link.progress(p, need) for p, need in state.flights.get(j, [])]
             times = list(state.rebuild_s.values())
             ready = predict_ready(now, flights, self.monitor.rate_bps, sum(times) / max(1, len(times)))
             kept = state.kept.get(prev) if prev >= 0 else None
-            kind, ends = choose_fallback(fb, j, now, ready, state.rebuild_s.get(prev) if kept else None)
+            kind, ends = choose_fallback(fb, j, now, ready, state.rebuild_s.get(prev) if kept else None,
+                                         self.monitor.rate_bps)
             if kind == "wait":
                 continue
             state.drop[j].set()
             timeline.fallback(kind, j, now, ends)
+            if kind == "recompute":
+                self._recompute(state, j)
+                return True
             if kind == "local":
                 timeline.extras["local_from_step"] = step
                 state.fail(StreamError("the edit went local"))  # stops the receiver: no more cache needed
@@ -191,6 +196,21 @@ class StreamedEdit:
             self._reuse(state, j, prev, kept)
             return True
         return True
+
+    def _recompute(self, state: StreamState, j: int) -> None:
+        """The device computes step 0's K/V itself (one full forward of the template's own request): shard
+        ``j`` and the rest of step 0 need no transfer."""
+        mine = [i for i in range(j, len(self.compute.shards)) if self.compute.shards[i][0] == 0]
+        for i in mine:
+            state.drop[i].set()  # their transfers stop; the requester skips what it has not sent
+        kv = self.adapter.recompute_first_step(self._req)
+        for i in mine:
+            _, l0, l1 = self.compute.shards[i]
+            for layer in range(l0, l1):
+                k, v = kv[(0, layer)]
+                state.kv[(0, layer)] = (k, v)
+                state.hold(k.nbytes + v.nbytes)
+            state.ready[i].set()
 
     def _reuse(self, state: StreamState, j: int, prev: int, kept: list) -> None:
         """Shard ``j`` runs on its layers' K/V of one step earlier, rebuilt from the kept bytes."""
@@ -217,6 +237,9 @@ class StreamedEdit:
                         return
                 if state.error is not None:
                     return
+                if state.drop[unit.needed_by].is_set():  # a fallback already gave its shard a cache
+                    slots.release()
+                    continue
                 now = state.now()
                 unit = self.encoding.priced(unit)
                 deadline = predict_need(unit.needed_by, now, self.compute, state.starts)
@@ -236,8 +259,9 @@ class StreamedEdit:
                 timeline.requested(rec)
                 prefixes = self.encoding.prefixes(unit, d.level, ranges) if self.anytime else [(d.level, len(ranges))]
                 pending = self.link.send(self.file_id, ranges)
-                state.flights.setdefault(unit.needed_by, []).append(
-                    (pending, sum(n for _, n in ranges[:prefixes[0][1]])))
+                if on_device is None:  # (a unit with a prefetched floor never waits on the link)
+                    state.flights.setdefault(unit.needed_by, []).append(
+                        (pending, sum(n for _, n in ranges[:prefixes[0][1]])))
                 sent.put((unit, d.level, ranges, prefixes, rec, pending, on_device))
         except BaseException as e:  # noqa: BLE001 - handed to the executor, which raises it
             state.fail(StreamError(f"receiving the cache failed: {e}"))
@@ -315,7 +339,8 @@ class StreamedEdit:
                 kv = (self.encoding.decode(unit, level, parts) if whole else
                       self.encoding.decode_prefix(unit, level, ranges, parts))
                 state.rebuild_s[j] = state.rebuild_s.get(j, 0.0) + time.perf_counter() - t0
-                state.kept.setdefault(j, []).append((unit, level, ranges, parts, whole))
+                if self.encoding.redecodable:
+                    state.kept.setdefault(j, []).append((unit, level, ranges, parts, whole))
                 state.kept.pop(j - 2 * self._per_step, None)  # compressed bytes of one step back are enough
             except Exception as e:  # noqa: BLE001 - malformed bytes: the executor raises it
                 state.fail(StreamError(f"rebuilding fetch unit {unit.index} failed: {e}"))
