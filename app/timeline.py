@@ -46,18 +46,20 @@ def timeline_figure(progress: EditProgress, title: str | None = None) -> go.Figu
     fig.update_xaxes(range=[0, horizon * 1.04], row=1, col=1)
     fig.update_xaxes(range=[0, horizon * 1.04], row=2, col=1)
     fig.update_layout(barmode="overlay", height=max(460, 260 + 26 * n), margin=dict(l=10, r=10, t=50, b=90),
-                      title=dict(text=title or _title(progress), x=0.01, font=dict(size=15)),
+                      title=dict(text=_title(progress, title), x=0.01, font=dict(size=15)),
                       legend=dict(orientation="h", yanchor="top", y=-0.1, xanchor="left", x=0),
                       uniformtext=dict(minsize=8, mode="hide"), template="plotly_white")
     return fig
 
 
-def _title(progress: EditProgress) -> str:
+def _title(progress: EditProgress, title: str | None) -> str:
+    """The given title (or "live timeline — SYSTEM"), and what prefetch had put on the device by Run."""
+    title = title or f"live timeline — {progress.system}"
     held = progress.plan.get("prefetched") or {}
     if held.get("bytes"):
-        return (f"live timeline — {progress.system} · {held['bytes'] / 1e6:.2f} MB ({held.get('units', 0)} shards) "
-                "already on the device at Run (prefetched on template pick)")
-    return f"live timeline — {progress.system}"
+        title += (f" · {held['bytes'] / 1e6:.2f} MB ({held.get('units', 0)} shards) already on the device at Run "
+                  "(prefetched when the template was picked)")
+    return title
 
 
 def _bandwidth(progress: EditProgress, fig: go.Figure, horizon: float) -> None:
