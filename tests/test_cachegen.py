@@ -109,7 +109,7 @@ def test_corrupt_truncated_and_mismatched_bytes_raise(cg, tmp_path):
     with pytest.raises(PackFormatError):
         info.table_range(-1)
     blobs = r.read(0, 1)
-    (to, tn), (so, sn) = info.table_range(1), info.shard_range(0, 1)
+    (so, sn) = info.shard_range(0, 1)
     bad = dict(blobs)
     bad[so, sn] = blobs[so, sn][:-5]  # a truncated shard blob
     with pytest.raises(PackFormatError, match="not supplied"):

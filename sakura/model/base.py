@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from sakura.kvcache import KVCache
+from sakura.model.pixels import blank_masked, mask_bbox_crop, patchify, resize_image, unpatchify  # noqa: F401
 
 Provider = Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]
 
@@ -80,37 +81,6 @@ class CodecConfig:
     @property
     def patch_dim(self) -> int:
         return self.patch * self.patch * 3
-
-
-def patchify(img: torch.Tensor, p: int) -> torch.Tensor:
-    """(H, W, C) → (H/p · W/p, p·p·C), row-major over the token grid."""
-    h, w, c = img.shape
-    return img.reshape(h // p, p, w // p, p, c).permute(0, 2, 1, 3, 4).reshape((h // p) * (w // p), p * p * c)
-
-
-def unpatchify(tokens: torch.Tensor, p: int, h: int, w: int, c: int = 3) -> torch.Tensor:
-    return tokens.reshape(h // p, w // p, p, p, c).permute(0, 2, 1, 3, 4).reshape(h, w, c)
-
-
-def blank_masked(x0: torch.Tensor, mask_px: torch.Tensor) -> torch.Tensor:
-    """Template tokens (..., N, p·p·3) with the masked pixels set to 0 (mid-gray in [-1, 1]);
-    ``mask_px`` is the patchified pixel mask (..., N, p·p)."""
-    keep = (1 - mask_px).unsqueeze(-1)
-    return (x0.unflatten(-1, (-1, 3)) * keep).flatten(-2)
-
-
-def resize_image(img: np.ndarray, size: int) -> np.ndarray:
-    from skimage.transform import resize
-
-    if img.shape[:2] == (size, size):
-        return img.astype(np.float32)
-    return resize(img, (size, size), anti_aliasing=True).astype(np.float32)
-
-
-def mask_bbox_crop(img: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """The template's own content of the masked region: the conditioning used to capture a cache."""
-    ys, xs = np.nonzero(mask)
-    return img[ys.min() : ys.max() + 1, xs.min() : xs.max() + 1]
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, explicit: bool = False) -> torch.Tensor:
