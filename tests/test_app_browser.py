@@ -263,26 +263,6 @@ def test_bad_inputs_give_friendly_messages(page, tmp_path):
     _wait_text(page, "Photo ready")
 
 
-def test_picking_a_template_starts_its_download(page, tmp_path):
-    """Picking a template (not the photo, not the prompt) starts the pack downloading on the device; the
-    edit's timeline then says how much was already there at Run."""
-    _fixed_link(page, 50)
-    page.locator("#gallery-mb .thumbnail-item").first.click()
-    _wait_text(page, "mb-", "#template-info")
-    page.locator("#gallery-fs .thumbnail-item").first.click()
-    assert "downloading meanwhile" in _wait_text(page, "downloading meanwhile")
-    page.wait_for_selector("#photo-upload input[type=file]", state="attached")
-    _upload(page, "#photo-upload", _face(tmp_path, "prefetch"))
-    _wait_text(page, "Photo ready")
-    time.sleep(2.0)  # the person's think time: the pack keeps arriving
-    page.click("#run-btn")
-    final = _wait_done(page)
-    assert final.startswith("Done: SAKURA finished"), final
-    assert "already on the device at Run" in page.inner_text("#timeline")
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / "prefetch-timeline.png"), full_page=True)
-
-
 def test_fs_edit_runs_to_completion(page, tmp_path):
     marker = uuid.uuid4().hex[:12]
     face = _face(tmp_path, marker)
@@ -456,3 +436,24 @@ def test_readme_screenshot(page, tmp_path):
     assert best is not None, "never caught the edit mid-run"
     DOC_SHOT.parent.mkdir(parents=True, exist_ok=True)
     DOC_SHOT.write_bytes(best)
+
+
+def test_picking_a_template_starts_its_download(page, tmp_path):
+    """Picking a template (not the photo, not the prompt) starts the pack downloading on the device; the
+    edit's timeline then says how much was already there at Run. (Last: the device keeps what it
+    prefetched, so later edits of the template would stream less.)"""
+    _fixed_link(page, 50)
+    page.locator("#gallery-mb .thumbnail-item").first.click()
+    _wait_text(page, "mb-", "#template-info")
+    page.locator("#gallery-fs .thumbnail-item").first.click()
+    assert "downloading meanwhile" in _wait_text(page, "downloading meanwhile")
+    page.wait_for_selector("#photo-upload input[type=file]", state="attached")
+    _upload(page, "#photo-upload", _face(tmp_path, "prefetch"))
+    _wait_text(page, "Photo ready")
+    time.sleep(2.0)  # the person's think time: the pack keeps arriving
+    page.click("#run-btn")
+    final = _wait_done(page)
+    assert final.startswith("Done: SAKURA finished"), final
+    assert "already on the device at Run" in page.inner_text("#timeline")
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / "prefetch-timeline.png"), full_page=True)
