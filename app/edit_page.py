@@ -114,10 +114,14 @@ class EditPage:
                                      "vs local generation = 23 s vs 13 s, as in the paper", elem_id="regime")
                 gr.Markdown("### 4 · System")
                 system = gr.Radio(SYSTEM_CHOICES, value="sakura", label="System", elem_id="system")
+                prefetch = gr.Checkbox(value=True, elem_id="use-prefetch",
+                                       label="Prefetch: start downloading a template's cache when it is picked "
+                                       "(a single SAKURA run uses it; Compare all never does)")
                 run = gr.Button("Run edit", variant="primary", elem_id="run-btn")
         return dict(builds=builds, galleries=galleries, template=template, template_info=template_info, photo=photo, preview=preview,
                     prompt=prompt, network=network, fixed=fixed, start=start, trace_file=trace_file, regime=regime,
-                    system=system, run=run, photo_state=photo_state, trace_state=trace_state, runs_state=runs_state)
+                    system=system, prefetch=prefetch, run=run, photo_state=photo_state, trace_state=trace_state,
+                    runs_state=runs_state)
 
     def _outputs(self, runs_state) -> None:
         """The results area: status, live timeline, images, metrics, comparison, privacy."""
@@ -154,8 +158,8 @@ class EditPage:
         self._outputs(c["runs_state"])
         galleries, template, template_info, photo, preview, prompt = (c[k] for k in (
             "galleries", "template", "template_info", "photo", "preview", "prompt"))
-        network, fixed, start, trace_file, regime, system, run = (c[k] for k in (
-            "network", "fixed", "start", "trace_file", "regime", "system", "run"))
+        network, fixed, start, trace_file, regime, system, prefetch, run = (c[k] for k in (
+            "network", "fixed", "start", "trace_file", "regime", "system", "prefetch", "run"))
         photo_state, trace_state, runs_state = c["photo_state"], c["trace_state"], c["runs_state"]
         status = self._c["status"]
         if self.builds is not None:  # packs building behind the page: its progress, and the picked one's state
@@ -163,7 +167,7 @@ class EditPage:
                                [c["builds"], template_info], show_progress="hidden", queue=False)
         for g, gids in galleries:
             g.select(self._picker(gids), None, template, show_progress="hidden", queue=False)
-        template.change(self.on_template, [template, network, fixed, trace_state, start, regime],
+        template.change(self.on_template, [template, network, fixed, trace_state, start, regime, prefetch],
                         [template_info, preview, prompt, photo, photo_state, status], show_progress="hidden", queue=False)
         photo.upload(self.on_photo, photo, [preview, photo_state, status, photo], show_progress="minimal")
         photo.clear(lambda: (None, None, status_html("Photo removed.")), None, [preview, photo_state, status],
@@ -173,7 +177,7 @@ class EditPage:
         trace_file.clear(lambda: (None, status_html("Trace file removed.")), None, [trace_state, status], queue=False)
         outs = [self._c[k] for k in ("status", "timeline", "out_img", "ref_img", "diff_img", "metrics", "latency",
                                      "compare", "outputs_gallery", "privacy", "privacy_table", "view", "runs_state")]
-        run.click(self.run, [template, photo_state, prompt, network, fixed, trace_state, start, regime, system],
+        run.click(self.run, [template, photo_state, prompt, network, fixed, trace_state, start, regime, system, prefetch],
                   outs, show_progress="minimal", concurrency_limit=1, concurrency_id="device")
         view = self._c["view"]
         view.change(self.on_view, [view, runs_state, photo_state, prompt, template],
@@ -214,12 +218,12 @@ class EditPage:
 
         return pick
 
-    def on_template(self, tid, network=None, fixed=None, trace_up=None, start=None, regime=True):
+    def on_template(self, tid, network=None, fixed=None, trace_up=None, start=None, regime=True, prefetch=False):
         if self.builds is not None and tid:
             self.builds.prioritize(tid)  # the template the user wants is built next
         task = self._task(tid)
         photo_task = task != "mb"
-        fetching = self._prefetch(tid, network, fixed, trace_up, start, regime)
+        fetching = self._prefetch(tid, network, fixed, trace_up, start, regime) if prefetch else ""
         return (self._template_info(tid), gr.update(visible=photo_task, value=None),
                 gr.update(visible=not photo_task), gr.update(visible=photo_task, value=None), None,
                 status_html(f"Template {tid} selected: " + ("type an instruction." if not photo_task
@@ -289,7 +293,7 @@ class EditPage:
             raise UploadError(f"Please upload {what} first (PNG or JPEG).")
         return "", photo
 
-    def run(self, tid, photo, prompt, network, fixed, trace_up, start, regime, system):
+    def run(self, tid, photo, prompt, network, fixed, trace_up, start, regime, system, prefetch=True):
         try:
             text, photo = self._validate(tid, photo, prompt)
             net = network_spec(network, fixed, trace_up, start, bool(regime))
@@ -307,7 +311,7 @@ class EditPage:
             prefix = f"[{k + 1}/{len(systems)}] " if len(systems) > 1 else ""
             progress = EditProgress(system=SYSTEM_TITLES[name])
             # prefetched bytes only for a single SAKURA run: the side-by-side stays paper-comparable
-            edit = EditRun(self.bridge, Job(tid, name, text, photo, net, prefetch=len(systems) == 1)).start()
+            edit = EditRun(self.bridge, Job(tid, name, text, photo, net, prefetch=bool(prefetch) and len(systems) == 1)).start()
             for batch in edit.events():
                 for ev in batch:
                     progress.apply(ev)

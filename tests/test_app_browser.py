@@ -271,6 +271,7 @@ def test_fs_edit_runs_to_completion(page, tmp_path):
     _upload(page, "#photo-upload", face)
     _wait_status(page, "ok")
     _fixed_link(page, 2000)
+    page.uncheck("#use-prefetch input")  # stream it all (an earlier pick may have prefetched this template)
     page.click("#run-btn")
     mid: dict = {}
 
