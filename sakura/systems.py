@@ -43,6 +43,7 @@ COMPRESSED: tuple[str, ...] = tuple(n for n in STREAMING if n != "fp16")  # the 
 VARIANTS: dict[str, tuple[str, str]] = {
     "sakura-coarse": ("SAKURA (per-step)", "#f783ac"),
     "sakura-fixed8": ("SAKURA (fixed 8-bit)", "#9c36b5"),
+    "sakura-v1": ("SAKURA v1 pack", "#a61e4d"),  # issue #18's before: uniform bits, raw planes
 }
 
 

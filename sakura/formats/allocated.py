@@ -179,6 +179,13 @@ class AllocatedPackInfo(PackInfo):
         bits[:, (bits == 0).any(axis=0)] = 0
         return bits[0], bits[1]
 
+    def level_for(self, shard: int, r: int, b_a: int, b_b: int) -> tuple:
+        """The largest level within the bytes v1's ``(r, b_A, b_B)`` takes (the allocator's rule at that
+        budget); the top level for the full rank. For before/after comparisons (bench-device)."""
+        front = self.frontier(shard)
+        budget = self.geometry.config_bytes(len(self.units(shard)), r, b_a, b_b) if r < self.geometry.rank else np.inf
+        return max((c for c in front if c.bytes <= budget), key=lambda c: c.bytes, default=front[0]).key
+
     def stored_chunk(self, chunk: int) -> tuple[bool, int]:
         """``(coded?, raw length)`` of a chunk id."""
         return bool(self._coded[chunk]), int(self._raw[chunk])

@@ -110,6 +110,10 @@ class PackInfo(StoredInfo):
     def version(self) -> int:
         return 1
 
+    def level_for(self, shard: int, r: int, b_a: int, b_b: int) -> tuple:
+        """The key of the level that stands for v1 configuration ``(r, b_A, b_B)``: itself here."""
+        return r, b_a, b_b
+
     def frontier(self, shard: int) -> list[Config]:
         table = self.header.get("tradeoff") or {}
         rows = (table.get("frontiers") or []) if isinstance(table, dict) else []
@@ -347,3 +351,9 @@ class PackEncoding(ShardEncoding):
     @property
     def storage_bytes(self):
         return self.info.file_size
+
+
+class PackV1Encoding(PackEncoding):
+    """The ``sakura-v1`` file (a version-1 pack kept beside the v2 one for before/after comparisons)."""
+
+    name = "sakura-v1"

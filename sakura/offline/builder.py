@@ -104,7 +104,7 @@ def build_template(template, out_dir: str | Path, *, q: float = 0.5, max_rank: i
         path = out / f"{fmt.file_id(template.id)}.pack"
         if fmt.from_factors:  # the format stores what the offline compression computes, not the cache
             fmt.write(path, compress_cache(cache, importance, q=q, shard_size=shard_size,
-                                           **pack_options(max_rank, layout)), **ids)
+                                           **pack_options(max_rank, fmt.layout or layout)), **ids)
         else:
             fmt.write(path, cache, shard_size=shard_size, **ids)
         storage[fmt.name] = path.stat().st_size
