@@ -169,19 +169,3 @@ def test_hostile_v2_headers_rejected(packs, tmp_path):
         with pytest.raises(PackFormatError):
             AllocatedPackInfo.from_bytes(len(text).to_bytes(8, "little") + text)
 
-
-def test_opencl_rebuild_of_a_v2_level_matches_torch(packs):
-    from sakura.runtime.reconstruct import BackendUnavailable, get_reconstructor
-
-    try:
-        rec = get_reconstructor("opencl")
-    except BackendUnavailable as e:
-        pytest.skip(f"no usable OpenCL device here: {e}")
-    folder, _, v2 = packs
-    reader = PackReader(folder / "v2.pack")
-    for c in v2.frontier(0)[::9] + v2.frontier(0)[-1:]:
-        blobs = reader.read(0, c.k)
-        got, want = rec.rebuild(v2, 0, c.k, blobs), reader.decode(0, c.k)
-        for key in want:
-            for x, y in zip(got[key], want[key]):
-                assert torch.allclose(x, y, atol=1e-5)

@@ -116,8 +116,10 @@ def tradeoff_report(prepared: bench.TemplateBench, packs: Path, out: Path, shard
         for ba, bb in pairs:
             curves[f"{ba}/{bb}"] = [(v1[1].config_bytes(shard, r, ba, bb), weighted_error(*v1, (r, ba, bb)), r)
                                     for r in range(g.group, g.rank + 1, g.group) if max(ba, bb) <= g.planes]
-        frontiers["v1"] = [(c.bytes, c.error, c.r, c.b_a, c.b_b) for c in v1[1].frontier(shard)]
-    if v2:  # stored errors are estimates: measure each point on the decoded shard
+    # every frontier point measured on the decoded shard the same way (a v2 pack stores estimates)
+    if v1:
+        frontiers["v1"] = [(c.bytes, weighted_error(*v1, c.key), c.r, c.b_a, c.b_b) for c in v1[1].frontier(shard)]
+    if v2:
         frontiers["v2"] = [(c.bytes, weighted_error(*v2, c.key), c.r, c.b_a, c.b_b) for c in v2[1].frontier(shard)]
     fig, ax = plt.subplots(figsize=(6.4, 4))
     for label, pts in curves.items():

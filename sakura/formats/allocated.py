@@ -125,6 +125,7 @@ class AllocatedPackInfo(PackInfo):
             raise PackFormatError(f"pack v2 layout describes {len(layout) // 2} chunks, the index has {len(index)}")
         self._coded = (layout[0::2] & CODED).astype(bool)
         self._base, self._refs, self._raw = [], [], np.zeros(len(index), np.int64)
+        self._frontiers: dict[int, list[Config]] = {}
         pos = 0
         for s, (count, (_, l0, l1)) in enumerate(zip(counts, plan)):
             self._base.append(pos)
@@ -191,19 +192,31 @@ class AllocatedPackInfo(PackInfo):
         return bool(self._coded[chunk]), int(self._raw[chunk])
 
     def frontier(self, shard: int) -> list[Config]:
+        """The stored levels of ``shard`` (parsed once: headers are immutable). Each row's ``k`` must
+        grow and its ``bytes`` be the level's range, so an allocator's budget is what it fetches."""
+        if shard not in self._frontiers:
+            self._frontiers[shard] = self._parse_frontier(shard)
+        return self._frontiers[shard]
+
+    def _parse_frontier(self, shard: int) -> list[Config]:
         table = self.header.get("tradeoff") or {}
         rows = (table.get("frontiers") or []) if isinstance(table, dict) else []
         if not isinstance(rows, list) or shard >= len(rows):
             return []
-        out = []
+        g = self.geometry
+        sizes = np.array([g.group_size(i) for i in range(g.num_groups)])
+        bits, done, out = np.zeros((2, g.num_groups), np.int64), 0, []
         try:
             for k, nbytes, err in rows[shard]:
-                a, b = self.allocation(shard, int(k))
-                sizes = np.array([self.geometry.group_size(g) for g in range(self.geometry.num_groups)])
-                r = int(sizes[a > 0].sum())
-                mean_a = float((a * sizes).sum() / r) if r else 0.0
-                mean_b = float((b * sizes).sum() / r) if r else 0.0
-                out.append(PrefixConfig(r, round(mean_a, 1), round(mean_b, 1), int(nbytes), float(err), int(k)))
+                if type(k) is not int or not done <= k <= len(self._refs[shard]) or nbytes != self.config_bytes(shard, k):
+                    raise ValueError
+                for ref in self._refs[shard][done:k]:  # one pass over the chunks for all rows
+                    bits[ref.factor, ref.group] += 1
+                done = k
+                opened = (bits > 0).all(axis=0)
+                r = int(sizes[opened].sum())
+                mean = [round(float((f * sizes)[opened].sum() / r), 1) if r else 0.0 for f in bits]
+                out.append(PrefixConfig(r, mean[0], mean[1], int(nbytes), float(err), k))
         except (TypeError, ValueError, PackFormatError):
             raise PackFormatError(f"pack frontier of shard {shard} is malformed") from None
         return out
