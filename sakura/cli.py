@@ -213,7 +213,7 @@ def bench(
                                                      "both (both sweeps and the sim-vs-real table)."),
     quick: bool = typer.Option(False, "--quick", help="10 offsets, the fs workload only: minutes."),
     packs: Path = typer.Option(Path("packs"), "--packs", help="Pack folder (missing packs are built)."),
-    figure: Optional[str] = typer.Option(None, "--figure", help="Regenerate one figure: 11,12,13,15,16,17,18,19,20,21,table2,estimators,tails, or all."),
+    figure: Optional[str] = typer.Option(None, "--figure", help="Regenerate one figure: 11,12,13,15,16,17,18,19,20,21,table2,estimators,tails,packs (v2 vs v1 pack), or all."),
     project: Optional[str] = typer.Option(None, "--project", help="Paper-scale projection, e.g. flux2-klein-4b."),
     seed: int = typer.Option(0, "--seed"),
     append: bool = typer.Option(False, "--append", help="Keep other workloads already in OUT/summary.json."),
@@ -302,7 +302,8 @@ def report(
             typer.echo(f"{tpl.id}: top decile carries {100 * result['decile_error_share'][0]:.0f}% of the INT2 error; "
                        f"top-10% overlap {result['top10_overlap_mean']:.2f}; top-10% attention mass {result['top10_mass_share_mean']:.2f}")
         else:
-            typer.echo(f"{tpl.id}: frontier of shard 0 has {len(result['frontier'])} configurations")
+            ratios = ", ".join(f"{k} {v:.2f}x" for k, v in result["fp16_over"].items() if k.startswith("sakura"))
+            typer.echo(f"{tpl.id}: frontier of shard 0 has {len(result['frontier'])} configurations; FP16 / pack: {ratios}")
     typer.echo(f"figures in {out}")
 
 

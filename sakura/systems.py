@@ -46,6 +46,7 @@ VARIANTS: dict[str, tuple[str, str]] = {
     "sakura+prefetch": ("SAKURA + prefetch", "#a61e4d"),  # cache fetched during the think time (--think-time)
     "sakura-no-fallback": ("SAKURA (no fallbacks)", "#f76707"),
     "sakura-paper": ("SAKURA (paper runtime)", "#adb5bd"),  # no anytime shards, no fallbacks
+    "sakura-v1": ("SAKURA v1 pack", "#5f3dc4"),  # issue #18's before: uniform bits, raw planes
 }
 
 

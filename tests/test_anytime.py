@@ -10,8 +10,9 @@ from sakura.net.traces import Trace
 from sakura.runtime.calibration import CalibrationStore
 from sakura.runtime.session import DeviceRuntime, Network
 
-# 40 Mbps for 50 ms (the policy's first estimate), then 2 Mbps: what was asked for cannot all arrive.
-COLLAPSE = Trace(np.array([0.0, 0.05, 30.0]), np.array([40.0, 2.0]), "collapse")
+# 40 Mbps for 10 ms (the policy's first estimate), then 2 Mbps: what was asked for cannot all arrive
+# (10 ms carry 50 kB; the first two shards' top levels are ~130 kB in a v2 pack, 300 kB in a v1 one).
+COLLAPSE = Trace(np.array([0.0, 0.01, 30.0]), np.array([40.0, 2.0]), "collapse")
 
 
 @pytest.fixture(scope="module")

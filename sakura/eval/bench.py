@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from sakura.editing import edit_request
-from sakura.formats import file_id
+from sakura.formats import PackFormatError, file_id
 from sakura.kvcache import KVCache
 from sakura.net.folder import FolderSource
 from sakura.net.traces import Trace, load_trace
@@ -92,10 +92,23 @@ class TemplateBench:
         return cache
 
 
+def current_pack(path: Path) -> bool:
+    """Whether a built pack exists in the layout the builder writes now: a pack of an older version
+    (or an unreadable one) is rebuilt, never streamed as if it were current."""
+    from sakura.formats.pack import PackInfo
+    from sakura.offline.builder import DEFAULT_LAYOUT
+
+    try:
+        info = PackInfo.open(path)[1]
+    except (OSError, PackFormatError):
+        return False
+    return info.version == (2 if DEFAULT_LAYOUT == "allocated" else 1)
+
+
 def prepare_template(tpl, packs: Path, max_rank: int = 128, q: float = 0.5, say: Callable[[str], None] = print,
                      repeats: int = 3, calibration: CalibrationStore | None = None) -> TemplateBench:
     packs = Path(packs)
-    if not (packs / f"{file_id(tpl.id, 'sakura')}.pack").exists():
+    if not current_pack(packs / f"{file_id(tpl.id, 'sakura')}.pack"):
         say(f"building packs for {tpl.id}")
         build_template(tpl, packs, max_rank=max_rank, q=q)
     say(f"{tpl.id}: device compute from the calibration (measured now if it has none)")

@@ -5,7 +5,7 @@ system, the chosen byte ranges are read from the pack folder, decoded with the s
 encoding (as the device runtime gets it) and the masked edit runs on the rebuilt cache; quality is
 measured against the FP16-cache output of the same request. Operating points:
 
-* SAKURA — per-shard byte budgets, geometric from the smallest frontier point to the largest; each
+* SAKURA (v2 pack) and SAKURA v1 pack (the ``sakura-v1`` file, the same rule) — per-shard byte budgets, geometric from the smallest frontier point to the largest; each
   shard takes the best frontier level within the budget (the allocator's rule);
 * IntQ — each stored bit width for the whole edit; CacheGen — each stored level for the whole edit
   (a level is its ``label`` within a fetch unit, whatever the units are).
@@ -29,7 +29,10 @@ from sakura.quality import quality
 from sakura.systems import SYSTEMS
 from sakura.systems import label as system_label
 
-SWEPT = ("sakura", "intq", "cachegen")
+SWEPT = ("sakura", "sakura-v1", "intq", "cachegen")
+# curves that are not systems: the stored format they sweep (issue #18's before: the v1 pack, SAKURA's rule)
+VARIANT_FORMATS = {"sakura-v1": "sakura-v1"}
+BUDGETED = ("sakura", "sakura-v1")  # swept by per-shard byte budgets (the allocator's rule)
 METRICS = ("psnr", "ssim", "psnr_masked", "ssim_masked")
 Choose = Callable[[FetchUnit], Level]
 
@@ -75,7 +78,7 @@ def rebuild(encoding, source, fid: str, choose: Choose) -> tuple[dict, int, list
 
 def measure(prepared, system: str, choose: Choose, requests: list[int], source=None) -> dict:
     """One operating point on one template: bytes sent and each request's quality vs its FP16-cache output."""
-    fmt = SYSTEMS[system].format
+    fmt = format_of(system)
     encoding = prepared.runtime.encoding(prepared.state, fmt)
     kv, nbytes, labels = rebuild(encoding, source or prepared.runtime.source, file_id(prepared.template.id, fmt),
                                  choose)
@@ -98,12 +101,16 @@ def torch_threads(n: int):
         torch.set_num_threads(before)
 
 
+def format_of(system: str) -> str:
+    return VARIANT_FORMATS[system] if system in VARIANT_FORMATS else SYSTEMS[system].format
+
+
 def plans(benches: list, systems, budgets: int) -> dict[str, list[tuple[dict, Choose]]]:
     """Per system, its operating points: (what identifies the point, how each fetch unit chooses)."""
     out = {}
     for s in systems:
-        encs = [p.runtime.encoding(p.state, SYSTEMS[s].format) for p in benches]
-        if s == "sakura":  # a larger budget that picks the same levels everywhere is the same point
+        encs = [p.runtime.encoding(p.state, format_of(s)) for p in benches]
+        if s in BUDGETED:  # a larger budget that picks the same levels everywhere is the same point
             out[s], seen = [], set()
             for b in sakura_budgets([e.units for e in encs], budgets):
                 picks = tuple(within(b)(u).label for e in encs for u in e.units)

@@ -34,7 +34,10 @@ def _dump(out: Path, name: str, data) -> Path:
 # -- encodings for the ablations ---------------------------------------------------------------------
 class StepCoarseEncoding(PackEncoding):
     """Fig. 20's coarse granularity: one decision and one transfer per denoising step (all its shards,
-    one configuration), needed before the step's first shard."""
+    one configuration), needed before the step's first shard. An ablation of the v1 layout (one
+    (r, b_A, b_B) for every shard): it streams the ``sakura-v1`` file."""
+
+    name = "sakura-v1"
 
     def __init__(self, info: PackInfo):
         super().__init__(info)
@@ -70,7 +73,10 @@ class StepCoarseEncoding(PackEncoding):
 
 
 class Fixed8Encoding(PackEncoding):
-    """Fig. 21's fixed 8-bit: the same pack, but only (r, 8, 8) prefixes; rank adapts to the budget."""
+    """Fig. 21's fixed 8-bit: the same pack, but only (r, 8, 8) prefixes; rank adapts to the budget
+    (an ablation of the v1 layout: it streams the ``sakura-v1`` file)."""
+
+    name = "sakura-v1"
 
     def __init__(self, info: PackInfo):
         super().__init__(info)
@@ -171,8 +177,9 @@ def fig20_21_ablations(cfg, out, cache, progress, say) -> list[Path]:
         benches = bench.workload_benches(workload, cfg, cache, say)
 
         def run(prepared, i, trace, start):
-            info = PackInfo.from_bytes(prepared.header("sakura"))
-            return [bench.run_one(prepared, i, "sakura", trace, start),
+            info = PackInfo.from_bytes(prepared.header("sakura-v1"))  # the ablations are of the v1 layout
+            v1 = prepared.runtime.encoding(prepared.state, "sakura-v1")
+            return [bench.run_one(prepared, i, "sakura", trace, start, encoding=v1),
                     bench.run_one(prepared, i, "sakura", trace, start, policy=_Variant("sakura-coarse"),
                               encoding=StepCoarseEncoding(info)),
                     bench.run_one(prepared, i, "sakura", trace, start, policy=_Variant("sakura-fixed8"),
@@ -304,6 +311,10 @@ def run(cfg: bench.BenchConfig, out: Path, *, figure: str | None = None, project
         for fn in (fig15_bytes_quality, fig20_21_ablations, fig19_q_sweep, fig11_example_trace, fig17_traces):
             written += fn(cfg, out, cache, progress, say)
         return written  # figures 16 and 18 build packs of their own: run them with --figure 16 / 18
+    if figure == "packs":  # issue #18's v2 vs v1 pack on the trace (its own module, this one's sweep)
+        from sakura.eval.pack_versions import fig_pack_versions
+
+        return fig_pack_versions(cfg, out, cache, progress, say)
     if figure == "estimators":  # its own module (it reuses this one's sweep)
         from sakura.eval.estimators import fig_estimators
 

@@ -2,7 +2,8 @@
 
 - :mod:`container` the shared file framing: JSON header, chunk index, CRC32s, memory-mapped reads
 - :mod:`bitplanes` bit-plane scalar quantisation of factor components (part of the pack format)
-- :mod:`pack`      SAKURA's progressive pack: layout, writer, reader, decoder, stream encoding
+- :mod:`pack`      SAKURA's progressive pack: layout, writer, reader, decoder, stream encoding (v1 layout)
+- :mod:`allocated` pack version 2: per-group bit allocation, entropy-coded planes (:mod:`chunkcodec`)
 - :mod:`fp16`      the uncompressed FP16 cache (baseline and reference)
 - :mod:`intq`      IntQ baseline (uniform integer quantisation, 2/3/4/8 bits)
 - :mod:`cachegen`  CacheGen baseline (per-token quantisation, layer-group bins, entropy coding, levels)
@@ -20,6 +21,9 @@ from sakura.formats.container import PackFormatError
 
 FORMATS: dict[str, Format] = {fmt.name: fmt for fmt in (
     Format("sakura", pack.SUFFIX, pack.PackInfo, pack.PackEncoding, pack.write_pack, from_factors=True),
+    # the version-1 pack (uniform bits, raw planes) beside the v2 one: the before of issue #18's comparisons
+    Format("sakura-v1", ".v1", pack.PackInfo, pack.PackV1Encoding, pack.write_pack, from_factors=True,
+           layout="uniform"),
     Format("fp16", fp16.SUFFIX, fp16.Fp16Info, fp16.Fp16Encoding, fp16.write_fp16),
     Format("intq", intq.SUFFIX, intq.IntQInfo, intq.IntQEncoding, intq.write_intq),
     Format("cachegen", cachegen.SUFFIX, cachegen.CacheGenInfo, cachegen.CacheGenEncoding, cachegen.write_cachegen),

@@ -138,6 +138,7 @@ class Format:
     encoding_cls: type[StreamEncoding]
     write: Callable[..., Any]
     from_factors: bool = False
+    layout: str | None = None  # a pack layout this format always stores ("uniform" = v1); None: the builder's
 
     def file_id(self, template_id: str) -> str:
         return template_id + self.suffix

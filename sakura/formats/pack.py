@@ -1,22 +1,14 @@
-"""The progressive SAKURA pack: one file per template serving every (shard, r, b_A, b_B) as a prefix.
+"""The progressive SAKURA pack: one file per template serving every level of every shard as byte ranges.
 
-Chunk order (see docs/pack-format.md for the byte-level spec). For each shard, with U cache units
-(layer-major, K then V) and components in groups of G (``group``):
+Version 1 (this module's layout; byte-level spec in docs/pack-format.md): per shard the mean, then A
+planes 0..7 × component groups, then B's — configuration (r, b_A, b_B) is the mean plus the first
+⌈r/G⌉ group chunks of the first b planes of each factor: ``b_A + b_B`` ranges in one multi-range
+request. Version 2 (:mod:`sakura.formats.allocated`): per-group bit allocation and entropy-coded
+planes, a level is one prefix range. :class:`PackInfo` parses both (the header's version picks), and
+the decoders take a level's key as it comes (``r, b_A, b_B`` or ``k``).
 
-    mean                           U × d float16 — always sent
-    A plane 0, group 0 .. ng−1     per component j, per unit u: scale (f32), zero (u8), ⌈n/8⌉ bytes
-    A plane 1 .. 7, group 0 .. ng−1  per component j, per unit u: ⌈n/8⌉ bytes
-    B plane 0 .. 7, group 0 .. ng−1  same with d (plane 0 again carries scale and zero)
-
-Components are contiguous inside a plane, so configuration (r, b_A, b_B) is the mean plus, for each
-of the first b planes of a factor, the first ⌈r/G⌉ group chunks — one contiguous byte range per
-plane. The mean touches A plane 0, so a configuration is ``b_A + b_B`` ranges (one when r = R and
-both factors are at 8 bits), fetched with one multi-range HTTP request. r must be a multiple of G
-(or the stored rank R, or 0 = mean only) so that every chunk received is whole and CRC-checkable.
-
-This module only lays out, serialises and decodes: the factors and the frontier a pack stores are
-computed offline (:mod:`sakura.offline.compress`) and handed to :func:`write_pack` as a
-:class:`PackSource`. Fetch unit = shard; levels = its stored frontier.
+This module only lays out, serialises and decodes: what a pack stores is computed offline
+(:mod:`sakura.offline.compress`) and handed to :func:`write_pack` as a :class:`PackSource`.
 """
 
 from __future__ import annotations
@@ -32,91 +24,30 @@ import torch
 
 from sakura.formats import anytime
 from sakura.formats.base import KV, Level, Range, ShardEncoding
-from sakura.formats.bitplanes import HEAD_BYTES, PLANES, FactorBytes, QuantizedFactors, plane_bytes, plane_records
+from sakura.formats.bitplanes import FactorBytes, QuantizedFactors, plane_records
 from sakura.formats.container import (Blobs, PackFormatError, StoredInfo, check_lengths, checked_plan, coalesce,
                                       geometry_ints, write_container)
+from sakura.formats.packgeometry import Config, Geometry
 from sakura.kvcache import CacheUnit, kv_pairs, shard_plan, shard_units
 
 FORMAT = "sakura-pack"
-VERSION = 1
-SUPPORTED_VERSIONS = (1,)
+VERSION = 1  # the uniform layout of this module; version 2 (per-group bits, coded planes): allocated.py
+SUPPORTED_VERSIONS = (1, 2)
 SUFFIX = ""  # the pack is the template's main file: its file id is the template id
 DEFAULT_GROUP = 8
-
-
-@dataclass(frozen=True)
-class Geometry:
-    num_steps: int
-    num_layers: int
-    heads: int
-    head_dim: int
-    n: int  # reusable tokens
-    shard_size: int  # layers per shard
-    max_rank: int  # requested
-    rank: int  # stored: min(max_rank, n, d)
-    group: int  # components per chunk
-    planes: int = PLANES
-
-    @property
-    def d(self) -> int:
-        return self.heads * self.head_dim
-
-    @property
-    def num_groups(self) -> int:
-        return -(-self.rank // self.group)
-
-    def shards(self) -> list[tuple[int, int, int]]:
-        return shard_plan(self.num_steps, self.num_layers, self.shard_size)
-
-    def group_size(self, g: int) -> int:
-        return min(self.group, self.rank - g * self.group)
-
-    def chunk_lengths(self, units: int) -> list[int]:
-        """Lengths of one shard's chunks, in file order (mean, A planes × groups, B planes × groups)."""
-        out = [units * self.d * 2]
-        for length in (self.n, self.d):
-            for p in range(self.planes):
-                rec = plane_bytes(length) + (HEAD_BYTES if p == 0 else 0)
-                out += [self.group_size(g) * units * rec for g in range(self.num_groups)]
-        return out
-
-    def config_bytes(self, units: int, r: int, b_a: int, b_b: int) -> int:
-        """Bytes on the wire for a configuration of a shard of ``units`` cache units (formula, any r)."""
-        if r == 0:
-            return units * self.d * 2
-        a = r * units * (b_a * plane_bytes(self.n) + HEAD_BYTES)
-        b = r * units * (b_b * plane_bytes(self.d) + HEAD_BYTES)
-        return units * self.d * 2 + a + b
-
-
-@dataclass(frozen=True)
-class Config:
-    """One stored configuration of a shard: ``bytes`` on the wire, ``error`` its offline quality
-    proxy (see :mod:`sakura.offline.tradeoff`): one row of a frontier in the header."""
-
-    r: int
-    b_a: int
-    b_b: int
-    bytes: int
-    error: float
-
-    @property
-    def key(self) -> tuple[int, int, int]:
-        return self.r, self.b_a, self.b_b
-
-    def to_list(self) -> list:
-        return [self.r, self.b_a, self.b_b, self.bytes, self.error]
-
-    @classmethod
-    def from_list(cls, row: Sequence[Any]) -> "Config":
-        r, ba, bb, nbytes, err = row
-        return cls(int(r), int(ba), int(bb), int(nbytes), float(err))
 
 
 class PackInfo(StoredInfo):
     """Everything a client needs, parsed from the header bytes alone: geometry, ranges, frontiers."""
 
     magic, versions = FORMAT, SUPPORTED_VERSIONS
+
+    def __new__(cls, header: dict[str, Any], index):
+        if cls is PackInfo and header.get("version") == 2:  # one magic, two layouts: the version picks
+            from sakura.formats.allocated import AllocatedPackInfo
+
+            cls = AllocatedPackInfo
+        return super().__new__(cls)
 
     def __init__(self, header: dict[str, Any], index):
         super().__init__(header, index)
@@ -168,12 +99,20 @@ class PackInfo(StoredInfo):
                     out += range(first, first + groups)
         return out
 
-    def ranges(self, shard: int, r: int, b_a: int, b_b: int) -> list[Range]:
-        """Absolute ``(offset, length)`` byte ranges of a configuration, merged where they touch."""
-        return coalesce([self.index.span(i) for i in self.chunks(shard, r, b_a, b_b)])
+    def ranges(self, shard: int, *key: int) -> list[Range]:
+        """Absolute ``(offset, length)`` byte ranges of a level (v1 ``r, b_a, b_b``; v2 ``k``), merged where they touch."""
+        return coalesce([self.index.span(i) for i in self.chunks(shard, *key)])
 
-    def config_bytes(self, shard: int, r: int, b_a: int, b_b: int) -> int:
-        return sum(n for _, n in self.ranges(shard, r, b_a, b_b))
+    def config_bytes(self, shard: int, *key: int) -> int:
+        return sum(n for _, n in self.ranges(shard, *key))
+
+    @property
+    def version(self) -> int:
+        return 1
+
+    def level_for(self, shard: int, r: int, b_a: int, b_b: int) -> tuple:
+        """The key of the level that stands for v1 configuration ``(r, b_A, b_B)``: itself here."""
+        return r, b_a, b_b
 
     def frontier(self, shard: int) -> list[Config]:
         table = self.header.get("tradeoff") or {}
@@ -216,6 +155,7 @@ class PackSource:
     source_dtype: str
     build: dict[str, Any]
     tradeoff: dict[str, Any] | None
+    version: int = VERSION  # 2: ``shards`` yields sakura.formats.allocated.AllocatedShard
 
 
 def encode_shard(factors: Sequence[QuantizedFactors], geo: Geometry) -> list[bytes]:
@@ -232,7 +172,11 @@ def encode_shard(factors: Sequence[QuantizedFactors], geo: Geometry) -> list[byt
 
 
 def write_pack(path: str | Path, source: PackSource, *, model_id: str = "", template_id: str = "") -> PackInfo:
-    """Serialise one template's pack; returns its parsed header."""
+    """Serialise one template's pack (v2 when ``source.version`` is 2); returns its parsed header."""
+    if source.version == 2:
+        from sakura.formats.allocated import write_allocated
+
+        return write_allocated(path, source, model_id=model_id, template_id=template_id)
     geo = source.geometry
     t0 = time.perf_counter()
     chunks: list[bytes] = []
@@ -242,20 +186,25 @@ def write_pack(path: str | Path, source: PackSource, *, model_id: str = "", temp
         frontiers.append(list(front))
     if len(frontiers) != len(geo.shards()):
         raise ValueError(f"pack source gave {len(frontiers)} shards, the geometry has {len(geo.shards())}")
-    header: dict[str, Any] = {
-        "format": FORMAT, "version": VERSION, "model_id": model_id, "template_id": template_id,
-        "geometry": asdict(geo),
-        "dtypes": {"source": source.source_dtype, "mean": "<f2", "scale": "<f4",
-                   "zero": "u8 dead-zone bit per prefix length",
-                   "code": "u8 offset-binary, bit planes MSB first", "reconstruct": "centre"},
-        "build": {**source.build, "seconds": round(time.perf_counter() - t0, 3)},
-        "reuse_index_crc32": zlib.crc32(source.reuse_index.to(torch.int64).numpy().astype("<i8").tobytes()),
-        "shards": [list(s) for s in geo.shards()],
-    }
+    header = base_header(source, model_id, template_id, time.perf_counter() - t0)
     if source.tradeoff is not None:
         header["tradeoff"] = {**source.tradeoff, "frontiers": [[c.to_list() for c in f] for f in frontiers]}
     write_container(path, header, chunks)
     return PackReader(path).info
+
+
+def base_header(source: PackSource, model_id: str, template_id: str, seconds: float) -> dict[str, Any]:
+    """The header fields every pack version has (the version's own fields are added by its writer)."""
+    return {
+        "format": FORMAT, "version": source.version, "model_id": model_id, "template_id": template_id,
+        "geometry": asdict(source.geometry),
+        "dtypes": {"source": source.source_dtype, "mean": "<f2", "scale": "<f4",
+                   "zero": "u8 dead-zone bit per prefix length",
+                   "code": "u8 offset-binary, bit planes MSB first", "reconstruct": "centre"},
+        "build": {**source.build, "seconds": round(seconds, 3)},
+        "reuse_index_crc32": zlib.crc32(source.reuse_index.to(torch.int64).numpy().astype("<i8").tobytes()),
+        "shards": [list(s) for s in source.geometry.shards()],
+    }
 
 
 # ----------------------------------------------------------------------------------------------- read
@@ -270,17 +219,17 @@ class PackReader:
         """The raw header a server hands a client (``8 + N`` bytes)."""
         return self.file.header_bytes
 
-    def ranges(self, shard: int, r: int, b_a: int, b_b: int) -> list[Range]:
-        return self.info.ranges(shard, r, b_a, b_b)
+    def ranges(self, shard: int, *key: int) -> list[Range]:
+        return self.info.ranges(shard, *key)
 
-    def config_bytes(self, shard: int, r: int, b_a: int, b_b: int) -> int:
-        return self.info.config_bytes(shard, r, b_a, b_b)
+    def config_bytes(self, shard: int, *key: int) -> int:
+        return self.info.config_bytes(shard, *key)
 
-    def read(self, shard: int, r: int, b_a: int, b_b: int) -> dict[Range, bytes]:
-        return self.file.read_ranges(self.ranges(shard, r, b_a, b_b))
+    def read(self, shard: int, *key: int) -> dict[Range, bytes]:
+        return self.file.read_ranges(self.ranges(shard, *key))
 
-    def decode(self, shard: int, r: int, b_a: int, b_b: int, **kw) -> KV:
-        return decode_shard(self.info, shard, r, b_a, b_b, self.read(shard, r, b_a, b_b), **kw)
+    def decode(self, shard: int, *key: int, **kw) -> KV:
+        return decode_shard(self.info, shard, *key, self.read(shard, *key), **kw)
 
     def frontier(self, shard: int) -> list[Config]:
         return self.info.frontier(shard)
@@ -320,12 +269,19 @@ def shard_bytes(info: PackInfo, shard: int, r: int, b_a: int, b_b: int, blobs: B
     return ShardBytes(units, geo.n, geo.d, r, means, factors[0], factors[1])
 
 
-def decode_factors(info: PackInfo, shard: int, r: int, b_a: int, b_b: int, blobs: Blobs, *, verify: bool = True
+def decode_factors(info: PackInfo, shard: int, *key_blobs, verify: bool = True
                    ) -> dict[CacheUnit, tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Dequantised ``(A (n, r), B (r, d), mean (d,))`` float32 per cache unit, from the config's bytes only.
+    """Dequantised ``(A (n, r), B (r, d), mean (d,))`` float32 per cache unit, from the level's bytes only:
+    ``decode_factors(info, shard, *level_key, blobs)`` (v1 key ``r, b_a, b_b``; v2 key ``k``).
 
     For reconstructors that do the ``A @ B + mean`` themselves (OpenCL, on-device kernels).
     """
+    *key, blobs = key_blobs
+    if info.version == 2:
+        from sakura.formats.allocated import decode_factors as decode_allocated
+
+        return decode_allocated(info, shard, *key, blobs, verify=verify)
+    r, b_a, b_b = key
     received = shard_bytes(info, shard, r, b_a, b_b, blobs, verify=verify)
     units, means = received.units, received.means
     if r == 0:
@@ -336,17 +292,17 @@ def decode_factors(info: PackInfo, shard: int, r: int, b_a: int, b_b: int, blobs
     return {u: (np.ascontiguousarray(a[k].T), b[k], means[k]) for k, u in enumerate(units)}
 
 
-def decode_shard(info: PackInfo, shard: int, r: int, b_a: int, b_b: int, blobs: Blobs, *,
-                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", verify: bool = True) -> KV:
+def decode_shard(info: PackInfo, shard: int, *key_blobs, dtype: torch.dtype = torch.float32,
+                 device: str | torch.device = "cpu", verify: bool = True) -> KV:
     """Rebuild K, V (n, d) for every (step, layer) of a shard from the bytes of its ranges only.
 
-    ``blobs`` maps ``(offset, length)`` → bytes as received; any blob covering a chunk will do, so
+    Called ``decode_shard(info, shard, *level_key, blobs)``. ``blobs`` maps ``(offset, length)`` → bytes as received; any blob covering a chunk will do, so
     ranges merged across shards work too. Each chunk is CRC-checked unless ``verify=False``.
     """
     rebuilt = {}
-    for unit, (a, b, mean) in decode_factors(info, shard, r, b_a, b_b, blobs, verify=verify).items():
+    for unit, (a, b, mean) in decode_factors(info, shard, *key_blobs, verify=verify).items():
         a_t, b_t, m_t = (torch.from_numpy(t).to(device) for t in (a, b, mean))
-        x = torch.addmm(m_t, a_t, b_t) if r else m_t.expand(info.geometry.n, -1).clone()
+        x = torch.addmm(m_t, a_t, b_t) if a.shape[1] else m_t.expand(info.geometry.n, -1).clone()
         rebuilt[unit] = x.to(dtype)
     return kv_pairs(rebuilt)
 
@@ -356,7 +312,7 @@ class PackEncoding(ShardEncoding):
     can be delegated to a reconstructor backend (torch / OpenCL: ``sakura.runtime.reconstruct``)."""
 
     name, info_cls = "sakura", PackInfo
-    reconstructor = None  # anything with .rebuild(info, shard, r, b_a, b_b, blobs) -> {(step, layer): (K, V)}
+    reconstructor = None  # anything with .rebuild(info, shard, *key, blobs) -> {(step, layer): (K, V)}
 
     def __init__(self, info):
         super().__init__(info)
@@ -366,7 +322,8 @@ class PackEncoding(ShardEncoding):
         frontier = self.info.frontier(shard)
         if not frontier:
             raise PackFormatError(f"pack for {self.info.template_id} has no trade-off profile for shard {shard}")
-        return tuple(Level(f"r{c.r}/a{c.b_a}/b{c.b_b}", c.bytes, c.error, c.key) for c in frontier)
+        return tuple(Level(f"r{c.r}/a{c.b_a}/b{c.b_b}" + (f"/k{c.key[0]}" if len(c.key) == 1 else ""),
+                           c.bytes, c.error, c.key) for c in frontier)
 
     def ranges(self, fetch_unit, level):
         """The level's chunks ordered so that smaller frontier configurations come first (see
@@ -394,3 +351,9 @@ class PackEncoding(ShardEncoding):
     @property
     def storage_bytes(self):
         return self.info.file_size
+
+
+class PackV1Encoding(PackEncoding):
+    """The ``sakura-v1`` file (a version-1 pack kept beside the v2 one for before/after comparisons)."""
+
+    name = "sakura-v1"

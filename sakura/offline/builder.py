@@ -27,6 +27,16 @@ from sakura.offline.compress import compress_cache
 
 DEFAULT_SHARD_SIZE = 2
 DEFAULT_MAX_RANK = 128
+DEFAULT_LAYOUT = "allocated"  # pack v2 (issue #18); "uniform" writes v1 (the Fig. 8/13/15 comparisons)
+
+
+def pack_options(max_rank: int, layout: str = DEFAULT_LAYOUT) -> dict:
+    """compress_cache options for a pack of top quality ``(max_rank, 8, 8)``: v1 stores exactly that;
+    v2 factorises to twice the rank and its allocation stops at that quality (often cheaper with more,
+    coarser components than with 8-bit ones: KVTC's finding)."""
+    if layout == "allocated":
+        return {"layout": layout, "max_rank": 2 * max_rank, "reference_rank": max_rank}
+    return {"layout": layout, "max_rank": max_rank}
 
 
 @dataclass
@@ -65,7 +75,7 @@ def profile_importance(model: DiTAdapter, template, cache: KVCache, requests=Non
 
 def build_template(template, out_dir: str | Path, *, q: float = 0.5, max_rank: int = DEFAULT_MAX_RANK,
                    shard_size: int = DEFAULT_SHARD_SIZE, model_path: str | Path | None = None,
-                   encodings: tuple[str, ...] = tuple(FORMATS),
+                   encodings: tuple[str, ...] = tuple(FORMATS), layout: str = DEFAULT_LAYOUT,
                    progress: Callable[[str], None] | None = None) -> BuildReport:
     """Capture the template's cache, profile its importance and write each format named in ``encodings``."""
     say = progress or (lambda msg: None)
@@ -93,7 +103,8 @@ def build_template(template, out_dir: str | Path, *, q: float = 0.5, max_rank: i
         say(fmt.name)
         path = out / f"{fmt.file_id(template.id)}.pack"
         if fmt.from_factors:  # the format stores what the offline compression computes, not the cache
-            fmt.write(path, compress_cache(cache, importance, q=q, max_rank=max_rank, shard_size=shard_size), **ids)
+            fmt.write(path, compress_cache(cache, importance, q=q, shard_size=shard_size,
+                                           **pack_options(max_rank, fmt.layout or layout)), **ids)
         else:
             fmt.write(path, cache, shard_size=shard_size, **ids)
         storage[fmt.name] = path.stat().st_size

@@ -15,12 +15,16 @@ from typing import Callable, Iterator, Mapping, Sequence
 import numpy as np
 import torch
 
-from sakura.formats.bitplanes import QuantizedFactors, quantize
+from sakura.formats.allocated import AllocatedShard, ChunkRef, encode_chunks
+from sakura.formats.bitplanes import PLANES, QuantizedFactors, quantize
 from sakura.formats.pack import DEFAULT_GROUP, Config, Geometry, PackInfo, PackSource, write_pack
 from sakura.kvcache import KVCache, shard_units
 from sakura.offline.lowrank import SMALL_UNIT, Factors, normalized_importance, single_threaded, weighted_lowrank
 from sakura.offline.tradeoff import DEFAULT_BITS, QUALITY_METRIC, pareto, profile_shard, rank_grid
+from sakura.offline.allocate import UnitModel, exact_error, exact_stop, greedy_order, shard_table, thin, uniform_error
 
+TOLERANCE = 0.01  # an allocated pack stops within 1 % (0.04 dB) of the reference configuration's error
+ALLOCATION_METRIC = "estimate of the tradeoff metric (cross terms between components dropped): see sakura.offline.allocate"
 Importance = Mapping[tuple[int, int], torch.Tensor]  # (step, layer) -> (n,) token importance
 
 
@@ -36,7 +40,8 @@ def quantize_factors(f: Factors, importance=None) -> QuantizedFactors:
 def compress_cache(cache: KVCache, importance: Importance | None, *, q: float = 0.5, max_rank: int = 64,
                    shard_size: int = 1, tradeoff: Mapping[int, Sequence[Config]] | bool | None = None,
                    group: int = DEFAULT_GROUP, bits: Sequence[int] = DEFAULT_BITS,
-                   progress: Callable[[int, int], None] | None = None) -> PackSource:
+                   progress: Callable[[int, int], None] | None = None, layout: str = "uniform",
+                   reference_rank: int | None = None, tolerance: float = TOLERANCE) -> PackSource:
     """Factorise and quantise every cache unit, shard by shard, and profile each shard's frontier.
 
     ``importance[(step, layer)]`` is the (n,) token importance for both K and V of that layer
@@ -44,7 +49,16 @@ def compress_cache(cache: KVCache, importance: Importance | None, *, q: float = 
     ``bits`` grid); a mapping ``shard → configs`` stores a frontier computed elsewhere (e.g. from
     image PSNR); False stores none. The shards are computed lazily, as the writer consumes them;
     ``progress(done, total)`` is called after each.
+
+    ``layout="allocated"`` writes a version-2 pack (:mod:`sakura.formats.allocated`): chunks in greedy
+    per-group bit-allocation order (:mod:`sakura.offline.allocate`), entropy-coded where it pays, stored
+    up to the estimated error of v1's top configuration ``(reference_rank, 8, 8)`` (default: the stored
+    rank) times ``1 + tolerance``; its frontier is the allocation's path (``bits`` unused).
     """
+    if layout not in ("uniform", "allocated"):
+        raise ValueError(f"layout must be 'uniform' or 'allocated', got {layout!r}")
+    if layout == "allocated" and isinstance(tradeoff, Mapping):
+        raise ValueError("an allocated pack's frontier is its allocation path: external frontiers are v1 only")
     importance = importance or {}
     n, d = cache.num_reused, cache.dim
     geo = Geometry(cache.num_steps, cache.num_layers, cache.heads, cache.head_dim, n, shard_size, max_rank,
@@ -65,16 +79,46 @@ def compress_cache(cache: KVCache, importance: Importance | None, *, q: float = 
                     x, layer_importance = cache.unit(step, layer, kind), importance.get((step, layer))
                     factors = weighted_lowrank(x, layer_importance, q=q, max_rank=max_rank)
                     units.append((x, layer_importance, quantize_factors(factors, layer_importance)))
-                if tradeoff is None:
+                if layout == "allocated":
+                    yield allocated_shard(units, geo, reference_rank, tolerance, tradeoff is not False)
+                elif tradeoff is None:
                     front = pareto(profile_shard(units, functools.partial(geo.config_bytes, len(units)), ranks, bits))
                 else:
                     front = list(tradeoff.get(i, [])) if isinstance(tradeoff, Mapping) else []
-                yield [qf for _, _, qf in units], front
+                if layout == "uniform":
+                    yield [qf for _, _, qf in units], front
                 if progress:
                     progress(i + 1, len(plan))
 
     dtype = str(next(iter(cache.k.values())).dtype).removeprefix("torch.")
-    return PackSource(geo, shards(), cache.reuse_index, dtype, {"q": q, "importance": bool(importance)}, table)
+    build = {"q": q, "importance": bool(importance)}
+    if layout == "allocated":
+        table = None if tradeoff is False else {"metric": ALLOCATION_METRIC}
+        build.update(reference_rank=min(reference_rank or geo.rank, geo.rank), tolerance=tolerance)
+    return PackSource(geo, shards(), cache.reuse_index, dtype, build, table, version=2 if layout == "allocated" else 1)
+
+
+def allocated_shard(units, geo: Geometry, reference_rank: int | None, tolerance: float, with_frontier: bool
+                    ) -> AllocatedShard:
+    """One shard of a v2 pack: its chunks in greedy allocation order, up to the reference quality."""
+    factors = [qf for _, _, qf in units]
+    stored = encode_chunks(factors, geo)
+    models = [UnitModel(*unit) for unit in units]
+    table, base = shard_table(models, geo.group)
+    groups = -(-min(reference_rank or geo.rank, geo.rank) // geo.group)
+    order, points = greedy_order(table, base, {ref: len(b) for ref, (b, _) in stored.items()})
+    # The estimate picks where to look; the exact error of the reference decides where to stop.
+    reference = [ChunkRef(f, g, p) for g in range(groups) for f in (0, 1) for p in range(PLANES)]
+    target = exact_error(models, reference, geo.group) * (1 + tolerance)
+    guess = next((i for i, (_, e) in enumerate(points) if e <= uniform_error(table, base, groups, PLANES, PLANES)),
+                 len(points) - 1)
+    top = exact_stop(models, order, points, target, geo.group, guess)
+    k_top = points[top][0]
+    top_error = exact_error(models, order[:k_top], geo.group)
+    order, points = order[:k_top], [p for p in points[:top] if p[1] > top_error] + [(k_top, top_error)]
+    nbytes = np.cumsum([len(units) * geo.d * 2] + [len(stored[ref][0]) for ref in order])
+    front = thin(points, nbytes) if with_frontier else []
+    return AllocatedShard(factors, [(ref, *stored[ref]) for ref in order], front)
 
 
 def pack_cache(path: str | Path, cache: KVCache, importance: Importance | None, *, model_id: str = "",

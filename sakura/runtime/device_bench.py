@@ -1,7 +1,7 @@
 """``sakura bench-device``: per shard, rebuild (torch vs OpenCL) against execute (eager vs ExecuTorch).
 
-For one catalog template: capture its cache, write a real progressive pack (or use a built one),
-then per shard measure
+For one catalog template: capture its cache, write a real progressive pack (or use a built one: a v2
+pack's configs are its levels at the v1 config's bytes, ``PackInfo.level_for``), then per shard measure
 
 * bytes of each configuration and the receive time at ``--mbps``;
 * rebuild time of each reconstructor (median of ``repeats``) for each configuration;
@@ -10,9 +10,8 @@ then per shard measure
   when rebuilding shard p+1 overlaps executing shard p (the paper's GPU ∥ NPU pipeline), both as
   computed from the per-shard times and as *measured* with a rebuild thread beside the executor;
 * how far the ExecuTorch image is from the eager one.
-
-Writes JSON and prints a rich table. Numbers are this host's (CPU-only; the "GPU" and "NPU" share
-its cores), so the pipelined measurement is a lower bound on what separate engines give.
+JSON + a rich table. Numbers are this host's (CPU-only; "GPU" and "NPU" share its cores): the
+pipelined measurement is a lower bound on what separate engines give.
 """
 
 from __future__ import annotations
@@ -49,7 +48,7 @@ def _median_ms(xs: Sequence[float]) -> float:
     return 1e3 * statistics.median(xs)
 
 
-def _key(cfg: tuple[int, int, int]) -> str:
+def _key(cfg: tuple[int, int, int]) -> str:  # a v2 pack reads each config's level at its bytes: level_for
     return "r{}-a{}-b{}".format(*cfg)
 
 
@@ -138,8 +137,9 @@ def bench_device(template_id: str, *, catalog: str | Path | None = None, shard_s
         report["pack"].update({"bytes": info.file_size, "rank": geo.rank, "n": geo.n, "d": geo.d,
                                "shards": info.num_shards})
         report["configs"] = [list(c) for c in cfgs]
-        blobs = {(s, c): reader.read(s, *c) for s in range(info.num_shards) for c in cfgs}
-        rebuild = _measure_rebuild(reconstructors, info, cfgs, blobs, repeats, log)
+        key = {(s, c): info.level_for(s, *c) for s in range(info.num_shards) for c in cfgs}
+        blobs = {(s, c): reader.read(s, *key[(s, c)]) for s in range(info.num_shards) for c in cfgs}
+        rebuild = _measure_rebuild(reconstructors, info, cfgs, key, blobs, repeats, log)
         report["reconstructors"] = rebuild.devices
 
         # reference K/V: the torch decode of the main configuration (the middle one listed)
@@ -148,19 +148,19 @@ def bench_device(template_id: str, *, catalog: str | Path | None = None, shard_s
         ref_rec = rebuild.recs.get("torch") or next(iter(rebuild.recs.values()))
         kv_all: dict = {}
         for s in range(info.num_shards):
-            kv_all.update(ref_rec.rebuild(info, s, *main, blobs[(s, main)]))
+            kv_all.update(ref_rec.rebuild(info, s, *key[(s, main)], blobs[(s, main)]))
         execute = _measure_execute(executors, model, req, shard_size, lambda step, layer: kv_all[(step, layer)],
                                    repeats, log)
         report["executors"] = execute.info
         if "eager" in execute.images and "executorch" in execute.images:
             diff = execute.images["executorch"] - execute.images["eager"]
             report["image_max_abs_executorch_vs_eager"] = float(abs(diff).max())
-        report["shards"] = _shard_rows(info, cfgs, mbps, rebuild.ms, execute.ms)
+        report["shards"] = _shard_rows(info, cfgs, blobs, mbps, rebuild.ms, execute.ms)
         summary = _summary(rebuild, execute, _key(main))
         # measured: a rebuild thread beside the executor on this host's shared cores
         for rn, rec in rebuild.recs.items():
             for en, (ex, ranges) in execute.runs.items():
-                rebuild_fn = lambda p, rec=rec: rec.rebuild(info, p, *main, blobs[(p, main)])  # noqa: E731
+                rebuild_fn = lambda p, rec=rec: rec.rebuild(info, p, *key[(p, main)], blobs[(p, main)])  # noqa: E731
                 wall, stall = min((_pipelined(lambda ex=ex: ex.prepare(req, shard_size), info.shards, rebuild_fn,
                                               ranges) for _ in range(max(1, repeats - 1))), key=lambda x: x[0])
                 serial = sum(execute.ms[en]) / 1e3 + sum(rebuild.ms[rn][_key(main)]) / 1e3
@@ -203,7 +203,7 @@ class _Rebuilds:
     devices: dict = field(default_factory=dict)  # name -> device, or why it is unavailable
 
 
-def _measure_rebuild(names: Sequence[str], info, cfgs, blobs, repeats: int, log) -> _Rebuilds:
+def _measure_rebuild(names: Sequence[str], info, cfgs, key, blobs, repeats: int, log) -> _Rebuilds:
     from sakura.runtime.executors import BackendUnavailable
     from sakura.runtime.reconstruct import get_reconstructor
 
@@ -218,10 +218,10 @@ def _measure_rebuild(names: Sequence[str], info, cfgs, blobs, repeats: int, log)
         out.recs[name] = rec
         out.devices[name] = getattr(rec, "device_name", "cpu (numpy + torch)")
         for c in cfgs:  # warm-up: kernel builds, first allocations
-            rec.rebuild(info, 0, *c, blobs[(0, c)])
+            rec.rebuild(info, 0, *key[(0, c)], blobs[(0, c)])
         out.ms[name], out.min_ms[name] = {}, {}
         for c in cfgs:
-            runs = [[_timed(lambda: rec.rebuild(info, s, *c, blobs[(s, c)])) for _ in range(repeats)]
+            runs = [[_timed(lambda: rec.rebuild(info, s, *key[(s, c)], blobs[(s, c)])) for _ in range(repeats)]
                     for s in range(info.num_shards)]
             out.ms[name][_key(c)] = [_median_ms(x) for x in runs]
             out.min_ms[name][_key(c)] = [1e3 * min(x) for x in runs]
@@ -272,10 +272,10 @@ def _measure_execute(names: Sequence[str], model, req, shard_size: int, provider
     return out
 
 
-def _shard_rows(info, cfgs, mbps: float, rebuild_ms: dict, execute_ms: dict) -> list[dict]:
+def _shard_rows(info, cfgs, blobs, mbps: float, rebuild_ms: dict, execute_ms: dict) -> list[dict]:
     return [{"shard": s, "step": step, "layers": [l0, l1],
-             "bytes": {_key(c): info.config_bytes(s, *c) for c in cfgs},
-             "receive_ms": {_key(c): 1e3 * info.config_bytes(s, *c) * 8 / (mbps * 1e6) for c in cfgs},
+             "bytes": {_key(c): sum(map(len, blobs[(s, c)].values())) for c in cfgs},
+             "receive_ms": {_key(c): 8e3 * sum(map(len, blobs[(s, c)].values())) / (mbps * 1e6) for c in cfgs},
              "rebuild_ms": {n: {k: v[s] for k, v in per.items()} for n, per in rebuild_ms.items()},
              "execute_ms": {n: v[s] for n, v in execute_ms.items()}}
             for s, (step, l0, l1) in enumerate(info.shards)]

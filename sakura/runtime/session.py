@@ -28,7 +28,7 @@ import numpy as np
 
 from sakura.editing import edit_request, model_for
 from sakura.quality import quality
-from sakura.formats import KV, StreamEncoding, encoding_from_header, file_id
+from sakura.formats import FORMATS, KV, StreamEncoding, encoding_from_header, file_id
 from sakura.formats.fp16 import Fp16Info
 from sakura.model import DiTAdapter, EditRequest
 from sakura.net.client import FetchError
@@ -231,7 +231,9 @@ class EditSession:
         self.initial_bps = float(self.trace.rate_at(self.start)) * 1e6
         self.policy = self.encoding = self.file_id = None
         if self.system.streams:
-            self.file_id = file_id(template.id, self.system.format)
+            # an ablation's own encoding may stream another stored file of the template (sakura-v1)
+            self.file_id = file_id(template.id, encoding.name if encoding is not None and encoding.name in FORMATS
+                                   else self.system.format)
             self.policy = policy or get_policy(self.system.name)
             self.encoding = encoding or runtime.encoding(self.state, self.system.format, self.source)
             if reconstructor is not None:  # this edit's own view: the shared parsed one keeps torch

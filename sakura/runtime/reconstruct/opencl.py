@@ -277,9 +277,11 @@ class OpenCLReconstructor(Reconstructor):
         cl.enqueue_nd_range_kernel(self.queue, k, (f.pb, r, units), None)
         return out, shape
 
-    def factors(self, info: PackInfo, shard: int, r: int, b_a: int, b_b: int, blobs: Blobs, *,
-                verify: bool = True):
+    def factors(self, info: PackInfo, shard: int, *key_blobs, verify: bool = True):
         """(units, A (U, n, r), B (U, r, d), means (U, d)) as numpy float32 — the dequantised factors."""
+        if info.version == 2:
+            return self._factors_allocated(info, shard, *key_blobs, verify=verify)
+        *(r, b_a, b_b), blobs = key_blobs
         received = shard_bytes(info, shard, r, b_a, b_b, blobs, verify=verify)
         if r == 0:
             return received.units, None, None, received.means
@@ -292,14 +294,36 @@ class OpenCLReconstructor(Reconstructor):
             self.cl.enqueue_copy(self.queue, b, bbuf, is_blocking=True)
         return received.units, a, b, received.means
 
-    def rebuild(self, info: PackInfo, shard: int, r: int, b_a: int, b_b: int, blobs: Blobs, *,
-                verify: bool = True) -> KV:
+    def _factors_allocated(self, info, shard: int, k: int, blobs: Blobs, *, verify: bool = True):
+        """:meth:`factors` of a v2 pack: chunks decoded on the host, then one dequantisation launch
+        per (factor, plane count) class (sakura.formats.allocated.bit_classes)."""
+        from sakura.formats.allocated import bit_classes, received_planes
+
         geo = info.geometry
-        if r and self.matmul == "opencl":
-            return self._rebuild_on_device(info, shard, r, b_a, b_b, blobs, verify)
-        units, a, b, means = self.factors(info, shard, r, b_a, b_b, blobs, verify=verify)
-        m = torch.from_numpy(means)
+        units, means, planes, groups = received_planes(info, shard, k, blobs, verify=verify)
+        r, U = sum(geo.group_size(g) for g in groups), len(units)
         if r == 0:
+            return units, None, None, means
+        a, b = np.empty((U, geo.n, r), np.float32), np.empty((U, r, geo.d), np.float32)
+        with self._lock:
+            for f, (out, length) in enumerate(((a, geo.n), (b, geo.d))):
+                for rows, fb in bit_classes(planes[f], groups, geo, length, U):
+                    buf, shape = self._dequant_factor(fb, len(rows), U, transpose=f == 0)
+                    part = np.empty(shape, np.float32)
+                    self.cl.enqueue_copy(self.queue, part, buf, is_blocking=True)
+                    if f == 0:
+                        out[:, :, rows] = part
+                    else:
+                        out[:, rows] = part
+        return units, a, b, means
+
+    def rebuild(self, info: PackInfo, shard: int, *key_blobs, verify: bool = True) -> KV:
+        geo = info.geometry
+        if info.version == 1 and key_blobs[0] and self.matmul == "opencl":
+            return self._rebuild_on_device(info, shard, *key_blobs, verify)
+        units, a, b, means = self.factors(info, shard, *key_blobs, verify=verify)
+        m = torch.from_numpy(means)
+        if a is None:
             kv = m[:, None, :].expand(len(units), geo.n, geo.d).clone()
         else:
             kv = torch.baddbmm(m[:, None, :], torch.from_numpy(a), torch.from_numpy(b))

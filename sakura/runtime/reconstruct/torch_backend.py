@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from sakura.formats.container import Blobs
 from sakura.formats.pack import PackInfo, decode_shard
 from sakura.kvcache import KV
 from sakura.runtime.reconstruct.base import Reconstructor
@@ -11,6 +10,5 @@ from sakura.runtime.reconstruct.base import Reconstructor
 class TorchReconstructor(Reconstructor):
     name = "torch"
 
-    def rebuild(self, info: PackInfo, shard: int, r: int, b_a: int, b_b: int, blobs: Blobs, *,
-                verify: bool = True) -> KV:
-        return decode_shard(info, shard, r, b_a, b_b, blobs, verify=verify)
+    def rebuild(self, info: PackInfo, shard: int, *key_blobs, verify: bool = True) -> KV:
+        return decode_shard(info, shard, *key_blobs, verify=verify)

@@ -1,0 +1,75 @@
+"""Issue #18's before/after on a trace: SAKURA streaming its v2 pack vs the same system on the v1 pack.
+
+Same runtime, policy, trace offsets and regime scale (the scale depends on the FP16 cache only); the
+only difference is the stored file the edit streams: ``<id>.pack`` (v2: per-group bits, coded planes)
+or ``<id>.v1.pack`` (uniform bits, raw planes; the ``sakura-v1`` format). Reports per workload the
+latency p50 / p90, stall, bytes sent and quality (masked PSNR / SSIM vs the FP16-cache output), plus
+each file's storage. ``sakura bench --figure packs``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from sakura.eval import bench
+
+VERSIONS = ("sakura", "sakura-v1")  # row name → stored format streamed (SAKURA's own policy for both)
+
+
+def _stats(rows: list[dict]) -> dict:
+    lat = [r["latency_s"] for r in rows]
+    return {"edits": len(rows), "latency_p50_s": float(np.percentile(lat, 50)),
+            "latency_p90_s": float(np.percentile(lat, 90)), "stall_s_mean": float(np.mean([r["stall_s"] for r in rows])),
+            "bytes_mean": float(np.mean([r["bytes"] for r in rows])),
+            "psnr_masked_mean": float(np.mean([r["psnr_masked"] for r in rows])),
+            "ssim_masked_mean": float(np.mean([r["ssim_masked"] for r in rows])),
+            "psnr_mean": float(np.mean([r["psnr"] for r in rows]))}
+
+
+def fig_pack_versions(cfg, out: Path, cache: dict, progress, say) -> list[Path]:
+    """Both packs at ``cfg.starts`` offsets of ``cfg.trace`` per workload; JSON + PNG."""
+    import matplotlib.pyplot as plt
+
+    from sakura.eval.figures import _sweep
+
+    result: dict = {"trace": cfg.trace, "starts": cfg.starts, "regime": cfg.regime, "workloads": {}}
+    for workload in cfg.workloads:
+        benches = bench.workload_benches(workload, cfg, cache, say)
+
+        def run(prepared, i, trace, start):
+            v1 = prepared.runtime.encoding(prepared.state, "sakura-v1")
+            return [bench.run_one(prepared, i, "sakura", trace, start),
+                    bench.run_one(prepared, i, "sakura", trace, start, encoding=v1, name="sakura-v1")]
+
+        rows = _sweep(cfg, workload, benches, run, progress, f"packs {workload}")
+        stats = {v: _stats([r for r in rows if r["system"] == v]) for v in VERSIONS}
+        for v in VERSIONS:
+            stats[v]["storage_bytes_mean"] = float(np.mean([
+                (Path(cfg.packs) / f"{p.template.id}{'.v1' if v == 'sakura-v1' else ''}.pack").stat().st_size
+                for p in benches]))
+        result["workloads"][workload] = {"templates": [p.template.id for p in benches], **stats}
+        a, b = stats["sakura"], stats["sakura-v1"]
+        say(f"{workload}: p50 {a['latency_p50_s']:.2f} s (v1 {b['latency_p50_s']:.2f}), p90 {a['latency_p90_s']:.2f} s "
+            f"(v1 {b['latency_p90_s']:.2f}), masked PSNR {a['psnr_masked_mean']:.2f} dB (v1 {b['psnr_masked_mean']:.2f}), "
+            f"{a['bytes_mean'] / 1e6:.2f} MB sent (v1 {b['bytes_mean'] / 1e6:.2f})")
+    js, png = out / "pack_versions.json", out / "pack_versions.png"
+    js.write_text(json.dumps(result, indent=1))
+    ws = list(result["workloads"])
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.4))
+    x = np.arange(len(ws))
+    for ax, (key, name) in zip(axes, (("latency_p50_s", "latency p50 (s)"), ("latency_p90_s", "latency p90 (s)"),
+                                      ("psnr_masked_mean", "masked PSNR vs FP16-cache output (dB)"))):
+        for j, v in enumerate(VERSIONS):
+            ax.bar(x + 0.38 * j, [result["workloads"][w][v][key] for w in ws], 0.38,
+                   label="v2 pack" if v == "sakura" else "v1 pack")
+        ax.set_xticks(x + 0.19, ws)
+        ax.set_ylabel(name)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"SAKURA on the {cfg.trace} trace: v2 vs v1 pack ({cfg.starts} offsets per workload)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+    plt.close(fig)
+    return [png, js]

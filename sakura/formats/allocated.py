@@ -1,0 +1,340 @@
+"""Version 2 of the SAKURA pack: per-group bit allocation, entropy-coded planes, one range per level.
+
+Version 1 stores every rank component at the same 8 planes and a level is ``(r, b_A, b_B)``: ``b_A + b_B``
+byte ranges. Version 2 stores, per shard, the mean and then *chunks* — one ``(factor, component
+group, bit plane)`` each, for all the shard's cache units — in the order an offline greedy allocation
+added them (most error removed per byte first, :mod:`sakura.offline.allocate`). A level is the first
+``k`` chunks: **one contiguous range** from the shard's mean, and every smaller level is a prefix of
+every larger one (anytime shards need exactly that). Planes of one ``(factor, group)`` appear in
+order (MSB first) and a group only counts once both its A and B plane 0 are in the prefix, so a
+prefix decodes to per-group plane counts ``(b_A[g], b_B[g])`` — KVTC-style bits where they matter.
+Chunks the allocation never reached (planes below the pack's top quality) are not stored.
+
+A chunk's raw bytes are v1's records of that plane and group, with planes ``p ≥ 1`` in magnitude
+form (:mod:`sakura.formats.chunkcodec`); each is stored raw or as a zstd frame, whichever is smaller
+(a flag per chunk). Header additions: ``layout`` (base64, two bytes per chunk in file order: a kind
+byte ``0x80`` coded, ``0x40`` mean, ``0x10`` factor B, low nibble the plane; then the group) and
+``shard_chunks`` (chunks per shard); ``tradeoff.frontiers[s]`` rows are ``[k, bytes, error]``.
+See docs/pack-format.md §8.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from sakura.formats import chunkcodec
+from sakura.formats.bitplanes import HEAD_BYTES, FactorBytes, QuantizedFactors, plane_bytes, plane_records
+from sakura.formats.container import Blobs, PackFormatError, StoredInfo, coalesce
+from sakura.formats.pack import Config, Geometry, PackInfo, _geometry
+from sakura.kvcache import shard_plan
+
+VERSION = 2
+CODED, MEAN, FACTOR_B = 0x80, 0x40, 0x10
+
+
+@dataclass(frozen=True)
+class ChunkRef:
+    """One stored chunk of a shard: plane ``plane`` of component group ``group`` of factor A (0) or B (1)."""
+
+    factor: int
+    group: int
+    plane: int
+
+
+@dataclass(frozen=True)
+class PrefixConfig(Config):
+    """A v2 level: the shard's first ``k`` chunks. ``r`` is the rank it decodes to and ``b_a`` / ``b_b``
+    the mean planes per decoded component (for labels and reports); ``key = (k,)``."""
+
+    k: int = 0
+
+    @property
+    def key(self) -> tuple[int]:
+        return (self.k,)
+
+    def to_list(self) -> list:
+        return [self.k, self.bytes, self.error]
+
+
+@dataclass
+class AllocatedShard:
+    """What the offline allocation hands the v2 writer for one shard: its factors, the stored chunks
+    (raw-or-coded bytes, coded flag) in file order, and the error of each frontier prefix ``k``."""
+
+    factors: Sequence[QuantizedFactors]
+    chunks: list[tuple[ChunkRef, bytes, bool]]
+    frontier: list[tuple[int, float]]  # (k, error), k increasing, error decreasing
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def raw_length(geo: Geometry, units: int, ref: ChunkRef) -> int:
+    length = geo.n if ref.factor == 0 else geo.d
+    return geo.group_size(ref.group) * units * (plane_bytes(length) + (HEAD_BYTES if ref.plane == 0 else 0))
+
+
+def encode_chunks(factors: Sequence[QuantizedFactors], geo: Geometry) -> dict[ChunkRef, tuple[bytes, bool]]:
+    """Every ``(factor, group, plane)`` chunk of one shard, stored form (magnitude planes, raw or coded)."""
+    out = {}
+    for f, (codes, scales, zero) in enumerate((([q.a_codes for q in factors], [q.a_scales for q in factors],
+                                                 [q.a_zero for q in factors]),
+                                                ([q.b_codes for q in factors], [q.b_scales for q in factors],
+                                                 [q.b_zero for q in factors]))):
+        records = plane_records(codes, scales, zero)
+        sign = records[0][..., HEAD_BYTES:]
+        for p, plane in enumerate(records):
+            plane = plane if p == 0 else chunkcodec.to_magnitude(plane, sign)
+            for g in range(geo.num_groups):
+                raw = np.ascontiguousarray(plane[g * geo.group:(g + 1) * geo.group]).tobytes()
+                out[ChunkRef(f, g, p)] = chunkcodec.encode(raw)
+    return out
+
+
+def layout_bytes(refs: Sequence[ChunkRef | None], coded: Sequence[bool]) -> bytes:
+    """Two bytes per chunk (None = the shard's mean): kind, group."""
+    out = bytearray()
+    for ref, c in zip(refs, coded):
+        kind = (CODED if c else 0) | (MEAN if ref is None else (FACTOR_B if ref.factor else 0) | ref.plane)
+        out += bytes([kind, 0 if ref is None else ref.group])
+    return bytes(out)
+
+
+class AllocatedPackInfo(PackInfo):
+    """A version-2 pack header: per shard the chunk order, coded flags, prefix frontier."""
+
+    def __init__(self, header: dict[str, Any], index):  # noqa: D107 - parsed and checked field by field
+        StoredInfo.__init__(self, header, index)
+        self.geometry = g = _geometry(header)
+        plan = shard_plan(g.num_steps, g.num_layers, g.shard_size)
+        counts = header.get("shard_chunks")
+        if (not isinstance(counts, list) or len(counts) != len(plan) or not all(type(c) is int and c >= 1 for c in counts)
+                or sum(counts) != len(index)):
+            raise PackFormatError("pack v2 shard_chunks do not match the geometry and the chunk index")
+        if header.get("shards") != [list(s) for s in plan]:
+            raise PackFormatError("pack shard list does not match the geometry")
+        self.shards = plan
+        try:
+            layout = np.frombuffer(base64.b64decode(str(header.get("layout", "")).encode("ascii"), validate=True), np.uint8)
+        except Exception:  # noqa: BLE001 - binascii.Error, UnicodeError
+            raise PackFormatError("pack v2 layout is not base64") from None
+        if len(layout) != 2 * len(index):
+            raise PackFormatError(f"pack v2 layout describes {len(layout) // 2} chunks, the index has {len(index)}")
+        self._coded = (layout[0::2] & CODED).astype(bool)
+        self._base, self._refs, self._raw = [], [], np.zeros(len(index), np.int64)
+        self._frontiers: dict[int, list[Config]] = {}
+        pos = 0
+        for s, (count, (_, l0, l1)) in enumerate(zip(counts, plan)):
+            self._base.append(pos)
+            self._refs.append(self._shard_refs(layout[2 * pos:2 * (pos + count)], 2 * (l1 - l0), pos))
+            pos += count
+
+    def _shard_refs(self, layout: np.ndarray, units: int, first: int) -> list[ChunkRef]:
+        """The chunk refs of one shard after its mean, each checked: planes in order, lengths as implied."""
+        g = self.geometry
+        kinds, groups = layout[0::2], layout[1::2]
+        if not kinds[0] & MEAN or kinds[0] & CODED:
+            raise PackFormatError(f"pack v2 shard at chunk {first} does not start with its raw mean")
+        self._raw[first] = units * g.d * 2
+        refs, have = [], {}
+        for i, (kind, group) in enumerate(zip(kinds[1:], groups[1:]), start=first + 1):
+            ref = ChunkRef(int(bool(kind & FACTOR_B)), int(group), int(kind & 0x0F))
+            if kind & MEAN or ref.group >= g.num_groups or ref.plane != have.get((ref.factor, ref.group), 0):
+                raise PackFormatError(f"pack v2 chunk {i} is out of order or out of range")
+            have[(ref.factor, ref.group)] = ref.plane + 1
+            self._raw[i] = raw_length(g, units, ref)
+            refs.append(ref)
+        for i in range(first, first + len(kinds)):
+            stored = int(self.index.lengths[i])
+            if stored != self._raw[i] if not self._coded[i] else not 0 < stored < self._raw[i]:
+                raise PackFormatError(f"pack chunk index does not match the geometry at chunk {i}")
+        return refs
+
+    @property
+    def version(self) -> int:
+        return VERSION
+
+    def validate(self, shard: int, k: int, *rest) -> None:  # type: ignore[override]
+        if not 0 <= shard < self.num_shards:
+            raise PackFormatError(f"shard {shard} out of range (pack has {self.num_shards})")
+        if rest or type(k) is not int or not 0 <= k <= len(self._refs[shard]):
+            raise PackFormatError(f"level {(k, *rest)} invalid: a v2 pack level is a chunk count 0..{len(self._refs[shard])}")
+
+    def chunks(self, shard: int, k: int, *rest) -> list[int]:  # type: ignore[override]
+        """Chunk ids of the level ``k`` (the mean and the first ``k`` chunks): contiguous."""
+        self.validate(shard, k, *rest)
+        return list(range(self._base[shard], self._base[shard] + 1 + k))
+
+    def refs(self, shard: int, k: int) -> list[ChunkRef]:
+        self.validate(shard, k)
+        return self._refs[shard][:k]
+
+    def allocation(self, shard: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Planes per component group of A and B at level ``k``; groups missing either factor count 0."""
+        bits = np.zeros((2, self.geometry.num_groups), np.int64)
+        for ref in self.refs(shard, k):
+            bits[ref.factor, ref.group] += 1
+        bits[:, (bits == 0).any(axis=0)] = 0
+        return bits[0], bits[1]
+
+    def level_for(self, shard: int, r: int, b_a: int, b_b: int) -> tuple:
+        """The largest level within the bytes v1's ``(r, b_A, b_B)`` takes (the allocator's rule at that
+        budget); the top level for the full rank. For before/after comparisons (bench-device)."""
+        front = self.frontier(shard)
+        budget = self.geometry.config_bytes(len(self.units(shard)), r, b_a, b_b) if r < self.geometry.rank else np.inf
+        return max((c for c in front if c.bytes <= budget), key=lambda c: c.bytes, default=front[0]).key
+
+    def stored_chunk(self, chunk: int) -> tuple[bool, int]:
+        """``(coded?, raw length)`` of a chunk id."""
+        return bool(self._coded[chunk]), int(self._raw[chunk])
+
+    def frontier(self, shard: int) -> list[Config]:
+        """The stored levels of ``shard`` (parsed once: headers are immutable). Each row's ``k`` must
+        grow and its ``bytes`` be the level's range, so an allocator's budget is what it fetches."""
+        if shard not in self._frontiers:
+            self._frontiers[shard] = self._parse_frontier(shard)
+        return self._frontiers[shard]
+
+    def _parse_frontier(self, shard: int) -> list[Config]:
+        table = self.header.get("tradeoff") or {}
+        rows = (table.get("frontiers") or []) if isinstance(table, dict) else []
+        if not isinstance(rows, list) or shard >= len(rows):
+            return []
+        g = self.geometry
+        sizes = np.array([g.group_size(i) for i in range(g.num_groups)])
+        bits, done, out = np.zeros((2, g.num_groups), np.int64), 0, []
+        try:
+            for k, nbytes, err in rows[shard]:
+                if type(k) is not int or not done <= k <= len(self._refs[shard]) or nbytes != self.config_bytes(shard, k):
+                    raise ValueError
+                for ref in self._refs[shard][done:k]:  # one pass over the chunks for all rows
+                    bits[ref.factor, ref.group] += 1
+                done = k
+                opened = (bits > 0).all(axis=0)
+                r = int(sizes[opened].sum())
+                mean = [round(float((f * sizes)[opened].sum() / r), 1) if r else 0.0 for f in bits]
+                out.append(PrefixConfig(r, mean[0], mean[1], int(nbytes), float(err), k))
+        except (TypeError, ValueError, PackFormatError):
+            raise PackFormatError(f"pack frontier of shard {shard} is malformed") from None
+        return out
+
+
+def dequantize_groups(planes: dict[int, list[bytes]], groups: Sequence[int], geo: Geometry, length: int,
+                      units: int) -> np.ndarray:
+    """One factor's received groups (each its planes' raw bytes, MSB first, magnitude form below the
+    sign) → float32 ``(U, r, length)``: the arithmetic of :func:`bitplanes.dequantize`, bit for bit,
+    with each component at its own group's plane count. Planes are batched across groups."""
+    pb = plane_bytes(length)
+    if not groups:
+        return np.zeros((units, 0, length), np.float32)
+    first = [np.frombuffer(planes[g][0], np.uint8).reshape(geo.group_size(g), units, HEAD_BYTES + pb) for g in groups]
+    head = np.concatenate([f[..., :HEAD_BYTES] for f in first])  # (r, U, 5)
+    sign = np.concatenate([f[..., HEAD_BYTES:] for f in first])  # (r, U, pb)
+    scales = np.ascontiguousarray(head[..., :4]).view("<f4")[..., 0]
+    zero = head[..., 4]
+    sizes = [geo.group_size(g) for g in groups]
+    nbits = np.repeat([len(planes[g]) for g in groups], sizes)  # (r,)
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    codes = np.unpackbits(sign, axis=-1, count=length)
+    for p in range(1, int(nbits.max())):
+        chosen = [i for i, g in enumerate(groups) if len(planes[g]) > p]
+        rows = np.concatenate([np.arange(starts[i], starts[i + 1]) for i in chosen])
+        stored = np.concatenate([np.frombuffer(planes[groups[i]][p], np.uint8).reshape(sizes[i], units, pb)
+                                 for i in chosen])
+        bit = np.unpackbits(chunkcodec.from_magnitude(stored, sign[rows]), axis=-1, count=length)
+        codes[rows] = (codes[rows] << 1) | bit
+    step = np.float32(2.0) ** (1 - nbits).astype(np.float32)
+    u = (codes.astype(np.float32) + np.float32(0.5)) * step[:, None, None] - np.float32(1.0)
+    half = (1 << (nbits - 1)).astype(np.uint8)[:, None, None]
+    dead = ((zero >> (nbits - 1)[:, None].astype(np.uint8)) & 1).astype(bool)[..., None]
+    u = np.where(dead & ((codes == half) | (codes == half - 1)), np.float32(0.0), u)
+    return np.ascontiguousarray((u * scales[..., None]).astype(np.float32).transpose(1, 0, 2))
+
+
+def received_planes(info: AllocatedPackInfo, shard: int, k: int, blobs: Blobs, *, verify: bool = True):
+    """``(units, means (U, d) float32, planes, groups)`` of level ``k``: each chunk CRC-checked and
+    decoded to raw bytes; ``planes[f][g]`` lists a factor's group's planes, MSB first; ``groups`` are
+    the groups holding both factors (the decoded components, in group order)."""
+    ids = info.chunks(shard, k)
+    data = info.index.gather(ids, blobs, verify=verify)
+    units = info.units(shard)
+    means = np.frombuffer(data[0], dtype="<f2").reshape(len(units), info.geometry.d).astype(np.float32)
+    planes: list[dict[int, list[bytes]]] = [{}, {}]
+    for cid, ref, stored in zip(ids[1:], info.refs(shard, k), data[1:]):
+        coded, raw = info.stored_chunk(cid)
+        planes[ref.factor].setdefault(ref.group, []).append(chunkcodec.decode(stored, coded, raw, f"chunk {cid}"))
+    return units, means, planes, sorted(set(planes[0]) & set(planes[1]))
+
+
+def decode_factors(info: AllocatedPackInfo, shard: int, k: int, blobs: Blobs, *, verify: bool = True):
+    """``{unit: (A (n, r), B (r, d), mean (d,))}`` float32 for level ``k`` of ``shard`` (as v1's decode_factors)."""
+    geo = info.geometry
+    units, means, planes, groups = received_planes(info, shard, k, blobs, verify=verify)
+    a = dequantize_groups(planes[0], groups, geo, geo.n, len(units))
+    b = dequantize_groups(planes[1], groups, geo, geo.d, len(units))
+    return {u: (np.ascontiguousarray(a[i].T), b[i], means[i]) for i, u in enumerate(units)}
+
+
+def bit_classes(planes: dict[int, list[bytes]], groups: Sequence[int], geo: Geometry, length: int, units: int
+                ) -> list[tuple[np.ndarray, FactorBytes]]:
+    """One factor's decoded groups regrouped by plane count, each class in v1's uniform layout
+    (:class:`FactorBytes`, sign-relative planes undone) with the component positions it fills: for
+    kernels that dequantise one bit width per launch (OpenCL)."""
+    pb, out, start = plane_bytes(length), {}, 0
+    for g in groups:
+        size, have = geo.group_size(g), planes[g]
+        rec = np.frombuffer(have[0], np.uint8).reshape(size, units, HEAD_BYTES + pb)
+        rest = [chunkcodec.from_magnitude(np.frombuffer(p, np.uint8), rec[..., HEAD_BYTES:].reshape(-1))
+                for p in have[1:]]
+        rows, parts = out.setdefault(len(have), ([], [[] for _ in have]))
+        rows.append(np.arange(start, start + size))
+        for p, part in enumerate([have[0], *rest]):
+            parts[p].append(bytes(part))
+        start += size
+    return [(np.concatenate(rows), FactorBytes(b"".join(b"".join(p) for p in parts), bits, length))
+            for bits, (rows, parts) in sorted(out.items())]
+
+
+def level_ranges(info: AllocatedPackInfo, shard: int, k: int) -> list[tuple[int, int]]:
+    return coalesce([info.index.span(i) for i in info.chunks(shard, k)])
+
+
+def write_allocated(path, source, *, model_id: str = "", template_id: str = "") -> AllocatedPackInfo:
+    """Serialise a v2 pack from a :class:`~sakura.formats.pack.PackSource` whose ``shards`` yield
+    :class:`AllocatedShard` (``source.version == 2``); returns its parsed header."""
+    from sakura.formats.container import write_container
+    from sakura.formats.pack import PackReader, base_header
+
+    geo = source.geometry
+    t0 = time.perf_counter()
+    chunks: list[bytes] = []
+    refs: list[ChunkRef | None] = []
+    coded: list[bool] = []
+    counts: list[int] = []
+    frontiers: list[list[list]] = []
+    for shard in source.shards:
+        chunks.append(np.stack([qf.mean for qf in shard.factors]).astype("<f2").tobytes())
+        refs.append(None)
+        coded.append(False)
+        sizes = [len(chunks[-1])]
+        for ref, stored, is_coded in shard.chunks:
+            chunks.append(stored)
+            refs.append(ref)
+            coded.append(is_coded)
+            sizes.append(len(stored))
+        counts.append(1 + len(shard.chunks))
+        ends = np.cumsum(sizes)
+        frontiers.append([[k, int(ends[k]), err] for k, err in shard.frontier])
+    if len(counts) != len(geo.shards()):
+        raise ValueError(f"pack source gave {len(counts)} shards, the geometry has {len(geo.shards())}")
+    header = base_header(source, model_id, template_id, time.perf_counter() - t0)
+    header["dtypes"].update(code="u8 offset-binary; planes >= 1 stored XOR NOT plane 0 (magnitude)",
+                            coding="raw, or one zstd frame per chunk (layout flag 0x80)")
+    header.update(shard_chunks=counts, layout=base64.b64encode(layout_bytes(refs, coded)).decode("ascii"))
+    if source.tradeoff is not None:
+        header["tradeoff"] = {**source.tradeoff, "frontiers": frontiers}
+    write_container(path, header, chunks)
+    return PackReader(path).info

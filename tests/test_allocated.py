@@ -1,0 +1,171 @@
+"""Version-2 packs: per-group bit allocation, entropy-coded planes, one range per level (issue #18)."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from sakura.formats import PackFormatError, chunkcodec
+from sakura.formats.allocated import AllocatedPackInfo, PrefixConfig
+from sakura.formats.bitplanes import dequantize, truncate
+from sakura.formats.pack import PackEncoding, PackReader, decode_factors
+from sakura.offline import pack_cache, quantize_factors
+from sakura.offline.allocate import UnitModel, exact_error, shard_table, uniform_error
+from sakura.offline.allocate import ChunkRef
+from sakura.offline.lowrank import weighted_lowrank
+from sakura.offline.synthetic import synthetic_cache
+
+
+@pytest.fixture(scope="module")
+def small():
+    return synthetic_cache(num_steps=1, num_layers=2)  # n = 903, d = 256: one shard of 4 units
+
+
+@pytest.fixture(scope="module")
+def packs(small, tmp_path_factory):
+    cache, imp = small
+    folder = tmp_path_factory.mktemp("v2")
+    v1 = pack_cache(folder / "v1.pack", cache, imp, max_rank=64, shard_size=2)
+    v2 = pack_cache(folder / "v2.pack", cache, imp, max_rank=96, shard_size=2, layout="allocated", reference_rank=64)
+    return folder, v1, v2
+
+
+def shard_factors(cache, imp, info, shard, rank):
+    return [quantize_factors(weighted_lowrank(cache.unit(s, l, k), imp[(s, l)], max_rank=rank), imp[(s, l)])
+            for s, l, k in info.units(shard)]
+
+
+def test_v2_header_levels_are_single_prefix_ranges(packs):
+    _, _, v2 = packs
+    assert isinstance(v2, AllocatedPackInfo) and v2.header["version"] == 2
+    for shard in range(v2.num_shards):
+        front = v2.frontier(shard)
+        assert front and all(isinstance(c, PrefixConfig) for c in front)
+        assert all(a.bytes < b.bytes and a.error > b.error for a, b in zip(front, front[1:]))
+        start = v2.ranges(shard, 0)[0][0]
+        for c in front:
+            (rng,) = v2.ranges(shard, c.k)  # one contiguous range from the shard's mean
+            assert rng == (start, c.bytes)
+
+
+def test_coded_pack_decodes_bit_for_bit_to_the_quantised_factors(small, packs):
+    cache, imp = small
+    folder, _, v2 = packs
+    reader = PackReader(folder / "v2.pack")
+    coded = [v2.stored_chunk(i)[0] for i in range(len(v2.index))]
+    assert any(coded) and not all(coded)  # coding paid on some planes only
+    for shard in range(v2.num_shards):
+        factors = shard_factors(cache, imp, v2, shard, 96)
+        for c in v2.frontier(shard)[::7] + v2.frontier(shard)[-1:]:
+            bits_a, bits_b = v2.allocation(shard, c.k)
+            comps = np.repeat(bits_a, v2.geometry.group)[:96]
+            keep = np.flatnonzero(comps > 0)
+            got = decode_factors(v2, shard, c.k, reader.read(shard, c.k))
+            for qf, (a, b, mean) in zip(factors, got.values()):
+                ba, bb = np.repeat(bits_a, 8)[keep], np.repeat(bits_b, 8)[keep]
+                want_a = np.stack([dequantize(truncate(qf.a_codes[[i]], x), qf.a_scales[[i]], x, qf.a_zero[[i]])[0]
+                                   for i, x in zip(keep, ba)]) if len(keep) else np.zeros((0, v2.geometry.n))
+                want_b = np.stack([dequantize(truncate(qf.b_codes[[i]], x), qf.b_scales[[i]], x, qf.b_zero[[i]])[0]
+                                   for i, x in zip(keep, bb)]) if len(keep) else np.zeros((0, v2.geometry.d))
+                assert np.array_equal(a.T, want_a) and np.array_equal(b, want_b)
+                assert np.array_equal(mean, qf.mean.astype(np.float32))
+
+
+def test_v2_top_matches_v1_top_quality_in_fewer_bytes(small, packs):
+    cache, imp = small
+    _, v1, v2 = packs
+    for shard in range(v2.num_shards):
+        top1, top2 = v1.frontier(shard)[-1], v2.frontier(shard)[-1]
+        assert top1.key == (64, 8, 8)
+        assert top2.error <= top1.error * 1.01 and top2.bytes < 0.8 * top1.bytes
+    assert v2.file_size < 0.8 * v1.file_size
+
+
+def test_error_estimate_tracks_the_exact_metric(small, packs):
+    cache, imp = small
+    _, v1, _ = packs
+    units = [UnitModel(cache.unit(s, l, k), imp[(s, l)], qf) for (s, l, k), qf in
+             zip(v1.units(0), shard_factors(cache, imp, v1, 0, 64))]
+    table, base = shard_table(units, 8)
+    for groups, a, b in ((2, 3, 3), (4, 5, 4), (8, 8, 8)):
+        refs = [ChunkRef(f, g, p) for g in range(groups) for f, bits in ((0, a), (1, b)) for p in range(bits)]
+        exact = exact_error(units, refs, 8)
+        # the estimate drops cross terms: good to ~10 %, enough to rank steps (the stop point uses the exact error)
+        assert uniform_error(table, base, groups, a, b) == pytest.approx(exact, rel=0.15, abs=2e-4)
+        assert exact == pytest.approx(next(c.error for c in v1.frontier(0) if c.key == (8 * groups, a, b)),
+                                      rel=2e-3) if (8 * groups, a, b) in {c.key for c in v1.frontier(0)} else True
+
+
+def test_truncated_coded_shard_decodes_to_the_level_its_prefix_holds(packs):
+    folder, _, v2 = packs
+    enc = PackEncoding(v2)
+    unit = enc.units[0]
+    top = unit.levels[-1]
+    ranges = enc.ranges(unit, top)
+    prefixes = enc.prefixes(unit, top, ranges)
+    assert len(prefixes) == len(unit.levels)  # every stored level is a prefix of the top one
+    reader = PackReader(folder / "v2.pack")
+    blobs = [reader.file.read(*r) for r in ranges]
+    for level, count in prefixes[::5]:
+        got = enc.decode_prefix(unit, level, ranges[:count], blobs[:count])
+        want = reader.decode(0, *level.key)
+        for key in want:
+            assert all(torch.equal(x, y) for x, y in zip(got[key], want[key]))
+    # a byte-truncated transfer holds the largest level that fits in the bytes that arrived
+    (start, total), = v2.ranges(0, top.key[0])
+    cut = unit.levels[len(unit.levels) // 2].nbytes + 100
+    fits = max((lv for lv in unit.levels if lv.nbytes <= cut), key=lambda lv: lv.nbytes)
+    blob = {(start, cut): reader.file.read(start, cut)}
+    reader.info.index.gather(v2.chunks(0, fits.key[0]), blob)  # every chunk of that level is whole
+    with pytest.raises(PackFormatError):
+        decode_factors(v2, 0, unit.levels[-1].key[0], blob)
+
+
+def test_corrupted_coded_chunk_is_caught_by_its_crc(packs, tmp_path):
+    folder, _, v2 = packs
+    path = tmp_path / "bad.pack"
+    shutil.copy(folder / "v2.pack", path)
+    chunk = next(i for i in range(len(v2.index)) if v2.stored_chunk(i)[0])
+    offset, length = v2.index.span(chunk)
+    data = bytearray(path.read_bytes())
+    data[offset + length // 2] ^= 0x55
+    path.write_bytes(bytes(data))
+    reader = PackReader(path)
+    shard = next(s for s in range(v2.num_shards) if chunk in v2.chunks(s, len(v2._refs[s])))
+    k = len(v2._refs[shard])
+    with pytest.raises(PackFormatError, match="checksum"):
+        reader.decode(shard, k)
+    try:  # unchecked, a corrupt frame is refused or decodes to wrong values of the right size: never a crash
+        got = decode_factors(v2, shard, k, reader.read(shard, k), verify=False)
+        assert all(a.shape[0] == v2.geometry.n for a, _, _ in got.values())
+    except PackFormatError:
+        pass
+
+
+def test_chunk_codec_rejects_bad_frames():
+    raw = bytes(np.zeros(4096, np.uint8))
+    stored, coded = chunkcodec.encode(raw)
+    assert coded and len(stored) < 100 and chunkcodec.decode(stored, True, len(raw)) == raw
+    noise = np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint8).tobytes()
+    assert chunkcodec.encode(noise) == (noise, False)  # raw where coding does not pay
+    for bad, length in ((stored, 100), (b"\x00" * 20, 4096), (stored[:-3], 4096)):
+        with pytest.raises(PackFormatError):
+            chunkcodec.decode(bad, True, length)
+
+
+def test_hostile_v2_headers_rejected(packs, tmp_path):
+    folder, _, _ = packs
+    raw = (folder / "v2.pack").read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    for mutate in (lambda h: h.update(layout="!!"), lambda h: h.update(shard_chunks=[1, 1]),
+                   lambda h: h.update(layout=h["layout"][4:] + h["layout"][:4])):
+        h = dict(header)
+        mutate(h)
+        text = json.dumps(h).encode()
+        text += b" " * (-len(text) % 8)
+        with pytest.raises(PackFormatError):
+            AllocatedPackInfo.from_bytes(len(text).to_bytes(8, "little") + text)
+
