@@ -146,21 +146,34 @@ def edit(
 @app.command()
 @friendly
 def build(
-    out: Path = typer.Option(Path("packs"), "--out", help="Pack folder."),
+    out: str = typer.Option("packs", "--out", help="Pack folder, or an object store: s3://bucket/prefix "
+                            "(endpoint and credentials from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...)."),
     catalog: Optional[Path] = CatalogOpt,
     templates: Optional[str] = typer.Option(None, "--templates", help="Comma-separated ids (default: all)."),
     q: float = typer.Option(0.5, "--q", help="Importance-weighting exponent (0 = plain SVD)."),
     max_rank: int = typer.Option(128, "--max-rank"),
     shard_size: int = typer.Option(2, "--shard-size", help="Consecutive layers per shard."),
     model_path: Optional[Path] = typer.Option(None, "--model-path"),
+    ray: Optional[str] = typer.Option(None, "--ray", help="Build as Ray tasks: `local` (a Ray on this machine) or "
+                                      "a cluster address (auto, HOST:6379, ray://HOST:10001)."),
+    ray_workers: Optional[int] = typer.Option(None, "--ray-workers", help="With --ray local: CPUs (parallel tasks)."),
+    force: bool = typer.Option(False, "--force", help="Rebuild templates whose packs are already published."),
 ):
     """Offline: capture, profile importance, write the progressive pack and the baselines' files."""
     from sakura.catalog import load_catalog
-    from sakura.offline.builder import build_with_progress
+    from sakura.net.stores import is_store_url
 
     cat = load_catalog(catalog)
     chosen = [cat.get(t.strip()) for t in templates.split(",")] if templates else list(cat)
-    build_with_progress(chosen, out, q=q, max_rank=max_rank, shard_size=shard_size, model_path=model_path)
+    if ray is None and not is_store_url(out):  # the embedded default, exactly as before
+        from sakura.offline.builder import build_with_progress
+
+        build_with_progress(chosen, Path(out), q=q, max_rank=max_rank, shard_size=shard_size, model_path=model_path)
+        return
+    from sakura.offline.store_cli import build_to_store
+
+    build_to_store(chosen, out, q=q, max_rank=max_rank, shard_size=shard_size, model_path=model_path, ray=ray,
+                   ray_workers=ray_workers, catalog=catalog, force=force)
 
 
 @app.command("pack-info")

@@ -97,7 +97,8 @@ def start_local_s3(data_dir: str | Path | None = None, *, s3_port: int = 0, acce
     ports = [f"-{name}={free_port()}" for name in ("s3.port.grpc", "master.port", "master.port.grpc", "volume.port",
                                                   "volume.port.grpc", "filer.port", "filer.port.grpc")]
     cmd = [weed, "server", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-s3", f"-s3.port={s3_port}",
-           f"-s3.config={config}", *ports, "-master.telemetry=false", "-volume.max=0",
+           f"-s3.config={config}", *ports, "-s3.port.iceberg=0", "-s3.port.lance=0", "-master.telemetry=false",
+           "-volume.max=0",
            "-master.volumeSizeLimitMB=256"]
     out = open(data / "weed.log", "ab") if log is None else log
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -118,7 +119,7 @@ def _wait_ready(store: LocalS3, timeout: float) -> None:
     deadline, last = time.monotonic() + timeout, None
     while time.monotonic() < deadline:
         if store.process.poll() is not None:
-            raise StoreStartError(f"weed exited with status {store.process.returncode}; see {store.data_dir / 'weed.log'}")
+            raise StoreStartError(f"weed exited with status {store.process.returncode}: {_last_error(store.data_dir)}")
         try:
             client.create_bucket(Bucket="sakura-ready-check")
             client.put_object(Bucket="sakura-ready-check", Key="ok", Body=b"ok")
@@ -129,3 +130,13 @@ def _wait_ready(store: LocalS3, timeout: float) -> None:
             time.sleep(0.3)
     store.stop()
     raise StoreStartError(f"SeaweedFS did not answer on {store.endpoint} within {timeout:.0f} s ({last})")
+
+
+def _last_error(data_dir: Path) -> str:
+    """The fatal line of weed's log (glog: lines starting with F), else its last line."""
+    try:
+        lines = (data_dir / "weed.log").read_text(errors="replace").splitlines()
+    except OSError:
+        return "no log"
+    fatal = [ln for ln in lines if ln.startswith("F")]
+    return (fatal or lines or ["empty log"])[-1][:300]
