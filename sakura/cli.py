@@ -77,7 +77,7 @@ def edit(
     trace_scale: Optional[float] = typer.Option(None, "--trace-scale", help="Multiply the trace's bandwidth."),
     regime: str = typer.Option("paper", "--regime", help="paper: scale the trace to the paper's 23 s / 13 s regime; none."),
     server: Optional[str] = typer.Option(None, "--server", help="Template server URL (default: start one on --packs)."),
-    packs: Path = typer.Option(Path("packs"), "--packs", help="Pack folder (built if missing)."),
+    packs: str = typer.Option("packs", "--packs", help="Pack folder or s3://bucket/prefix (built if missing)."),
     executor: str = typer.Option("eager", "--executor", help="With --stream: eager | executorch (shard .pte programs)."),
     reconstructor: str = typer.Option("torch", "--reconstructor", help="With --stream: torch | opencl."),
     calibration: Optional[Path] = typer.Option(None, "--calibration", help="With --stream: JSON file of measured "
@@ -201,13 +201,15 @@ def pack_info(path: Path = typer.Argument(..., help="PACKDIR/ID (the template's 
 
 @app.command()
 @friendly
-def serve(packs: Path = typer.Option(Path("packs"), "--packs"), host: str = typer.Option("127.0.0.1", "--host"),
+def serve(packs: str = typer.Option("packs", "--packs", help="Pack folder, or s3://bucket/prefix: then the server "
+                                   "gives catalog, headers and presigned URLs and devices read the store."), host: str = typer.Option("127.0.0.1", "--host"),
           port: int = typer.Option(8600, "--port"), access_log: Optional[Path] = typer.Option(None, "--access-log"),
           trace_dir: Optional[Path] = typer.Option(None, "--trace-dir", help="Folder of trace files clients may name.")):
-    """Run the stateless template server over a pack folder."""
+    """Run the stateless template server over a pack folder or an object store."""
+    from sakura.net.stores import is_store_url
     from sakura.server.run import serve as run_server
 
-    if not packs.is_dir():
+    if not is_store_url(packs) and not Path(packs).is_dir():
         raise UserError(f"pack folder {packs} does not exist (run `sakura build --out {packs}`)")
     run_server(packs, host=host, port=port, access_log=access_log, trace_dir=trace_dir)
 
@@ -326,11 +328,15 @@ def train_tiny(ctx: typer.Context):
 
 def _register_runtime_commands() -> None:
     """Commands whose bodies live with their subsystem (light modules: no torch at import)."""
+    from sakura.eval.loadtest import loadtest_cmd
+    from sakura.net.store_cli import store_cmd
     from sakura.runtime.device_bench import bench_device_cmd
     from sakura.runtime.executors.cli import export_cmd
 
     app.command("export")(friendly(export_cmd))
     app.command("bench-device")(friendly(bench_device_cmd))
+    app.command("store")(friendly(store_cmd))
+    app.command("loadtest")(friendly(loadtest_cmd))
 
 
 def _register_plugins() -> None:

@@ -45,10 +45,17 @@ def payload(raw: bytes) -> bytes:
     return raw[8 + int.from_bytes(raw[:8], "little"):]
 
 
-def streamed_image(source, tpl, calibration):
+def streamed_images(source, tpl, calibration) -> dict:
+    """A real-clock streamed edit of the FP16 file (one level: no choice depends on timing) and a SAKURA
+    edit on the simulated clock (the pack's bytes read from ``source``, levels chosen on the trace integral,
+    so a loaded machine cannot change them); the real-clock SAKURA path is tests/test_runtime.py's."""
     runtime = DeviceRuntime(source, calibration=calibration)
-    session = runtime.session(tpl, "sakura", UNLIMITED)
-    return session.run(session.request(catalog_request=tpl.eval_requests[0])).image
+    out = {}
+    for system in ("fp16", "sakura"):
+        session = runtime.session(tpl, system, UNLIMITED)
+        req = session.request(catalog_request=tpl.eval_requests[0])
+        out[system] = (session.run(req) if system == "fp16" else session.simulate(req)).image
+    return out
 
 
 def die_mid_build(template, out_dir, *, progress=None, store_url: str, **kw):
@@ -95,10 +102,22 @@ def test_stream_from_store_matches_folder_and_a_second_build_skips(built, fs_pac
 
     calibration = CalibrationStore(repeats=2)  # one measurement for both edits
     with start_server(url, port=0, process=True) as srv, link_for_server(srv.url) as from_store:
-        image_store = streamed_image(from_store, tpl, calibration)
+        from_the_store = streamed_images(from_store, tpl, calibration)
     with FolderSource(packs) as from_folder:
-        image_folder = streamed_image(from_folder, tpl, calibration)
-    np.testing.assert_array_equal(image_store, image_folder)
+        from_the_folder = streamed_images(from_folder, tpl, calibration)
+    for system in ("fp16", "sakura"):
+        np.testing.assert_array_equal(from_the_store[system], from_the_folder[system])
 
     again = ray_build(built["chosen"], url, SETTINGS)
     assert sorted(r.status for r in again) == ["skipped", "skipped"]
+
+
+def test_loadtest_against_two_server_replicas_and_the_store(built):
+    from sakura.eval.loadtest import LoadConfig, run_load
+
+    with start_server(built["url"], port=0, process=True) as a, start_server(built["url"], port=0, process=True) as b:
+        summary = run_load(LoadConfig([a.url, b.url], clients=4, edits=1, trace="fixed:200"))
+    assert summary["errors"] == 0, summary["error_samples"]
+    assert summary["edits"] == 4 and summary["templates"] == ["fs-astronaut", "fs-grace-hopper"]
+    assert summary["shards"] == 4 * 16 and summary["mbytes"] > 0
+    assert 0 < summary["time_to_shard_p50_s"] <= summary["time_to_shard_p99_s"]

@@ -15,6 +15,8 @@ Both have the link interface the device runtime reads through (``header_bytes``,
 
 from __future__ import annotations
 
+import functools
+import ssl
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -29,10 +31,16 @@ PARALLEL_RANGES = 4  # separate ranges of one fetch travel on this many connecti
 URL_MARGIN_S = 60.0  # a presigned URL is renewed this long before it expires
 
 
+@functools.cache
+def tls_context() -> ssl.SSLContext:
+    """One TLS context for every client: loading the CA bundle costs ~50 ms of CPU per client otherwise."""
+    return ssl.create_default_context()
+
+
 class PresignedRangeSource:
     def __init__(self, locate: Callable[[str], dict], *, timeout: float = 30.0) -> None:
         self.locate = locate
-        self._http = httpx.Client(timeout=timeout, headers={"Accept-Encoding": "identity"},
+        self._http = httpx.Client(timeout=timeout, headers={"Accept-Encoding": "identity"}, verify=tls_context(),
                                   limits=httpx.Limits(max_connections=PARALLEL_RANGES * 2))
         self._pool = ThreadPoolExecutor(PARALLEL_RANGES, thread_name_prefix="sakura-range")
         self._where: dict[str, tuple[float, dict]] = {}
@@ -112,7 +120,7 @@ class ServerStoreClient(PresignedRangeSource):
     """Catalog, headers and presigned URLs from a template server in store mode; pack bytes from the store."""
 
     def __init__(self, server_url: str, *, timeout: float = 30.0) -> None:
-        self.server = httpx.Client(base_url=server_url.rstrip("/"), timeout=timeout)
+        self.server = httpx.Client(base_url=server_url.rstrip("/"), timeout=timeout, verify=tls_context())
         super().__init__(self._ask_server, timeout=timeout)
 
     def _get(self, path: str) -> httpx.Response:
