@@ -30,6 +30,7 @@ from sakura.catalog import TASK_NAMES, Catalog, CatalogError, load_catalog
 from sakura.formats import PackFormatError, file_id
 from sakura.model import ModelInputError, ModelLoadError
 from sakura.net.client import FetchError, RangeClient, WsRangeClient
+from sakura.net.store_reader import link_for_server
 from sakura.net.paced import LinkClosed
 from sakura.net.traces import TraceError
 from sakura.quality import quality
@@ -186,7 +187,8 @@ class DeviceAgent:
 
     def _run(self, spec: Job, template, emit, cancel: threading.Event, job_id: str) -> dict:
         sent: list[dict] = []
-        client = WsRangeClient(self.server_url) if self.transport == "ws" else RangeClient(self.server_url)
+        # over HTTP, a server whose packs are in an object store sends the device to the store for the bytes
+        client = WsRangeClient(self.server_url) if self.transport == "ws" else link_for_server(self.server_url)
         source = AuditedLink(client, sent, cancel)
         timing: dict[str, float] = {}
         net = spec.network

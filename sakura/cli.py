@@ -227,7 +227,7 @@ def bench(
     clock: str = typer.Option("sim", "--clock", help="sim (replays measured compute) | real (server + sockets) | "
                                                      "both (both sweeps and the sim-vs-real table)."),
     quick: bool = typer.Option(False, "--quick", help="10 offsets, the fs workload only: minutes."),
-    packs: Path = typer.Option(Path("packs"), "--packs", help="Pack folder (missing packs are built)."),
+    packs: str = typer.Option("packs", "--packs", help="Pack folder or s3://bucket/prefix (missing packs are built)."),
     figure: Optional[str] = typer.Option(None, "--figure", help="Regenerate one figure: 11,12,13,15,16,17,18,19,20,21,table2,estimators, or all."),
     project: Optional[str] = typer.Option(None, "--project", help="Paper-scale projection, e.g. flux2-klein-4b."),
     seed: int = typer.Option(0, "--seed"),
@@ -256,7 +256,8 @@ def bench(
         raise UserError("--clock must be sim, real or both")
     cfg = bench.BenchConfig(workloads=tuple(w.strip() for w in workloads.split(",")),
                             systems=tuple(x.strip() for x in systems.split(",")), trace=trace, starts=starts,
-                            regime=regime, trace_scale=trace_scale, packs=packs, seed=seed, append=append,
+                            regime=regime, trace_scale=trace_scale, seed=seed, append=append,
+                            packs=packs if "://" in packs else Path(packs),
                             calibration_file=calibration or default_path(), repeats=5,
                             full_repeats=max(1, calibration_runs))
     for sname in cfg.systems:

@@ -151,11 +151,12 @@ class ServerStoreClient(PresignedRangeSource):
 
 def link_for_server(server_url: str):
     """The device's link to a template server: pack bytes from the server itself, or — when the server
-    says its packs are in an object store — straight from the store (``/healthz`` tells which)."""
+    says its packs are in an object store — straight from the store (``/healthz`` tells which). A server
+    that does not answer gets the plain range client, whose first request then reports the failure."""
     from sakura.net.client import RangeClient
 
     try:
-        mode = httpx.get(f"{server_url.rstrip('/')}/healthz", timeout=10).json().get("pack_bytes")
-    except (httpx.HTTPError, ValueError) as e:
-        raise FetchError(503, f"template server {server_url} does not answer: {e}") from None
+        mode = httpx.get(f"{server_url.rstrip('/')}/healthz", timeout=10, verify=tls_context()).json().get("pack_bytes")
+    except (httpx.HTTPError, ValueError, AttributeError):
+        mode = None
     return ServerStoreClient(server_url) if mode == "store" else RangeClient(server_url)
