@@ -101,10 +101,24 @@ def start_local_s3(data_dir: str | Path | None = None, *, s3_port: int = 0, acce
            "-volume.max=0",
            "-master.volumeSizeLimitMB=256"]
     out = open(data / "weed.log", "ab") if log is None else log
-    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            preexec_fn=_die_with_parent if sys.platform == "linux" else None)
     store = LocalS3(f"http://127.0.0.1:{s3_port}", access_key, secret_key, data, proc)
     _wait_ready(store, timeout)
     return store
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM it when the process that started it dies (even by SIGKILL), so a
+    killed test run or `sakura store` leaves no store running."""
+    import ctypes
+    import signal
+
+    PR_SET_PDEATHSIG = 1
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass
 
 
 def _wait_ready(store: LocalS3, timeout: float) -> None:

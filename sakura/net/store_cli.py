@@ -16,8 +16,11 @@ def store_cmd(
     secret_key: str = typer.Option("sakura-secret", "--secret-key"),
 ):
     """Run a local S3 object store (SeaweedFS on loopback) and print how to point sakura at it."""
+    import signal
+
     from sakura.net.seaweed import start_local_s3
 
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # `kill` stops the store as Ctrl-C does
     with start_local_s3(data_dir, s3_port=port, access_key=access_key, secret_key=secret_key) as s3:
         client = s3.client()
         if bucket not in {b["Name"] for b in client.list_buckets().get("Buckets", [])}:
