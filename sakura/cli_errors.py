@@ -29,7 +29,7 @@ def _expected_errors() -> tuple[type[BaseException], ...]:
                       ("sakura.runtime.executors.errors", "BackendUnavailable"),
                       ("sakura.runtime.errors", "StreamError"), ("sakura.runtime.errors", "TemplateUnavailable"),
                       ("sakura.net.client", "FetchError"), ("sakura.net.stores", "StoreError"),
-                      ("sakura.net.seaweed", "StoreStartError"),
+                      ("sakura.net.seaweed", "StoreStartError"), ("sakura.offline.ray_build", "RayUnavailable"),
                       ("sakura.runtime.executors.base", "ShardExecutionError"),
                       ("httpx", "TransportError"), ("websockets.exceptions", "WebSocketException"),
                       ("PIL.Image", "DecompressionBombError")]:

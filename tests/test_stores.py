@@ -111,3 +111,15 @@ def test_bad_store_urls_and_credentials_fail_clearly(s3, monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
     with pytest.raises(StoreError, match="refused these credentials"):
         open_store(s3.url("x"))
+
+
+def test_a_ray_address_nothing_answers_at_fails_at_once():
+    import time
+
+    from sakura.net.seaweed import free_port
+    from sakura.offline.ray_build import RayUnavailable, check_reachable
+
+    t0 = time.monotonic()
+    with pytest.raises(RayUnavailable, match="no Ray cluster answers"):
+        check_reachable(f"127.0.0.1:{free_port()}")
+    assert time.monotonic() - t0 < 10

@@ -41,6 +41,25 @@ def _build_task(catalog_path: str | None, template_id: str, store_url: str, sett
     return {**asdict(result), "pid": os.getpid()}
 
 
+class RayUnavailable(RuntimeError):
+    """No Ray cluster at the address given to ``--ray``."""
+
+
+def check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail in seconds on a cluster address nothing answers at (ray.init would retry for minutes)."""
+    import socket
+
+    hostport = address.split("://", 1)[-1]
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        return  # "auto" and other forms Ray resolves itself (and refuses quickly when wrong)
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise RayUnavailable(f"no Ray cluster answers at {address} ({e}); start one with `ray start --head` "
+                              "or use --ray local") from None
+
+
 def init_ray(address: str | None, num_cpus: int | None = None):
     """Connect to the cluster at ``address`` ("auto": the one this machine belongs to), or start a local one."""
     import ray
@@ -50,6 +69,7 @@ def init_ray(address: str | None, num_cpus: int | None = None):
     if ray.is_initialized():
         return ray
     if address and address != "local":
+        check_reachable(address)
         ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
     else:
         ray.init(num_cpus=num_cpus or os.cpu_count(), runtime_env=runtime_env, log_to_driver=False,
