@@ -55,12 +55,14 @@ def check_template_id(template_id: str) -> str:
 
 
 def build_key(template, model_id: str, settings: dict) -> str:
-    """What a pack's bytes depend on: the model, the template's manifest entry and the build settings.
-    Two builds with the same key write the same packs, so a build whose key is published is skipped."""
+    """What a pack's bytes depend on: the model, the template's manifest entry, the build settings and each
+    format's version. Two builds with the same key write the same packs, so a build whose key is
+    published is skipped (a new format version rebuilds)."""
     entry = {"id": template.id, "task": template.task, "image": repr(template.image_spec), "mask": repr(template.mask_spec),
              "model": template.model, "seed": template.seed, "profile": repr(template.profile_requests)}
     text = json.dumps({"model": model_id, "entry": entry, "settings": settings,
-                       "formats": sorted(FORMATS)}, sort_keys=True, default=str)
+                       "formats": {name: list(getattr(fmt.info_cls, "versions", ())) for name, fmt in FORMATS.items()}},
+                      sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
