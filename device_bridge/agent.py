@@ -30,8 +30,8 @@ from sakura.catalog import TASK_NAMES, Catalog, CatalogError, load_catalog
 from sakura.formats import PackFormatError, file_id
 from sakura.model import ModelInputError, ModelLoadError
 from sakura.net.client import FetchError, RangeClient, WsRangeClient
-from sakura.net.store_reader import link_for_server
 from sakura.net.paced import LinkClosed
+from sakura.net.store_reader import link_for_server
 from sakura.net.traces import TraceError
 from sakura.quality import quality
 from sakura.runtime.calibration import CalibrationStore
