@@ -123,3 +123,28 @@ def test_a_ray_address_nothing_answers_at_fails_at_once():
     with pytest.raises(RayUnavailable, match="no Ray cluster answers"):
         check_reachable(f"127.0.0.1:{free_port()}")
     assert time.monotonic() - t0 < 10
+
+
+def test_build_into_a_folder_store_publishes_then_skips_the_same_build(tmp_path):
+    from types import SimpleNamespace
+
+    from sakura.catalog import load_catalog
+    from sakura.offline.publish import BuildSettings, build_into_store
+
+    built = []
+
+    def fake_build(template, out_dir, *, progress=None, **kw):  # dummy files: publishing is what is tested
+        built.append(template.id)
+        for name in FORMATS:
+            (out_dir / f"{file_id(template.id, name)}.pack").write_bytes(b"x" * 16)
+        (out_dir / f"{template.id}.build.json").write_text("{}")
+        return SimpleNamespace(storage={"sakura": 16}, fp16_bytes=16)
+
+    tpl = load_catalog().get("fs-astronaut")
+    store = open_store(tmp_path / "packs", create=True)
+    first = build_into_store(tpl, store, BuildSettings(max_rank=8), build=fake_build)
+    again = build_into_store(tpl, store, BuildSettings(max_rank=8), build=fake_build)
+    other = build_into_store(tpl, store, BuildSettings(max_rank=16), build=fake_build)
+    assert (first.status, again.status, other.status) == ("built", "skipped", "built") and len(built) == 2
+    assert store.published_key(tpl.id) == BuildSettings(max_rank=16).key(tpl)
+    assert not any((tmp_path / "packs" / ".staging").iterdir())  # staging folders are removed
