@@ -26,9 +26,9 @@ from sakura.formats import file_id
 from sakura.kvcache import KVCache
 from sakura.net.folder import FolderSource
 from sakura.net.stores import is_store_url, open_store
-from sakura.offline.publish import BuildSettings, build_into_store
 from sakura.net.traces import Trace, load_trace
 from sakura.offline.builder import build_template
+from sakura.offline.publish import BuildSettings, build_into_store
 from sakura.online.monitor import DEFAULT_ESTIMATOR
 from sakura.quality import quality
 from sakura.runtime.calibration import CalibrationStore, spread
