@@ -7,11 +7,12 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help venv test demo lint catalog-sheet clean
+.PHONY: help venv test demo store lint catalog-sheet clean
 
 help:
 	@echo "make demo           run the demo on the embedded default catalog"
 	@echo "make test           run the test suite"
+	@echo "make store          run a local S3 object store (SeaweedFS) for packs; prints its endpoint"
 	@echo "make venv           create .venv and install (re-installs when pyproject.toml changes)"
 	@echo "make lint           ruff, if installed in .venv"
 	@echo "make catalog-sheet  redraw docs/catalog.png (every template with its mask)"
@@ -30,6 +31,9 @@ test: venv
 
 demo: venv
 	$(BIN)/sakura demo
+
+store: venv
+	$(BIN)/sakura store
 
 lint: venv
 	@if $(BIN)/python -m ruff --version >/dev/null 2>&1; then $(BIN)/python -m ruff check sakura app device_bridge tests; \

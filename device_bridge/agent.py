@@ -32,6 +32,7 @@ from sakura.formats import PackFormatError, file_id
 from sakura.model import ModelInputError, ModelLoadError
 from sakura.net.client import FetchError, RangeClient, WsRangeClient
 from sakura.net.paced import LinkClosed
+from sakura.net.store_reader import link_for_server
 from sakura.net.traces import TraceError
 from sakura.quality import quality
 from sakura.runtime.calibration import CalibrationStore
@@ -94,7 +95,8 @@ class DeviceAgent:
         self.prefetcher = Prefetcher(self.runtime, self._client)
 
     def _client(self):
-        return WsRangeClient(self.server_url) if self.transport == "ws" else RangeClient(self.server_url)
+        # over HTTP, a server whose packs are in an object store sends the device to the store for the bytes
+        return WsRangeClient(self.server_url) if self.transport == "ws" else link_for_server(self.server_url)
 
     # ---------------------------------------------------------------------------- small endpoints
     @property

@@ -77,7 +77,7 @@ def edit(
     trace_scale: Optional[float] = typer.Option(None, "--trace-scale", help="Multiply the trace's bandwidth."),
     regime: str = typer.Option("paper", "--regime", help="paper: scale the trace to the paper's 23 s / 13 s regime; none."),
     server: Optional[str] = typer.Option(None, "--server", help="Template server URL (default: start one on --packs)."),
-    packs: Path = typer.Option(Path("packs"), "--packs", help="Pack folder (built if missing)."),
+    packs: str = typer.Option("packs", "--packs", help="Pack folder or s3://bucket/prefix (built if missing)."),
     executor: str = typer.Option("eager", "--executor", help="With --stream: eager | executorch (shard .pte programs)."),
     reconstructor: str = typer.Option("torch", "--reconstructor", help="With --stream: torch | opencl."),
     calibration: Optional[Path] = typer.Option(None, "--calibration", help="With --stream: JSON file of measured "
@@ -146,21 +146,34 @@ def edit(
 @app.command()
 @friendly
 def build(
-    out: Path = typer.Option(Path("packs"), "--out", help="Pack folder."),
+    out: str = typer.Option("packs", "--out", help="Pack folder, or an object store: s3://bucket/prefix "
+                            "(endpoint and credentials from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...)."),
     catalog: Optional[Path] = CatalogOpt,
     templates: Optional[str] = typer.Option(None, "--templates", help="Comma-separated ids (default: all)."),
     q: float = typer.Option(0.5, "--q", help="Importance-weighting exponent (0 = plain SVD)."),
     max_rank: int = typer.Option(128, "--max-rank"),
     shard_size: int = typer.Option(2, "--shard-size", help="Consecutive layers per shard."),
     model_path: Optional[Path] = typer.Option(None, "--model-path"),
+    ray: Optional[str] = typer.Option(None, "--ray", help="Build as Ray tasks: `local` (a Ray on this machine) or "
+                                      "a cluster address (auto, HOST:6379, ray://HOST:10001)."),
+    ray_workers: Optional[int] = typer.Option(None, "--ray-workers", help="With --ray local: CPUs (parallel tasks)."),
+    force: bool = typer.Option(False, "--force", help="Rebuild templates whose packs are already published."),
 ):
     """Offline: capture, profile importance, write the progressive pack and the baselines' files."""
     from sakura.catalog import load_catalog
-    from sakura.offline.builder import build_with_progress
+    from sakura.net.stores import is_store_url
 
     cat = load_catalog(catalog)
     chosen = [cat.get(t.strip()) for t in templates.split(",")] if templates else list(cat)
-    build_with_progress(chosen, out, q=q, max_rank=max_rank, shard_size=shard_size, model_path=model_path)
+    if ray is None and not is_store_url(out):  # the embedded default, exactly as before
+        from sakura.offline.builder import build_with_progress
+
+        build_with_progress(chosen, Path(out), q=q, max_rank=max_rank, shard_size=shard_size, model_path=model_path)
+        return
+    from sakura.offline.store_cli import build_to_store
+
+    build_to_store(chosen, out, q=q, max_rank=max_rank, shard_size=shard_size, model_path=model_path, ray=ray,
+                   ray_workers=ray_workers, catalog=catalog, force=force)
 
 
 @app.command("pack-info")
@@ -188,13 +201,15 @@ def pack_info(path: Path = typer.Argument(..., help="PACKDIR/ID (the template's 
 
 @app.command()
 @friendly
-def serve(packs: Path = typer.Option(Path("packs"), "--packs"), host: str = typer.Option("127.0.0.1", "--host"),
+def serve(packs: str = typer.Option("packs", "--packs", help="Pack folder, or s3://bucket/prefix: then the server "
+                                   "gives catalog, headers and presigned URLs and devices read the store."), host: str = typer.Option("127.0.0.1", "--host"),
           port: int = typer.Option(8600, "--port"), access_log: Optional[Path] = typer.Option(None, "--access-log"),
           trace_dir: Optional[Path] = typer.Option(None, "--trace-dir", help="Folder of trace files clients may name.")):
-    """Run the stateless template server over a pack folder."""
+    """Run the stateless template server over a pack folder or an object store."""
+    from sakura.net.stores import is_store_url
     from sakura.server.run import serve as run_server
 
-    if not packs.is_dir():
+    if not is_store_url(packs) and not Path(packs).is_dir():
         raise UserError(f"pack folder {packs} does not exist (run `sakura build --out {packs}`)")
     run_server(packs, host=host, port=port, access_log=access_log, trace_dir=trace_dir)
 
@@ -212,7 +227,7 @@ def bench(
     clock: str = typer.Option("sim", "--clock", help="sim (replays measured compute) | real (server + sockets) | "
                                                      "both (both sweeps and the sim-vs-real table)."),
     quick: bool = typer.Option(False, "--quick", help="10 offsets, the fs workload only: minutes."),
-    packs: Path = typer.Option(Path("packs"), "--packs", help="Pack folder (missing packs are built)."),
+    packs: str = typer.Option("packs", "--packs", help="Pack folder or s3://bucket/prefix (missing packs are built)."),
     figure: Optional[str] = typer.Option(None, "--figure", help="Regenerate one figure: 11,12,13,15,16,17,18,19,20,21,table2,estimators,tails,packs (v2 vs v1 pack), or all."),
     project: Optional[str] = typer.Option(None, "--project", help="Paper-scale projection, e.g. flux2-klein-4b."),
     seed: int = typer.Option(0, "--seed"),
@@ -246,7 +261,8 @@ def bench(
         raise UserError("--clock must be sim, real or both")
     cfg = bench.BenchConfig(workloads=tuple(w.strip() for w in workloads.split(",")),
                             systems=tuple(x.strip() for x in systems.split(",")), trace=trace, starts=starts,
-                            regime=regime, trace_scale=trace_scale, packs=packs, seed=seed, append=append,
+                            regime=regime, trace_scale=trace_scale, seed=seed, append=append,
+                            packs=packs if "://" in packs else Path(packs),
                             calibration_file=calibration or default_path(), repeats=5, think_time=think_time,
                             fallbacks=fallbacks,
                             full_repeats=max(1, calibration_runs))
@@ -320,11 +336,15 @@ def train_tiny(ctx: typer.Context):
 
 def _register_runtime_commands() -> None:
     """Commands whose bodies live with their subsystem (light modules: no torch at import)."""
+    from sakura.eval.loadtest import loadtest_cmd
+    from sakura.net.store_cli import store_cmd
     from sakura.runtime.device_bench import bench_device_cmd
     from sakura.runtime.executors.cli import export_cmd
 
     app.command("export")(friendly(export_cmd))
     app.command("bench-device")(friendly(bench_device_cmd))
+    app.command("store")(friendly(store_cmd))
+    app.command("loadtest")(friendly(loadtest_cmd))
 
 
 def _register_plugins() -> None:

@@ -28,7 +28,8 @@ def _expected_errors() -> tuple[type[BaseException], ...]:
     for mod, name in [("sakura.formats", "PackFormatError"), ("sakura.net.traces", "TraceError"),
                       ("sakura.runtime.executors.errors", "BackendUnavailable"),
                       ("sakura.runtime.errors", "StreamError"), ("sakura.runtime.errors", "TemplateUnavailable"),
-                      ("sakura.net.client", "FetchError"),
+                      ("sakura.net.client", "FetchError"), ("sakura.net.stores", "StoreError"),
+                      ("sakura.net.seaweed", "StoreStartError"), ("sakura.offline.ray_build", "RayUnavailable"),
                       ("sakura.runtime.executors.base", "ShardExecutionError"),
                       ("httpx", "TransportError"), ("websockets.exceptions", "WebSocketException"),
                       ("PIL.Image", "DecompressionBombError")]:

@@ -21,3 +21,12 @@ def fs_packs(tmp_path_factory):
     template = load_catalog().get("fs-astronaut")
     build_template(template, out, max_rank=32)
     return out, template
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory):
+    """A real S3 object store for the session (SeaweedFS on loopback unless SAKURA_TEST_STORE names one)."""
+    from s3_fixture import object_store
+
+    with object_store() as store:
+        yield store

@@ -26,8 +26,10 @@ from sakura.editing import edit_request
 from sakura.formats import PackFormatError, file_id
 from sakura.kvcache import KVCache
 from sakura.net.folder import FolderSource
+from sakura.net.stores import is_store_url, open_store
 from sakura.net.traces import Trace, load_trace
 from sakura.offline.builder import build_template
+from sakura.offline.publish import BuildSettings, build_into_store
 from sakura.online.monitor import DEFAULT_ESTIMATOR
 from sakura.quality import quality
 from sakura.runtime.calibration import CalibrationStore, spread
@@ -52,13 +54,18 @@ class TemplateBench:
     """One template as the harness sees it: a device runtime reading the pack folder in-process, the
     template's state in it (model, headers, calibrated compute), and its evaluation requests."""
 
-    def __init__(self, template, packs: Path, calibration: CalibrationStore):
-        self.template, self.packs = template, Path(packs)
-        self.runtime = DeviceRuntime(FolderSource(self.packs), calibration=calibration, reference_caches=1)
+    def __init__(self, template, packs: Path | str, calibration: CalibrationStore):
+        self.template = template
+        if is_store_url(packs):  # an object store: the device reads its ranges straight from it
+            store = open_store(packs)
+            self.packs, source, size = packs, store.source(), store.size
+        else:
+            self.packs = Path(packs)
+            source, size = FolderSource(self.packs), lambda fid: (self.packs / f"{fid}.pack").stat().st_size
+        self.runtime = DeviceRuntime(source, calibration=calibration, reference_caches=1)
         self.state = self.runtime.template_state(template)
         self.model, self.compute, self.fp16_bytes = self.state.model, self.state.compute, self.state.fp16_bytes
-        self.storage = {name: (self.packs / f"{file_id(template.id, SYSTEMS[name].format)}.pack").stat().st_size
-                        for name in STREAMING}
+        self.storage = {name: size(file_id(template.id, SYSTEMS[name].format)) for name in STREAMING}
 
     def header(self, format_name: str) -> bytes:
         return self.runtime.header(self.state, format_name)
@@ -107,6 +114,13 @@ def current_pack(path: Path) -> bool:
 
 def prepare_template(tpl, packs: Path, max_rank: int = 128, q: float = 0.5, say: Callable[[str], None] = print,
                      repeats: int = 3, calibration: CalibrationStore | None = None) -> TemplateBench:
+    if is_store_url(packs):
+        store = open_store(packs, create=True)
+        if store.published_key(tpl.id) is None:
+            say(f"building packs for {tpl.id} into {packs}")
+            build_into_store(tpl, store, BuildSettings(q=q, max_rank=max_rank))
+        say(f"{tpl.id}: device compute from the calibration (measured now if it has none)")
+        return TemplateBench(tpl, packs, calibration or CalibrationStore(repeats=repeats))
     packs = Path(packs)
     if not current_pack(packs / f"{file_id(tpl.id, 'sakura')}.pack"):
         say(f"building packs for {tpl.id}")

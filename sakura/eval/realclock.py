@@ -12,7 +12,8 @@ import numpy as np
 
 from sakura.eval.bench import BenchConfig, TemplateBench, record, run_bench
 from sakura.formats import file_id
-from sakura.net.client import RangeClient
+from sakura.net.store_reader import link_for_server
+from sakura.net.stores import open_store
 from sakura.net.traces import Trace
 from sakura.runtime.calibration import CalibrationStore
 from sakura.runtime.session import DeviceRuntime, Network
@@ -39,7 +40,7 @@ def run_one_real(runtime: DeviceRuntime, prepared: TemplateBench, req_index: int
 
 def run_bench_real(cfg: BenchConfig, out: Path, progress=None, say=print, benches: dict | None = None) -> dict:
     """The sweep of :func:`sakura.eval.bench.run_bench`, each edit run for real through a template server."""
-    with start_server(cfg.packs, port=0, process=True) as srv, RangeClient(srv.url) as client:
+    with start_server(cfg.packs, port=0, process=True) as srv, link_for_server(srv.url) as client:
         runtimes: dict[str, DeviceRuntime] = {}  # per template, sharing the bench's calibration
 
         def real_edit(prepared: TemplateBench, req_index: int, system: str, trace: Trace, scale: float,
@@ -58,9 +59,10 @@ def measure_round_trips(packs: Path, template_ids: list[str], store: Calibration
     sockets (after a warm-up per file); kept in ``store``. Returns the median in seconds."""
     rng = np.random.default_rng(0)
     samples: list[float] = []
-    with start_server(packs, port=0, process=True) as srv, RangeClient(srv.url) as client:
+    with start_server(packs, port=0, process=True) as srv, link_for_server(srv.url) as client:
         fids = [file_id(t, "sakura") for t in template_ids]
-        sizes = {f: (Path(packs) / f"{f}.pack").stat().st_size for f in fids}
+        pack_store = open_store(packs)
+        sizes = {f: pack_store.size(f) for f in fids}
         for t in template_ids:
             warm(client, t, ("sakura",))
         for k in range(requests):

@@ -19,7 +19,8 @@ from rich.table import Table
 
 from sakura.catalog import load_catalog, load_image_spec
 from sakura.formats import file_id
-from sakura.net.client import RangeClient
+from sakura.net.store_reader import link_for_server
+from sakura.net.stores import is_store_url
 from sakura.net.traces import load_trace
 from sakura.offline.builder import build_template
 from sakura.runtime.calibration import CalibrationStore
@@ -30,7 +31,7 @@ DEFAULT_PACKS = Path("packs")
 
 
 @contextlib.contextmanager
-def server_for(packs: Path, url: str | None):
+def server_for(packs: Path | str, url: str | None):
     """Use the server at ``url``, or run one on ``packs`` in its own process for the duration."""
     if url:
         yield url.rstrip("/")
@@ -39,7 +40,17 @@ def server_for(packs: Path, url: str | None):
         yield srv.url
 
 
-def ensure_packs(packs: Path, template, model_path=None) -> None:
+def ensure_packs(packs: Path | str, template, model_path=None) -> None:
+    if is_store_url(packs):
+        from sakura.net.stores import open_store
+        from sakura.offline.publish import build_into_store
+
+        store = open_store(packs, create=True)
+        if store.published_key(template.id) is None:  # any published build will do, as for a folder
+            typer.echo(f"building packs for {template.id} into {packs} (first time only)…", err=True)
+            build_into_store(template, store, progress=lambda s: typer.echo(f"  {s}", err=True))
+        return
+    packs = Path(packs)
     if not (packs / f"{file_id(template.id, 'sakura')}.pack").exists():
         typer.echo(f"building packs for {template.id} into {packs} (first time only)…", err=True)
         build_template(template, packs, model_path=model_path, progress=lambda s: typer.echo(f"  {s}", err=True))
@@ -69,7 +80,7 @@ def stream_edit(*, template: str, reference, prompt, out: Path, as_json: bool, c
     ref = load_image_spec(reference, Path.cwd()) if reference and tpl.task in ("fs", "vton") else None
     network = Network(load_trace(trace), trace, start, trace_scale, regime)
     ensure_packs(packs, tpl)
-    with server_for(packs, server) as base, RangeClient(base) as client:
+    with server_for(packs, server) as base, link_for_server(base) as client:  # packs from the server or its store
         runtime = DeviceRuntime(client, calibration=CalibrationStore(calibration, repeats=2))
         model = runtime.template_state(tpl).model
         session = runtime.session(tpl, policy, network, executor=make_executor(executor, model),

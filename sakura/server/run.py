@@ -39,10 +39,22 @@ def serve(
 
     Prints one line ``sakura server listening on http://HOST:PORT`` once bound (port 0 = any free).
     """
-    app = create_app(packs_dir, access_log=access_log, trace_dir=trace_dir, limits=limits)
+    app = app_for(packs_dir, access_log=access_log, trace_dir=trace_dir, limits=limits)
     sock = bind_socket(host, port)
     print(f"{READY_PREFIX}{url_of(host, sock)}", flush=True)
     uvicorn.Server(_config(app, log_level, limits)).run(sockets=[sock])
+
+
+def app_for(packs: str | Path, **kw):
+    """The server over a pack folder (it serves the bytes too), or over an object store URL such as
+    ``s3://bucket/prefix`` (catalog, headers and presigned URLs; devices read the bytes from the store)."""
+    from sakura.net.stores import is_store_url, open_store
+
+    if is_store_url(packs):
+        from sakura.server.store_app import create_store_app
+
+        return create_store_app(open_store(packs))
+    return create_app(packs, **kw)
 
 
 class RunningServer:
@@ -94,7 +106,7 @@ def start_server(
     """
     if process:
         return _start_process(packs_dir, host, port, access_log, trace_dir, log_level, timeout, limits)
-    app = create_app(packs_dir, access_log=access_log, trace_dir=trace_dir, limits=limits)
+    app = app_for(packs_dir, access_log=access_log, trace_dir=trace_dir, limits=limits)
     sock = bind_socket(host, port)
     server, thread = serve_in_thread(_config(app, log_level, limits), sock, name="sakura-server",
                                      what=f"template server on {url_of(host, sock)}", timeout=timeout)
