@@ -182,6 +182,16 @@ def _read_body(r: httpx.Response) -> tuple[bytearray, float]:
     return body, t_first
 
 
+def raise_for_error(r: httpx.Response, what: str) -> None:
+    """A server's error answer (JSON ``{"error": ...}`` or text) as a :class:`FetchError`."""
+    if r.status_code >= 400:
+        try:
+            msg = r.json().get("error") or r.text
+        except ValueError:
+            msg = r.text[:200]
+        raise FetchError(r.status_code, f"{what}: {msg}")
+
+
 class RangeClient:
     """HTTP range client for a template server or a static server holding the packs.
 
@@ -214,17 +224,9 @@ class RangeClient:
             return {}
         return {"X-Sakura-Trace": self.rate.shifted(time.monotonic() - self._t0).header()}
 
-    def _raise_for(self, r: httpx.Response, what: str) -> None:
-        if r.status_code >= 400:
-            try:
-                msg = r.json().get("error") or r.text
-            except ValueError:
-                msg = r.text[:200]
-            raise FetchError(r.status_code, f"{what}: {msg}")
-
     def templates(self) -> list[dict]:
         r = self._http.get("/templates")
-        self._raise_for(r, "list templates")
+        raise_for_error(r, "list templates")
         return r.json()
 
     def header(self, file_id: str) -> dict:
@@ -239,7 +241,7 @@ class RangeClient:
         with self._http.stream("GET", f"/packs/{file_id}/header", headers=self._headers()) as r:
             if r.status_code >= 400:
                 r.read()
-                self._raise_for(r, f"header of {file_id!r}")
+                raise_for_error(r, f"header of {file_id!r}")
             _check_header_length(file_id, int(r.headers.get("content-length", 0)))
             body = r.read()
         _check_header_length(file_id, len(body))
@@ -260,7 +262,7 @@ class RangeClient:
             with self._http.stream("GET", url, headers={"Range": rh, **self._headers()}) as r:
                 if r.status_code >= 400:
                     r.read()
-                    self._raise_for(r, f"ranges of {file_id!r}")
+                    raise_for_error(r, f"ranges of {file_id!r}")
                 body, t_got = _read_body(r)
                 t_first = t_got if i == 0 else t_first
                 t_last = time.monotonic()

@@ -17,6 +17,7 @@ import numpy as np
 
 from sakura.net.client import Transfer
 from sakura.net.traces import Trace
+from sakura.online.fallback import in_flight
 
 
 # Every streaming policy keeps the same number of requests outstanding (the real runtime and the
@@ -147,8 +148,6 @@ class PacedLink:
     def progress(self, pending: Pending, need_bytes: int = 0):
         """What a device sees of a transfer in flight (:class:`sakura.online.fallback.InFlight`): bytes
         through so far and lately, from which it can tell a silent link from a slow start."""
-        from sakura.online.fallback import in_flight
-
         at = lambda t: self.start + (t - self._t0)  # noqa: E731 - trace time of a monotonic instant
         now = min(time.monotonic(), pending.done)
         return in_flight(self.trace, at(pending.begin), at(now), need_bytes, float(pending.transfer.wire_bytes))

@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 
 from sakura.net.client import (FetchError, Transfer, _check_header_length, _check_ranges, _read_body, _slice,
-                               _spans, header_bytes_via_ranges)
+                               _spans, header_bytes_via_ranges, raise_for_error)
 
 PARALLEL_RANGES = 4  # separate ranges of one fetch travel on this many connections at once
 URL_MARGIN_S = 60.0  # a presigned URL is renewed this long before it expires
@@ -125,12 +125,7 @@ class ServerStoreClient(PresignedRangeSource):
 
     def _get(self, path: str) -> httpx.Response:
         r = self.server.get(path)
-        if r.status_code >= 400:
-            try:
-                msg = r.json().get("error") or r.text
-            except ValueError:
-                msg = r.text[:200]
-            raise FetchError(r.status_code, f"{path}: {msg}")
+        raise_for_error(r, path)
         return r
 
     def _ask_server(self, fid: str) -> dict:

@@ -282,8 +282,11 @@ class _SimulatedEdit:
             self.tl.dropped(b.rec, b.nbytes, t, used_level)
             if b in self.unseen:
                 self.unseen.remove(b)
-        free = t
-        for later in self.booked[self.done:]:
+        self._rebook(self.done, t)
+
+    def _rebook(self, first: int, free: float) -> None:
+        """The link is free from ``free`` on: requests from ``booked[first]`` that still use it move up."""
+        for later in self.booked[first:]:
             if later.from_device or later.dropped:
                 continue
             later.begin = max(later.t_req + self.link.request_overhead_s, free)
@@ -335,13 +338,7 @@ class _SimulatedEdit:
             return b.level, len(b.ranges)
         b.t_arr, b.nbytes = t_cut, int(sizes[k])
         self.tl.cut(b.rec, level.label, b.nbytes, t_cut)
-        free = t_cut
-        for later in self.booked[self.done + 1:]:  # (b is booked[done]) their bytes move up behind the cut
-            if later.from_device:
-                continue
-            later.begin = max(later.t_req + self.link.request_overhead_s, free)
-            later.t_arr = free = self.link.arrival(later.nbytes, later.t_req, free)
-        self.link_free = free
+        self._rebook(self.done + 1, t_cut)  # (b is booked[done]) the later bytes move up behind the cut
         return level, k
 
 
