@@ -243,6 +243,9 @@ def bench(
                                                "was picked S seconds before the edit and its pack prefetched meanwhile."),
     calibration_runs: int = typer.Option(7, "--calibration-runs", help="Local-generation runs per template when "
                                          "calibrating (the regime scale rests on their median)."),
+    rebuild_clock: str = typer.Option("wall", "--rebuild-clock", help="wall | cpu: time the simulated clock's "
+                                      "rebuilds by elapsed time, or by the rebuilding thread's CPU time (on a shared, "
+                                      "busy machine; compute is replayed from the calibration either way)."),
 ):
     """Reproduce the paper's evaluation: every system, same trace offsets, same metrics."""
     import torch
@@ -259,6 +262,9 @@ def bench(
 
     if clock not in ("sim", "real", "both"):
         raise UserError("--clock must be sim, real or both")
+    if rebuild_clock not in bench.REBUILD_CLOCKS:
+        raise UserError(f"--rebuild-clock must be one of {', '.join(bench.REBUILD_CLOCKS)}")
+    bench.use_rebuild_clock(rebuild_clock)
     cfg = bench.BenchConfig(workloads=tuple(w.strip() for w in workloads.split(",")),
                             systems=tuple(x.strip() for x in systems.split(",")), trace=trace, starts=starts,
                             regime=regime, trace_scale=trace_scale, seed=seed, append=append,

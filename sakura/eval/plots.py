@@ -163,6 +163,10 @@ def summary_markdown(summary: dict) -> str:
                 if other in ws:
                     ratios.append(f"{other} {key.split('_')[1]} / SAKURA = {ws[other][key] / sk[key]:.2f}×")
             lines += ["", "; ".join(ratios)]
+            paired = [f"{NAMES[s]} {ws[s]['over_oracle_p50']:.3f} / {ws[s]['over_oracle_p90']:.3f}"
+                      for s in _systems(ws) if s.startswith("sakura") and "over_oracle_p50" in ws[s]]
+            if paired:
+                lines += ["", "each edit over the oracle's at the same offset, p50 / p90: " + "; ".join(paired)]
         lines.append("")
     return "\n".join(lines + table2_markdown(summary))
 

@@ -121,6 +121,8 @@ class PacedLink:
                 cut = None
                 continue
             if self._closed.wait(min(wait, POLL_S)):  # closed while waiting (edit over): give up now
+                if drop is not None and drop.is_set():
+                    return self._drop(pending)
                 raise LinkClosed("link closed")
         with self._lock:
             if pending in self._outstanding:

@@ -1,6 +1,6 @@
 """Fallbacks: what the device does when a shard's cache will not arrive before execution needs it.
 
-Three ways past such a shard, chosen by predicted completion time (both clocks call
+Four ways past such a shard, chosen by predicted completion time (both clocks call
 :func:`choose_fallback` the same way, every ``CHECK_EVERY_S`` while execution waits):
 
 * ``wait`` for the smallest usable prefix (anytime shards) — no quality cost, costs the stall;
@@ -15,12 +15,23 @@ Three ways past such a shard, chosen by predicted completion time (both clocks c
 * ``local``: the current step and every later one run on every token (the model needs no cache) —
   costs the full model for the remaining steps, and the output becomes local generation's from there.
 
-Waiting is preferred while the edit is predicted to end within ``bound_s`` (a share of local
-generation's time): a stall that keeps the edit faster than local generation costs no quality. Past
-it, the cheapest way wins. The wait is predicted from what the device sees: the bytes of the transfer
-delivered so far and the monitor's rate, capped by the rate this transfer itself has shown over its
-last ``OBSERVE_WINDOW_S`` once it has run for ``MIN_OBSERVED_S`` (a link that has gone silent reads as
-silent, not as its past average; one that came back reads as back).
+How the choice is made. Every option but ``local`` keeps streaming, so it can still go wrong: the link
+may stay dead. Its *worst case* is the end if nothing more arrives from now on and the device escapes at
+the next point it could stall — by reusing for every remaining shard where the previous step's bytes are
+kept (a reused shard's K/V is kept for the next step in turn), else by going local: waiting escapes one
+check from now; ``recompute`` at step 1 (step 0 kept no compressed bytes, so locally, after one full
+step and the rest of step 0's masked shards); ``reuse`` at the next shard. A streaming option stays open
+while its worst case ends within ``hard_s`` (``HARD_SHARE`` × local generation); the device goes local
+only when none is. So an edit is never more than ``HARD_SHARE`` slower than local generation whatever
+the link does (up to compute-time prediction error), and a link that comes back within that slack is
+still used: going local is final, and a dead link is often back within a second. Among the open
+options, those without a quality cost (``wait``, ``recompute``: exact K/V) win when they end within
+``bound_s`` (a share of local generation's time); past it, the earliest *expected* end wins (what the
+transfer in progress shows, later shards on time).
+The wait is predicted from what the device sees: the bytes of the transfer delivered so far and the
+monitor's rate, capped by the rate this transfer itself has shown over its last ``OBSERVE_WINDOW_S``
+once it has run for ``MIN_OBSERVED_S`` (a link that has gone silent reads as silent, not as its past
+average; one that came back reads as back).
 """
 
 from __future__ import annotations
@@ -32,6 +43,7 @@ CHECK_EVERY_S = 0.01  # a waiting executor re-decides this often
 MIN_OBSERVED_S = 0.02  # a transfer's own rate counts once it has been on the link this long
 OBSERVE_WINDOW_S = 0.1  # ... measured over its last this-many seconds
 BOUND_SHARE = 0.9  # wait while the edit is predicted to end within this share of local generation's time
+HARD_SHARE = 1.1  # no option whose worst case ends later than this share of local generation's time
 MIN_RATE_BPS = 1.0  # a rate is never zero in a division
 
 
@@ -82,35 +94,49 @@ class FallbackContext:
     shard_step: list[int]  # the denoising step of each shard
     num_steps: int
     full_step_s: float  # one step on every token (local generation's time / steps)
-    bound_s: float  # the edit should end by then
+    bound_s: float  # quality-free options are taken while the edit ends by then
+    hard_s: float  # no option whose worst case ends later (see the module's docstring)
     allow_local: bool = True  # the executor can run the model on every token (eager model runs)
-    least_bytes: tuple[float, ...] = ()  # per shard: bytes of its units' smallest levels (0: unknown)
 
     @classmethod
-    def for_edit(cls, compute, num_steps: int, allow_local: bool = True, least_bytes=(),
-                 bound_share: float = BOUND_SHARE) -> "FallbackContext":
+    def for_edit(cls, compute, num_steps: int, allow_local: bool = True, bound_share: float = BOUND_SHARE,
+                 hard_share: float = HARD_SHARE) -> "FallbackContext":
         return cls(list(compute.shard_s), [s for s, _, _ in compute.shards], num_steps,
-                   compute.local_full_s / max(1, num_steps), bound_share * compute.local_full_s, allow_local,
-                   tuple(least_bytes))
+                   compute.local_full_s / max(1, num_steps), bound_share * compute.local_full_s,
+                   hard_share * compute.local_full_s, allow_local)
+
+    def local_end(self, t: float, step: int) -> float:
+        """The edit's end if it goes local at ``t``: this step and every later one on every token."""
+        return t + (self.num_steps - step) * self.full_step_s
 
 
-def choose_fallback(ctx: FallbackContext, shard: int, now: float, ready_s: float, reuse_s: float | None,
-                    rate_bps: float = float("inf")) -> tuple[str, dict[str, float]]:
+def choose_fallback(ctx: FallbackContext, shard: int, now: float, ready_s: float,
+                    reuse_s: float | None) -> tuple[str, dict[str, float]]:
     """``wait``, ``reuse``, ``recompute`` or ``local`` for ``shard`` waited on at ``now``, and each
-    option's predicted end of the edit. ``ready_s``: predicted time its cache is rebuilt; ``reuse_s``:
-    the rebuild time of the previous step's kept bytes for the same layers (None: the device holds
-    none); ``rate_bps``: the monitor's rate — what later steps' cache would take once a dip is over (the
-    wait itself is predicted from what the transfer in progress shows, in ``ready_s``)."""
-    rest = sum(ctx.shard_s[shard:])
+    option's expected end of the edit. ``ready_s``: predicted time its cache is rebuilt; ``reuse_s``:
+    the rebuild time of the previous step's kept bytes for the same layers (None: the device holds none)."""
+    rest, step, n_rest = sum(ctx.shard_s[shard:]), ctx.shard_step[shard], len(ctx.shard_s) - shard
+
+    def escape(t: float) -> float:  # the end if the link stays dead and the device escapes at t
+        return t + n_rest * reuse_s + rest if reuse_s is not None else ctx.local_end(t, step)
+
     ends = {"wait": ready_s + rest}
-    if ends["wait"] <= ctx.bound_s:
-        return "wait", ends
-    step = ctx.shard_step[shard]
+    worst = {"wait": escape(now + CHECK_EVERY_S) if ready_s > now + CHECK_EVERY_S else now}
+    if ctx.allow_local and step == 0:  # then step 0's masked shards run on exact K/V, and step 1 streams
+        step0_rest = sum(s for s, st in zip(ctx.shard_s[shard:], ctx.shard_step[shard:]) if st == 0)
+        ends["recompute"] = now + ctx.full_step_s + rest
+        worst["recompute"] = ctx.local_end(now + ctx.full_step_s + step0_rest, 1)
     if reuse_s is not None:
         ends["reuse"] = now + reuse_s + rest
-    if ctx.allow_local and step == 0:  # then later steps still stream: at the least, their smallest levels
-        later = sum(b for b, s in zip(ctx.least_bytes, ctx.shard_step) if s > 0)
-        ends["recompute"] = now + max(ctx.full_step_s + rest, 8 * later / max(rate_bps, MIN_RATE_BPS))
+        worst["reuse"] = escape(now)
     if ctx.allow_local:
-        ends["local"] = now + (ctx.num_steps - step) * ctx.full_step_s
-    return min(ends, key=ends.get), ends
+        ends["local"] = ctx.local_end(now, step)
+        open_ = [k for k in ends if k != "local" and worst[k] <= ctx.hard_s]
+    else:  # nothing to escape to: the bound cannot be kept, only the expected end
+        open_ = list(ends)
+    if not open_:
+        return "local", ends
+    free = [k for k in ("wait", "recompute") if k in open_]
+    if free and min(ends[k] for k in free) <= ctx.bound_s:
+        return min(free, key=ends.get), ends
+    return min(open_, key=ends.get), ends

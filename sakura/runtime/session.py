@@ -298,11 +298,8 @@ class EditSession:
         eager model (an exported executor runs fixed masked programs)."""
         if not self.fallbacks:
             return None
-        least = [0.0] * len(self.compute.shards)
-        for u in (self.encoding.units if self.encoding else []):
-            least[u.needed_by] += min(lv.nbytes for lv in u.levels)
         return FallbackContext.for_edit(self.compute, self.model.num_steps, allow_local=self.executor is None,
-                                        least_bytes=least, bound_share=self.fallback_bound_share)
+                                        bound_share=self.fallback_bound_share)
 
     def run(self, req: EditRequest) -> Outcome:
         """The edit on the real clock: bytes read from the source, paced along the scaled trace."""

@@ -248,7 +248,7 @@ class _SimulatedEdit:
             flights = [in_flight(self.link.trace, start + b.begin, start + t, b.nbytes, b.nbytes)
                        for b in mine if b.t_arr > t]
             ready = predict_ready(t, flights, self.monitor.rate_bps, rebuild_est)
-            kind, ends = choose_fallback(fb, k, t, ready, reuse_s, self.monitor.rate_bps)
+            kind, ends = choose_fallback(fb, k, t, ready, reuse_s)
             if kind != "wait":
                 self._drop([b for b in mine if not b.from_device], t)
                 self.tl.fallback(kind, k, t, ends)

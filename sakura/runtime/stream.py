@@ -178,8 +178,7 @@ class StreamedEdit:
             times = list(state.rebuild_s.values())
             ready = predict_ready(now, flights, self.monitor.rate_bps, sum(times) / max(1, len(times)))
             kept = state.kept.get(prev) if prev >= 0 else None
-            kind, ends = choose_fallback(fb, j, now, ready, state.rebuild_s.get(prev) if kept else None,
-                                         self.monitor.rate_bps)
+            kind, ends = choose_fallback(fb, j, now, ready, state.rebuild_s.get(prev) if kept else None)
             if kind == "wait":
                 continue
             state.drop[j].set()
@@ -189,6 +188,8 @@ class StreamedEdit:
                 return True
             if kind == "local":
                 timeline.extras["local_from_step"] = step
+                for later in state.drop[j:]:  # no later shard needs its cache: every transfer is dropped
+                    later.set()
                 state.fail(StreamError("the edit went local"))  # stops the receiver: no more cache needed
                 if hasattr(self.link, "close"):
                     self.link.close()
@@ -273,9 +274,12 @@ class StreamedEdit:
         """Wait for each sent request's bytes, in order; feed the monitor and the reconstructor."""
         try:
             while (item := sent.get()) is not None:
-                if state.error is not None:
-                    continue  # drain, so the requester never blocks
                 unit, level, ranges, prefixes, rec, pending, on_device = item
+                if state.error is not None:  # drain, so the requester never blocks
+                    if pending is not None and state.drop[unit.needed_by].is_set():  # the edit went local
+                        timeline.dropped(rec, self.link.receive(pending, drop=state.drop[unit.needed_by]).nbytes,
+                                         state.now())
+                    continue
                 if on_device is not None:
                     self._from_device(state, timeline, slots, out, item)
                     continue
