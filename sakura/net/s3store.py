@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from sakura.formats import FORMATS, file_id
 from sakura.net.client import FetchError
 from sakura.net.stores import Store, StoreError, check_template_id, staged_files, template_of
 
@@ -160,6 +161,13 @@ class S3Store(Store):
 
     def size(self, fid: str) -> int:
         return int(self.locate(fid)["size"])
+
+    def has_template(self, template_id: str) -> bool:
+        files = (self.index(template_id) or {}).get("files", {})
+        return all(file_id(template_id, n) in files for n in FORMATS)
+
+    def version(self, fid: str) -> str:
+        return self.locate(fid)["sha256"]
 
     def presign(self, fid: str, expires_s: int = PRESIGN_S) -> dict:
         """A short-lived GET URL for a published file, for a device without credentials."""

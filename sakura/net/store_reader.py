@@ -144,14 +144,21 @@ class ServerStoreClient(PresignedRangeSource):
         self.server.close()
 
 
+def pack_bytes_from(server_url: str) -> str | None:
+    """Where a template server's pack bytes come from, as its ``/healthz`` says: ``"store"`` (an object store:
+    read them there), ``"server"`` (the server itself), or None when it does not answer."""
+    try:
+        r = httpx.get(f"{server_url.rstrip('/')}/healthz", timeout=10, verify=tls_context())
+        r.raise_for_status()
+        return "store" if r.json().get("pack_bytes") == "store" else "server"
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+
+
 def link_for_server(server_url: str):
     """The device's link to a template server: pack bytes from the server itself, or — when the server
     says its packs are in an object store — straight from the store (``/healthz`` tells which). A server
     that does not answer gets the plain range client, whose first request then reports the failure."""
     from sakura.net.client import RangeClient
 
-    try:
-        mode = httpx.get(f"{server_url.rstrip('/')}/healthz", timeout=10, verify=tls_context()).json().get("pack_bytes")
-    except (httpx.HTTPError, ValueError, AttributeError):
-        mode = None
-    return ServerStoreClient(server_url) if mode == "store" else RangeClient(server_url)
+    return ServerStoreClient(server_url) if pack_bytes_from(server_url) == "store" else RangeClient(server_url)
