@@ -253,7 +253,7 @@ class DeviceAgent:
                      image_png_b64=png_b64(outcome.image),
                      reference_png_b64=png_b64(reference) if reference is not None else None,
                      mask_png_b64=png_b64(req.mask), metrics=metrics, summary=session.summary(outcome),
-                     sent_to_server=sent, link_emulation={"trace": net.trace, "start": session.start,
+                     sent_to_server=sent, pack_bytes_from=self._bytes_from or "server", link_emulation={"trace": net.trace, "start": session.start,
                                                           "scale": session.scale, "shaped_by": "device"}
                      if session.system.streams else None, timing=timing)
 

@@ -148,3 +148,15 @@ def test_build_into_a_folder_store_publishes_then_skips_the_same_build(tmp_path)
     assert (first.status, again.status, other.status) == ("built", "skipped", "built") and len(built) == 2
     assert store.published_key(tpl.id) == BuildSettings(max_rank=16).key(tpl)
     assert not any((tmp_path / "packs" / ".staging").iterdir())  # staging folders are removed
+
+
+def test_loadtest_spreads_its_clients_over_processes(published):
+    from sakura.eval.loadtest import LoadConfig, run_load
+
+    store, _, tpl = published
+    with start_server(store.url, port=0) as srv:
+        summary = run_load(LoadConfig([srv.url], clients=4, edits=1, trace="fixed:200"), procs=2)
+    assert summary["errors"] == 0, summary["error_samples"]
+    assert summary["procs"] == summary["generator_processes"] == 2
+    assert summary["edits"] == 4 and summary["templates"] == [tpl.id] and summary["shards"] == 4 * 16
+    assert summary["mbytes"] > 0 and 0 < summary["time_to_shard_p50_s"] <= summary["time_to_shard_p99_s"]

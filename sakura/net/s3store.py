@@ -225,11 +225,15 @@ class S3Store(Store):
             self._indexes[template_id] = (time.monotonic(), index)
 
     def _put_once(self, key: str, path: Path) -> None:
-        """Upload unless the object is there already (same name = same bytes: content-addressed)."""
+        """Upload unless the object is there already (same name = same bytes: content-addressed). A re-used
+        object is copied onto itself, which makes it young again: garbage collection keeps it through its grace
+        period, long enough for this build to publish the index that references it (:mod:`sakura.net.store_gc`)."""
         from botocore.exceptions import ClientError
 
         try:
             self.client.head_object(Bucket=self.bucket, Key=key)
+            self.client.copy_object(Bucket=self.bucket, Key=key, CopySource={"Bucket": self.bucket, "Key": key},
+                                    MetadataDirective="REPLACE", Metadata={"sakura-reused": "1"})
             return
         except ClientError as e:
             if str(e.response.get("Error", {}).get("Code")) not in ("404", "NoSuchKey", "NotFound"):
