@@ -104,7 +104,16 @@ def run_client(index: int, cfg: LoadConfig, templates: list[str], barrier: threa
                 one_edit(client, templates[(index + e) % len(templates)], trace,
                          rng.uniform(0.0, trace.duration), cfg, out)
         except Exception as e:  # noqa: BLE001 - counted and reported, the load goes on
-            out.errors.append(f"{type(e).__name__}: {e}"[:200])
+            out.errors.append(f"{type(e).__name__}{_where(e)}: {e}"[:240])
+
+
+def _where(e: Exception) -> str:
+    """' (GET host:port/path)' for an HTTP client error: which server (template server or store) failed."""
+    try:
+        r = e.request  # httpx errors; raises when the error has no request
+        return f" ({r.method} {r.url.host}:{r.url.port}{r.url.path})"
+    except (AttributeError, RuntimeError):
+        return ""
 
 
 def run_load(cfg: LoadConfig, procs: int = 1) -> dict:
