@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Callable
 
 from sakura.formats import FORMATS, file_id
-from sakura.net.stores import FolderStore, Store, open_store
+from sakura.net.client import FetchError
+from sakura.net.stores import FolderStore, Store, StoreError, open_store
 from sakura.offline.builder import build_template
 from sakura.offline.publish import BuildSettings
 
@@ -61,10 +62,11 @@ class BuildQueue:
     # ------------------------------------------------------------------------------------ control
     def start(self) -> "BuildQueue":
         """Queue every template whose packs are missing (catalog order) and start the worker."""
+        missing = [t for t in self.templates if not self.ready(t.id)]
         with self._lock:
             if self._worker is not None:
                 return self
-            self._waiting = [t for t in self.templates if not self.ready(t.id)]
+            self._waiting = missing
             self._worker = threading.Thread(target=self._run, name="sakura-build-queue", daemon=True)
         self._worker.start()
         return self
@@ -94,8 +96,13 @@ class BuildQueue:
 
     # ------------------------------------------------------------------------------------ queries
     def ready(self, template_id: str) -> bool:
-        """Every stored format's file of this template is published in the store."""
-        return self.store.has_template(template_id)
+        """Every stored format's file of this template is published in the store (False while the store
+        cannot be read: the page keeps working and says "waiting"). Never called with the lock held: an
+        object store answers over the network."""
+        try:
+            return self.store.has_template(template_id)
+        except (StoreError, FetchError):
+            return False
 
     def status(self, template_id: str) -> str:
         """``ready`` | ``waiting`` | ``building: <stage>`` | ``failed: <one line>``."""
@@ -104,13 +111,12 @@ class BuildQueue:
                 return f"building: {self._stage}"
             if template_id in self._failed:
                 return f"failed: {self._failed[template_id]}"
-            if self.ready(template_id):
-                return "ready"
-            return "waiting"
+        return "ready" if self.ready(template_id) else "waiting"
 
     def summary(self) -> dict:
+        ready = sum(self.ready(t.id) for t in self.templates)
         with self._lock:
-            return {"ready": sum(self.ready(t.id) for t in self.templates), "total": len(self.templates),
+            return {"ready": ready, "total": len(self.templates),
                     "current": self._current.id if self._current is not None else None, "stage": self._stage,
                     "failed": dict(self._failed), "done": self._is_idle()}
 
