@@ -39,12 +39,17 @@ def tls_context() -> ssl.SSLContext:
     return ssl.create_default_context()
 
 
+# How the keep-alive race shows (a server closes an idle connection just as the client reuses it): a clean close
+# before any answer, a reset on reading, a broken pipe on writing. httpx retries none of them.
+STALE_CONNECTION = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+
+
 def once_more_if_stale(get: Callable[[], T]) -> T:
-    """``get()``, sent again once if the peer closed the connection without answering: the keep-alive race (a
-    server closes an idle connection just as the client reuses it; httpx does not retry). Only for GETs."""
+    """``get()``, sent again once (on a fresh connection) if the connection broke without an answer. Only for
+    idempotent GETs; timeouts are not retried."""
     try:
         return get()
-    except httpx.RemoteProtocolError:
+    except STALE_CONNECTION:
         return get()
 
 
