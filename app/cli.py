@@ -1,9 +1,10 @@
 """``sakura demo``: everything on one machine — template server, device agent, app — until Ctrl-C.
 
 This is the app's start-up, and the one module of ``app/`` that imports ``sakura``: it starts the
-template server on the pack folder, builds missing packs in the background (a template the user picks
-goes first), connects to the device agent through ``device_bridge`` and hands the app the quality
-explorer. Registered as the ``demo`` command through the ``sakura.commands`` entry point; also
+template server on the pack store (a folder, or ``s3://bucket/prefix``: then the server hands out
+presigned URLs and the device reads pack bytes straight from the store), builds missing packs into
+that store in the background (a template the user picks goes first), connects to the device agent
+through ``device_bridge`` and hands the app the quality explorer. Registered as the ``demo`` command through the ``sakura.commands`` entry point; also
 runnable as ``python -m app``.
 """
 
@@ -25,6 +26,7 @@ from device_bridge import BridgeError, connect
 from sakura.catalog import CatalogError, load_catalog
 from sakura.eval.explorer import Explorer
 from sakura.net.listen import bind_socket, serve_in_thread, url_of
+from sakura.net.stores import is_store_url, open_store
 from sakura.offline.build_queue import BuildQueue
 from sakura.server.run import start_server
 
@@ -60,27 +62,30 @@ def connect_device(device: str, server_url: str):
     return connect(device)
 
 
-def run_demo(host: str = "127.0.0.1", port: int = 7860, packs: Path = Path("packs"), device: str = "subprocess",
+def run_demo(host: str = "127.0.0.1", port: int = 7860, packs: str | Path = "packs", device: str = "subprocess",
              templates: list[str] | None = None, data: Path = Path("runs/app"), echo=typer.echo) -> None:
     catalog = load_catalog()
-    packs, data = Path(packs), Path(data)
-    packs.mkdir(parents=True, exist_ok=True)
+    data = Path(data)
     data.mkdir(parents=True, exist_ok=True)
     chosen = [catalog.get(i) for i in templates] if templates else list(catalog)
-    builds = BuildQueue(chosen, packs)  # started once the page is served: the user never waits for them
+    if is_store_url(packs):
+        echo(f"opening the pack store {packs}…")
+    store = open_store(packs, create=True)  # a folder is made; a bad URL or credentials fail here, in one line
+    builds = BuildQueue(chosen, store)  # started once the page is served: the user never waits for them
     with contextlib.ExitStack() as stack:
         stack.callback(builds.stop)
         echo("starting the template server…")
-        server = start_server(packs, process=True, access_log=data / "template-server-access.log")
+        server = start_server(store.url, process=True, access_log=data / "template-server-access.log")
         stack.callback(server.stop)
-        echo(f"  template server: {server.url} (access log: {data / 'template-server-access.log'})")
+        where = "pack bytes from the store, by presigned URL" if is_store_url(store.url) else "pack bytes too"
+        echo(f"  template server: {server.url} ({where}; access log: {data / 'template-server-access.log'})")
         echo(f"starting the device agent ({device})…")
         bridge = connect_device(device, server.url)
         stack.callback(bridge.close)
         if getattr(bridge, "url", None):
             echo(f"  device agent: {bridge.url}")
         echo("starting the app…")
-        app = create_app(bridge, data_dir=data, explorer=Explorer(packs, data / "explorer"), builds=builds)
+        app = create_app(bridge, data_dir=data, explorer=Explorer(store, data / "explorer"), builds=builds)
         try:
             sock = bind_socket(host, port)
         except OSError as e:
@@ -112,7 +117,9 @@ def _after_start(server: uvicorn.Server, builds: BuildQueue, bridge, templates: 
 def demo(
     host: str = typer.Option("127.0.0.1", "--host", help="Address the app listens on."),
     port: int = typer.Option(7860, "--port", help="Port of the app."),
-    packs: Path = typer.Option(Path("packs"), "--packs", help="Pack folder (missing packs are built in the background)."),
+    packs: str = typer.Option("packs", "--packs", help="Pack folder, or s3://bucket/prefix (endpoint and credentials "
+                              "from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY); missing packs are "
+                              "built into it in the background."),
     device: str = typer.Option("subprocess", "--device",
                                help="Device agent: subprocess, inprocess, tcp://HOST:PORT, ws://HOST:PORT or adb[:SERIAL]."),
     templates: Optional[str] = typer.Option(None, "--templates", help="Comma-separated template ids to offer "

@@ -73,10 +73,15 @@ def privacy_html(result: dict, had_photo: bool, had_prompt: bool) -> str:
     if total > edit_bytes:
         extra = (f" Of that, {edit_bytes / 1e6:.2f} MB streamed the cache for the edit; the rest is pack headers and, "
                  f"for this demo's quality comparison, the exact FP16 cache used to compute the reference output.")
-    return (f'<div class="sk-privacy"><b>What left the device:</b> {len(sent)} requests to the template server, '
+    if result.get("pack_bytes_from") == "store":
+        to, who = ("the template server and its object store (pack bytes come straight from the store, by presigned "
+                   "URL)"), "the server and the store only learn"
+    else:
+        to, who = "the template server", "the server only learns"
+    return (f'<div class="sk-privacy"><b>What left the device:</b> {len(sent)} requests to {to}, '
             f'naming only template files ({_esc(", ".join(files)) or "none"}) and byte ranges, '
             f'{total / 1e6:.2f} MB asked for in total.{extra} <b>{_esc(kept.capitalize())} never left the '
-            f'device</b> (0 bytes): the server only learns which parts of which template were fetched.</div>')
+            f'device</b> (0 bytes): {who} which parts of which template were fetched.</div>')
 
 
 def compare_rows(results: dict[str, dict]) -> list[list]:

@@ -33,25 +33,22 @@ class ExplorerPage:
         """``explorer``: a :class:`sakura.eval.explorer.Explorer` (made by ``app/cli.py``)."""
         self.ex = explorer
 
-    def build(self) -> None:
-        try:
-            avail = self.ex.available()
-        except Exception:  # noqa: BLE001 - no packs folder / unreadable catalog: say so in the page
-            avail = []
+    def build(self, tab=None) -> None:
+        """``tab``: the explorer's tab; opening it refreshes the templates (packs built behind the page appear)."""
+        avail = self._available()
         data_state = gr.State(None)
         gr.Markdown("Each point is a real masked edit whose template cache was rebuilt from exactly the bytes "
                     "that configuration sends. Quality is measured against the output on the exact FP16 cache. "
                     "Move the budget: each system shows its best output that fits.")
-        if not avail:
-            gr.HTML("<div class='sk-status sk-warn'>No template has all its packs in the pack folder, so the explorer "
-                    "has nothing to decode. Build packs with <code>sakura build</code>.</div>")
-            return
         with gr.Row():
-            tpl = gr.Dropdown(avail, value=avail[0], label="Template", elem_id="ex-template", scale=2)
-            req = gr.Dropdown(self._requests(avail[0]), value=0, label="Request", elem_id="ex-request", scale=3)
+            tpl = gr.Dropdown(avail, value=avail[0] if avail else None, label="Template", elem_id="ex-template",
+                              scale=2)
+            req = gr.Dropdown(self._requests(avail[0]) if avail else [], value=0 if avail else None, label="Request",
+                              elem_id="ex-request", scale=3)
             load = gr.Button("Compute frontier", variant="primary", elem_id="ex-load", scale=1)
-        status = gr.HTML("<div class='sk-status sk-info'>Pick a template and a request, then compute its "
-                         "frontier (cached after the first time).</div>", elem_id="ex-status")
+        status = gr.HTML(self._intro(avail), elem_id="ex-status")
+        if tab is not None:
+            tab.select(self.refresh, tpl, [tpl, status], queue=False, show_progress="hidden")
         budget = gr.Slider(0, SLIDER_MAX, value=35, step=0.5, label="Byte budget (log scale: left = tiny, right = "
                            "the full FP16 cache)", elem_id="ex-budget", interactive=True)
         budget_txt = gr.HTML("", elem_id="ex-budget-text")
@@ -70,6 +67,28 @@ class ExplorerPage:
         budget.change(self.show, [data_state, budget], [budget_txt, plot, *imgs, table], show_progress="hidden",
                       trigger_mode="always_last", queue=False)
 
+    def _available(self) -> list[str]:
+        try:
+            return self.ex.available()
+        except Exception:  # noqa: BLE001 - no pack store / unreadable catalog: the page says "none yet"
+            return []
+
+    @staticmethod
+    def _intro(avail: list[str]) -> str:
+        if avail:
+            return ("<div class='sk-status sk-info'>Pick a template and a request, then compute its frontier (cached "
+                    "after the first time).</div>")
+        return ("<div class='sk-status sk-warn'>No template has all its packs in the pack store yet, so the explorer "
+                "has nothing to decode. Templates building in the background appear here once published (open this "
+                "tab again); or build packs with <code>sakura build</code>.</div>")
+
+    def refresh(self, current):
+        """The tab was opened: offer every template whose packs are published now, keeping the one picked (a new
+        pick updates the requests through the dropdown's change event)."""
+        avail = self._available()
+        value = current if current in avail else (avail[0] if avail else None)
+        return gr.update(choices=avail, value=value), self._intro(avail)
+
     def _requests(self, template_id: str):
         try:
             return [(f"#{i} · {label}", i) for i, label in enumerate(self.ex.requests(template_id))]
@@ -81,8 +100,8 @@ class ExplorerPage:
             progress(frac, desc=msg)
 
         try:
-            if request is None:
-                raise ValueError("pick a request")
+            if not template_id or request is None:
+                raise ValueError("pick a template and a request")
             data = self.ex.frontier(template_id, int(request), say)
         except Exception as e:  # noqa: BLE001 - a friendly line, the app keeps working
             msg = f"Cannot compute this frontier: {' '.join(str(e).split())[:300]}"

@@ -66,12 +66,12 @@ the device.</p><p class="sk-device-note" id="sk-device-note">{DEVICE_NOTE}</p></
                     EditPage(bridge, templates, builds).build()
                 else:
                     gr.HTML("<div class='sk-status sk-warn'>The device lists no templates.</div>")
-            with gr.Tab("Quality explorer", id="tab-explorer", elem_id="tab-explorer"):
+            with gr.Tab("Quality explorer", id="tab-explorer", elem_id="tab-explorer") as explorer_tab:
                 if explorer is None:
-                    gr.HTML("<div class='sk-status sk-warn'>The quality explorer needs the pack folder "
+                    gr.HTML("<div class='sk-status sk-warn'>The quality explorer needs the pack store "
                             "(start the app with --packs).</div>")
                 else:
-                    ExplorerPage(explorer).build()
+                    ExplorerPage(explorer).build(explorer_tab)
             with gr.Tab("User study", id="tab-study", elem_id="tab-study"):
                 store = make_store(data / "study", templates, study_systems, study_requests, study_templates)
                 StudyPage(store, make_generator(bridge)).build()

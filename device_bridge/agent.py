@@ -32,7 +32,7 @@ from sakura.formats import PackFormatError, file_id
 from sakura.model import ModelInputError, ModelLoadError
 from sakura.net.client import FetchError, RangeClient, WsRangeClient
 from sakura.net.paced import LinkClosed
-from sakura.net.store_reader import link_for_server
+from sakura.net.store_reader import ServerStoreClient, pack_bytes_from
 from sakura.net.traces import TraceError
 from sakura.quality import quality
 from sakura.runtime.calibration import CalibrationStore
@@ -92,11 +92,17 @@ class DeviceAgent:
                                      calibration=CalibrationStore(calibration_file, calibration_repeats),
                                      reference_caches=reference_cache_templates)
         self._thumbs: dict[str, str] = {}
+        self._bytes_from: str | None = None  # "store" | "server", once the server has said
         self.prefetcher = Prefetcher(self.runtime, self._client)
 
     def _client(self):
-        # over HTTP, a server whose packs are in an object store sends the device to the store for the bytes
-        return WsRangeClient(self.server_url) if self.transport == "ws" else link_for_server(self.server_url)
+        """The link for one edit. A server whose packs are in an object store sends the device to the store for
+        the bytes (presigned URLs, one Range per request) whatever ``link`` says: it has no websocket stream."""
+        if self._bytes_from is None:
+            self._bytes_from = pack_bytes_from(self.server_url)
+        if self._bytes_from == "store":
+            return ServerStoreClient(self.server_url)
+        return WsRangeClient(self.server_url) if self.transport == "ws" else RangeClient(self.server_url)
 
     # ---------------------------------------------------------------------------- small endpoints
     @property
@@ -247,7 +253,7 @@ class DeviceAgent:
                      image_png_b64=png_b64(outcome.image),
                      reference_png_b64=png_b64(reference) if reference is not None else None,
                      mask_png_b64=png_b64(req.mask), metrics=metrics, summary=session.summary(outcome),
-                     sent_to_server=sent, link_emulation={"trace": net.trace, "start": session.start,
+                     sent_to_server=sent, pack_bytes_from=self._bytes_from or "server", link_emulation={"trace": net.trace, "start": session.start,
                                                           "scale": session.scale, "shaped_by": "device"}
                      if session.system.streams else None, timing=timing)
 

@@ -343,13 +343,13 @@ def train_tiny(ctx: typer.Context):
 def _register_runtime_commands() -> None:
     """Commands whose bodies live with their subsystem (light modules: no torch at import)."""
     from sakura.eval.loadtest import loadtest_cmd
-    from sakura.net.store_cli import store_cmd
+    from sakura.net.store_cli import store_app
     from sakura.runtime.device_bench import bench_device_cmd
     from sakura.runtime.executors.cli import export_cmd
 
     app.command("export")(friendly(export_cmd))
     app.command("bench-device")(friendly(bench_device_cmd))
-    app.command("store")(friendly(store_cmd))
+    app.add_typer(store_app, name="store")
     app.command("loadtest")(friendly(loadtest_cmd))
 
 

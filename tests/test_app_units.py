@@ -234,7 +234,8 @@ def test_result_panels_never_show_the_input():
     html = metrics_html(res)
     assert "40.00" in html and "10.0% of the 5.0 MB" in html and "2 distinct" in html
     p = privacy_html(res, had_photo=True, had_prompt=False)
-    assert "Your photo never left the device" in p and "fs-a" in p
+    assert "Your photo never left the device" in p and "fs-a" in p and "object store" not in p
+    assert "its object store" in privacy_html({**res, "pack_bytes_from": "store"}, had_photo=True, had_prompt=False)
     assert privacy_rows(res["sent_to_server"]) == [[1, "fs-a", "0+8, 8+100, 200+5, … (4 ranges)", 118]]
     rows = compare_rows({"sakura": res})
     assert rows[0][0] == "SAKURA" and rows[0][4] == "10.0%"

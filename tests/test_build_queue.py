@@ -14,7 +14,9 @@ TIMEOUT_S = 10.0
 
 
 def templates(*ids: str) -> list:
-    return [SimpleNamespace(id=i) for i in ids]
+    """Stand-ins with the manifest fields a build key reads."""
+    return [SimpleNamespace(id=i, task="fs", image_spec=i, mask_spec=None, model="sakura-tiny", seed=0,
+                            profile_requests=()) for i in ids]
 
 
 class FakeBuilder:
@@ -80,7 +82,7 @@ def test_prioritize_moves_a_waiting_template_to_the_front(tmp_path):
 def test_progress_becomes_the_stage(tmp_path):
     gate = threading.Event()
 
-    def build(template, out_dir, *, progress):
+    def build(template, out_dir, *, progress, **settings):
         progress("importance")
         gate.wait(TIMEOUT_S)
         FakeBuilder(seconds=0)(template, out_dir, progress=lambda stage: None)
@@ -112,12 +114,12 @@ def test_a_failing_build_is_reported_and_the_rest_still_build(tmp_path):
 
 
 def test_a_build_missing_a_format_fails_instead_of_publishing(tmp_path):
-    def build(template, out_dir, *, progress):
+    def build(template, out_dir, *, progress, **settings):
         (Path(out_dir) / f"{file_id(template.id, 'sakura')}.pack").write_bytes(b"only the main pack")
 
     queue = BuildQueue(templates("a"), tmp_path, build=build).start()
     assert queue.wait(TIMEOUT_S)
-    assert queue.status("a").startswith("failed: RuntimeError: the build wrote no")
+    assert queue.status("a").startswith("failed: StoreError: the build of a wrote no")
     assert not (tmp_path / "a.pack").exists()
 
 
@@ -143,11 +145,11 @@ def test_nothing_to_build_is_done_at_once(tmp_path):
 
 
 def test_builds_in_staging_and_publishes_the_main_pack_last(tmp_path, monkeypatch):
-    import sakura.offline.build_queue as build_queue
+    import sakura.net.stores as stores  # the folder store publishes with os.replace
 
     published: list[str] = []
     seen_when_main_appeared: list[bool] = []
-    real_replace = build_queue.os.replace
+    real_replace = stores.os.replace
 
     def watching_replace(src, dst):
         dst = Path(dst)
@@ -156,12 +158,13 @@ def test_builds_in_staging_and_publishes_the_main_pack_last(tmp_path, monkeypatc
         published.append(dst.name)
         real_replace(src, dst)
 
-    monkeypatch.setattr(build_queue.os, "replace", watching_replace)
+    monkeypatch.setattr(stores.os, "replace", watching_replace)
     build = FakeBuilder()
     queue = BuildQueue(templates("a"), tmp_path, build=build).start()
     assert queue.wait(TIMEOUT_S)
     assert build.out_dirs == [tmp_path / STAGING_DIR_NAME / "a"]
-    assert published[-1] == "a.pack" and len(published) == len(FORMATS) + 1  # + the build record
+    # the main pack last of the packs, then the record naming the build key
+    assert published[-2:] == ["a.pack", "a.build.json"] and len(published) == len(FORMATS) + 1
     assert seen_when_main_appeared == [True]
     assert not (tmp_path / STAGING_DIR_NAME / "a").exists()  # staging removed once published
     assert all(p.exists() for p in pack_paths(tmp_path, "a"))

@@ -148,3 +148,46 @@ def test_build_into_a_folder_store_publishes_then_skips_the_same_build(tmp_path)
     assert (first.status, again.status, other.status) == ("built", "skipped", "built") and len(built) == 2
     assert store.published_key(tpl.id) == BuildSettings(max_rank=16).key(tpl)
     assert not any((tmp_path / "packs" / ".staging").iterdir())  # staging folders are removed
+
+
+def test_loadtest_spreads_its_clients_over_processes(published):
+    from sakura.eval.loadtest import LoadConfig, run_load
+
+    store, _, tpl = published
+    with start_server(store.url, port=0) as srv:
+        summary = run_load(LoadConfig([srv.url], clients=4, edits=1, trace="fixed:200"), procs=2)
+    assert summary["errors"] == 0, summary["error_samples"]
+    assert summary["procs"] == summary["generator_processes"] == 2
+    assert summary["edits"] == 4 and summary["templates"] == [tpl.id] and summary["shards"] == 4 * 16
+    assert summary["mbytes"] > 0 and 0 < summary["time_to_shard_p50_s"] <= summary["time_to_shard_p99_s"]
+
+
+def test_a_request_the_server_drops_on_a_reused_connection_is_sent_again_once():
+    """The keep-alive race: a server closes an idle connection just as the client reuses it (seen under load
+    as 'Server disconnected without sending a response'). The store client sends such a GET again, once."""
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    answered: list[str] = []
+
+    def serve() -> None:
+        for conn_no in range(2):
+            conn, _ = listener.accept()
+            with conn:
+                for req_no in range(2):
+                    head = conn.recv(65536).decode()
+                    if not head:
+                        break
+                    if conn_no == 0 and req_no == 1:
+                        break  # close without answering
+                    answered.append(head.split()[1])
+                    conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}")
+
+    threading.Thread(target=serve, daemon=True).start()
+    port = listener.getsockname()[1]
+    with ServerStoreClient(f"http://127.0.0.1:{port}") as client:
+        assert client._get("/templates").json() == {}
+        assert client._get("/packs/x/url").json() == {}  # dropped on the reused connection, answered on a new one
+    listener.close()
+    assert answered == ["/templates", "/packs/x/url"]

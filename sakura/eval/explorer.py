@@ -9,9 +9,10 @@ reusable K/V were rebuilt from exactly the bytes a given configuration would tra
 * CacheGen — one stored quality level for every shard (each level is a point), its tables included.
 
 Quality is PSNR / SSIM against the output on the exact FP16 cache (the reference). This reads the
-template's pack files directly (template data, read-only; no request ever leaves the app), decoding
-them with the same stream encodings the device runtime uses. Frontiers are cached as JSON + PNGs
-under ``cache_dir`` keyed by the pack files' sizes and mtimes.
+template's pack files straight from the pack store — a folder, or ``s3://bucket/prefix`` through
+presigned ranges (template data, read-only; nothing about a user's edit is involved) — decoding them
+with the same stream encodings the device runtime uses. Frontiers are cached as JSON + PNGs under
+``cache_dir`` keyed by each pack file's version in the store (size + mtime of a file, hash of an object).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from PIL import Image
 from sakura.catalog import load_catalog
 from sakura.editing import edit_request, model_for
 from sakura.formats import encoding_from_header, file_id
-from sakura.net.folder import FolderSource
+from sakura.net.stores import Store, open_store
 from sakura.online.policies import best_within
 from sakura.quality import quality
 from sakura.systems import COMPRESSED, SYSTEMS
@@ -52,11 +53,13 @@ class Point:
 
 
 class Explorer:
-    def __init__(self, packs_dir: str | Path, cache_dir: str | Path, catalog=None, budgets: int = 9,
+    def __init__(self, packs: Store | str | Path, cache_dir: str | Path, catalog=None, budgets: int = 9,
                  baseline_levels: int | None = None):
-        """``budgets``: SAKURA budget points (log-spaced); ``baseline_levels``: at most this many IntQ
+        """``packs``: the pack store (a :class:`~sakura.net.stores.Store`, a folder or an ``s3://`` URL);
+        ``budgets``: SAKURA budget points (log-spaced); ``baseline_levels``: at most this many IntQ
         widths / CacheGen levels (evenly spaced, smallest first; None = all)."""
-        self.packs = Path(packs_dir)
+        self.packs = packs
+        self._store = packs if isinstance(packs, Store) else None
         self.cache = Path(cache_dir)
         self.catalog_path = catalog
         self.budgets = max(1, int(budgets))
@@ -67,13 +70,18 @@ class Explorer:
     def catalog(self):
         return load_catalog(self.catalog_path)
 
+    @property
+    def store(self) -> Store:
+        """The pack store, opened at first use (a folder that does not exist yet is an error then)."""
+        if self._store is None:
+            self._store = open_store(self.packs)
+        return self._store
+
     def available(self) -> list[str]:
-        """Templates whose four stored formats are all in the pack folder."""
-        out = []
-        for t in self.catalog():
-            if all((self.packs / f"{file_id(t.id, fmt)}.pack").is_file() for fmt in FORMATS):
-                out.append(t.id)
-        return out
+        """Templates whose four stored formats are all published in the pack store."""
+        published = self.store.templates()
+        return [t.id for t in self.catalog()
+                if all(file_id(t.id, fmt) in published.get(t.id, {}).get("files", {}) for fmt in FORMATS)]
 
     def requests(self, template_id: str) -> list[str]:
         """Labels of the template's evaluation requests (the explorer's choices)."""
@@ -82,9 +90,8 @@ class Explorer:
     def _key(self, template_id: str, request: int) -> str:
         h = hashlib.sha256(f"{template_id}|{request}|{self.budgets}|{self.baseline_levels}".encode())
         for fmt in FORMATS:
-            p = self.packs / f"{file_id(template_id, fmt)}.pack"
-            st = p.stat()
-            h.update(f"{p.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+            fid = file_id(template_id, fmt)
+            h.update(f"{fid}:{self.store.version(fid)}".encode())
         return h.hexdigest()[:16]
 
     def folder(self, template_id: str, request: int) -> Path:
@@ -110,10 +117,10 @@ class Explorer:
             return self._compute(template_id, request, progress or (lambda f, m: None))
 
     def _compute(self, template_id: str, request: int, say: Callable[[float, str], None]) -> dict:
-        with FolderSource(self.packs) as source:  # opened per frontier: a rebuilt pack is read afresh
+        with self.store.source() as source:  # opened per frontier: a rebuilt pack is read afresh
             return self._compute_from(source, template_id, request, say)
 
-    def _compute_from(self, source: FolderSource, template_id: str, request: int,
+    def _compute_from(self, source, template_id: str, request: int,
                       say: Callable[[float, str], None]) -> dict:
         say(0.0, "loading the model and the template")
         tpl = self.catalog().get(template_id)

@@ -7,6 +7,8 @@ one HTTP Range request per range, paced on the device side by a :class:`~sakura.
 the trace. Compute is simulated: shard k executes for ``shard_s`` once its cache arrived and shard k−1 is
 done, and at most :data:`AHEAD` shards are fetched ahead of execution (the runtime's bounded buffers).
 
+The clients run as threads of one process, or of ``--procs P`` processes (client ``i`` in process ``i % P``,
+all started at one moment) so that the generator is not the bottleneck; results are pooled the same way.
 Reported: time-to-shard (a shard's request → its last byte, p50/p99), stall (time execution waited for
 bytes), errors, edits, and aggregate payload throughput.
 """
@@ -54,6 +56,7 @@ class ClientResult:
     edit_s: list[float] = field(default_factory=list)
     nbytes: int = 0
     errors: list[str] = field(default_factory=list)
+    pid: int = field(default_factory=os.getpid)  # the generator process that ran the client
 
 
 def one_edit(client: ServerStoreClient, template_id: str, trace, start: float, cfg: LoadConfig, out: ClientResult) -> None:
@@ -101,26 +104,108 @@ def run_client(index: int, cfg: LoadConfig, templates: list[str], barrier: threa
                 one_edit(client, templates[(index + e) % len(templates)], trace,
                          rng.uniform(0.0, trace.duration), cfg, out)
         except Exception as e:  # noqa: BLE001 - counted and reported, the load goes on
-            out.errors.append(f"{type(e).__name__}: {e}"[:200])
+            out.errors.append(f"{type(e).__name__}{_where(e)}: {e}"[:240])
 
 
-def run_load(cfg: LoadConfig) -> dict:
+def _where(e: Exception) -> str:
+    """' (GET host:port/path)' for an HTTP client error: which server (template server or store) failed."""
+    try:
+        r = e.request  # httpx errors; raises when the error has no request
+        return f" ({r.method} {r.url.host}:{r.url.port}{r.url.path})"
+    except (AttributeError, RuntimeError):
+        return ""
+
+
+def run_load(cfg: LoadConfig, procs: int = 1) -> dict:
+    """Run ``cfg.clients`` clients as threads of ``procs`` processes (client ``i`` in process ``i % procs``), so
+    that the generator itself is not what saturates first; every process starts its clients at the same moment."""
     with ServerStoreClient(cfg.servers[0]) as probe:
         templates = sorted({t["template"] for t in probe.templates() if t["id"] == t["template"]})
     if not templates:
         raise RuntimeError(f"the store behind {cfg.servers[0]} has no published templates (run sakura build)")
-    results = [ClientResult() for _ in range(cfg.clients)]
-    barrier = threading.Barrier(cfg.clients + 1)
-    threads = [threading.Thread(target=run_client, args=(i, cfg, templates, barrier, results[i]), daemon=True)
-               for i in range(cfg.clients)]
+    procs = max(1, min(int(procs), cfg.clients))
+    if procs == 1:
+        results, wall = run_clients(list(range(cfg.clients)), cfg, templates)
+    else:
+        results, wall = _run_in_processes(cfg, templates, procs)
+    return {**summarize(cfg, results, wall, templates), "procs": procs}
+
+
+def run_clients(indices: list[int], cfg: LoadConfig, templates: list[str],
+                ready=lambda: None) -> tuple[list[ClientResult], float]:
+    """Clients ``indices`` as threads of this process; ``ready()`` is called once they all wait at the start
+    line, and they go when it returns. Returns their results and the wall time from the start."""
+    results = [ClientResult() for _ in indices]
+    barrier = threading.Barrier(len(indices) + 1)
+    threads = [threading.Thread(target=run_client, args=(i, cfg, templates, barrier, r), daemon=True)
+               for i, r in zip(indices, results)]
     for t in threads:
         t.start()
+    ready()
     barrier.wait()
     t0 = time.monotonic()
     for t in threads:
         t.join()
-    wall = time.monotonic() - t0
-    return summarize(cfg, results, wall, templates)
+    return results, time.monotonic() - t0
+
+
+START_TIMEOUT_S = 120.0  # a generator process that is not at the start line by then has failed
+
+
+def _process_main(k: int, procs: int, cfg: LoadConfig, templates: list[str], start, out) -> None:
+    """One generator process: its share of the clients, started together with the other processes'."""
+    try:
+        results, _ = run_clients(list(range(k, cfg.clients, procs)), cfg, templates,
+                                 ready=lambda: start.wait(START_TIMEOUT_S))
+        out.put((k, results, None))
+    except BaseException as e:  # noqa: BLE001 - the parent reports it
+        start.abort()
+        out.put((k, [], f"{type(e).__name__}: {e}"[:200]))
+
+
+def _run_in_processes(cfg: LoadConfig, templates: list[str], procs: int) -> tuple[list[ClientResult], float]:
+    import multiprocessing as mp
+    import queue as queue_mod
+    from threading import BrokenBarrierError
+
+    ctx = mp.get_context("spawn")  # no fork of a process holding threads and open connections
+    start, out = ctx.Barrier(procs + 1), ctx.Queue()
+    workers = [ctx.Process(target=_process_main, args=(k, procs, cfg, templates, start, out), daemon=True,
+                           name=f"sakura-load-{k}") for k in range(procs)]
+    for w in workers:
+        w.start()
+    try:
+        try:
+            start.wait(START_TIMEOUT_S)
+        except BrokenBarrierError:
+            raise RuntimeError("a load-generator process did not reach the start line: "
+                               + _first_failure(out, queue_mod)) from None
+        t0 = time.monotonic()
+        results: list[ClientResult] = []
+        for _ in workers:
+            while True:
+                try:
+                    _, got, failure = out.get(timeout=5.0)
+                    break
+                except queue_mod.Empty:
+                    if not any(w.is_alive() for w in workers):
+                        raise RuntimeError("the load-generator processes ended without reporting") from None
+            if failure:
+                raise RuntimeError(f"a load-generator process failed: {failure}")
+            results += got
+        return results, time.monotonic() - t0
+    finally:
+        for w in workers:
+            w.join(5.0)
+            if w.is_alive():
+                w.terminate()
+
+
+def _first_failure(out, queue_mod) -> str:
+    try:
+        return out.get(timeout=2.0)[2] or "no reason given"
+    except queue_mod.Empty:
+        return "it did not say why (timed out starting)"
 
 
 def summarize(cfg: LoadConfig, results: list[ClientResult], wall: float, templates: list[str]) -> dict:
@@ -136,7 +221,8 @@ def summarize(cfg: LoadConfig, results: list[ClientResult], wall: float, templat
             "time_to_shard_p99_s": round(float(np.percentile(tts, 99)), 4),
             "edit_s_p50": round(float(np.median([x for r in results for x in r.edit_s] or [0])), 3),
             "stall_s_mean": round(float(np.mean(stall)), 4), "wall_s": round(wall, 2), "mbytes": round(nbytes / 1e6, 1),
-            "throughput_mb_s": round(nbytes / 1e6 / wall, 1), "edits_per_s": round(edits / wall, 2)}
+            "throughput_mb_s": round(nbytes / 1e6 / wall, 1), "edits_per_s": round(edits / wall, 2),
+            "generator_processes": len({r.pid for r in results})}
 
 
 def cpu_seconds(pid: int) -> float | None:
@@ -154,6 +240,7 @@ def loadtest_cmd(
                                          "start --replicas servers on --store."),
     store: Optional[str] = typer.Option(None, "--store", help="Pack store URL (s3://bucket/prefix) to serve."),
     replicas: int = typer.Option(2, "--replicas", help="Template servers to start on --store."),
+    procs: int = typer.Option(1, "--procs", help="Processes the clients are spread over (threads in each)."),
     edits: int = typer.Option(2, "--edits", help="Edits per client."),
     trace: str = typer.Option("5g", "--trace", help="Each device's link: 5g, 4g5g, wifi, fixed:MBPS or a file."),
     trace_scale: float = typer.Option(1.0, "--trace-scale"),
@@ -166,22 +253,23 @@ def loadtest_cmd(
 
     if not server and not store:
         raise UserError("pass --server URL[,URL...] or --store s3://bucket/prefix")
-    if clients < 1 or replicas < 1 or edits < 1:
-        raise UserError("--clients, --replicas and --edits must be at least 1")
+    if clients < 1 or replicas < 1 or edits < 1 or procs < 1:
+        raise UserError("--clients, --replicas, --edits and --procs must be at least 1")
     with ExitStack() as stack:
         started = [] if server else [stack.enter_context(start_server(store, port=0, process=True))
                                      for _ in range(replicas)]
         urls = server.split(",") if server else [s.url for s in started]
         pids = [s._proc.pid for s in started if s._proc is not None]
         cpu0 = [cpu_seconds(p) for p in pids]
-        summary = run_load(LoadConfig(urls, clients, edits, trace, trace_scale, shard_ms / 1e3))
+        summary = run_load(LoadConfig(urls, clients, edits, trace, trace_scale, shard_ms / 1e3), procs)
         cpu1 = [cpu_seconds(p) for p in pids]
         if pids and None not in cpu0 + cpu1:  # the servers' own work: they never carry pack bytes
             summary["server_cpu_s"] = [round(b - a, 2) for a, b in zip(cpu0, cpu1)]
     if as_json:
         typer.echo(json.dumps(summary, indent=1))
         return
-    typer.echo(f"{summary['clients']} clients × {edits} edits on {summary['servers']} server(s): "
+    typer.echo(f"{summary['clients']} clients × {edits} edits in {summary['procs']} process(es) on "
+               f"{summary['servers']} server(s): "
                f"{summary['edits']} edits, {summary['errors']} errors; time-to-shard p50 "
                f"{summary['time_to_shard_p50_s'] * 1e3:.1f} ms, p99 {summary['time_to_shard_p99_s'] * 1e3:.1f} ms; "
                f"{summary['throughput_mb_s']} MB/s aggregate ({summary['mbytes']} MB in {summary['wall_s']} s)")

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from sakura.formats import FORMATS, file_id
 from sakura.net.client import FetchError
 from sakura.net.stores import Store, StoreError, check_template_id, staged_files, template_of
 
@@ -161,6 +162,13 @@ class S3Store(Store):
     def size(self, fid: str) -> int:
         return int(self.locate(fid)["size"])
 
+    def has_template(self, template_id: str) -> bool:
+        files = (self.index(template_id) or {}).get("files", {})
+        return all(file_id(template_id, n) in files for n in FORMATS)
+
+    def version(self, fid: str) -> str:
+        return self.locate(fid)["sha256"]
+
     def presign(self, fid: str, expires_s: int = PRESIGN_S) -> dict:
         """A short-lived GET URL for a published file, for a device without credentials."""
         entry = self.locate(fid)
@@ -217,11 +225,15 @@ class S3Store(Store):
             self._indexes[template_id] = (time.monotonic(), index)
 
     def _put_once(self, key: str, path: Path) -> None:
-        """Upload unless the object is there already (same name = same bytes: content-addressed)."""
+        """Upload unless the object is there already (same name = same bytes: content-addressed). A re-used
+        object is copied onto itself, which makes it young again: garbage collection keeps it through its grace
+        period, long enough for this build to publish the index that references it (:mod:`sakura.net.store_gc`)."""
         from botocore.exceptions import ClientError
 
         try:
             self.client.head_object(Bucket=self.bucket, Key=key)
+            self.client.copy_object(Bucket=self.bucket, Key=key, CopySource={"Bucket": self.bucket, "Key": key},
+                                    MetadataDirective="REPLACE", Metadata={"sakura-reused": "1"})
             return
         except ClientError as e:
             if str(e.response.get("Error", {}).get("Code")) not in ("404", "NoSuchKey", "NotFound"):

@@ -21,12 +21,14 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 import httpx
 
 from sakura.net.client import (FetchError, Transfer, _check_header_length, _check_ranges, _read_body, _slice,
                                _spans, header_bytes_via_ranges, raise_for_error)
 
+T = TypeVar("T")
 PARALLEL_RANGES = 4  # separate ranges of one fetch travel on this many connections at once
 URL_MARGIN_S = 60.0  # a presigned URL is renewed this long before it expires
 
@@ -35,6 +37,20 @@ URL_MARGIN_S = 60.0  # a presigned URL is renewed this long before it expires
 def tls_context() -> ssl.SSLContext:
     """One TLS context for every client: loading the CA bundle costs ~50 ms of CPU per client otherwise."""
     return ssl.create_default_context()
+
+
+# How the keep-alive race shows (a server closes an idle connection just as the client reuses it): a clean close
+# before any answer, a reset on reading, a broken pipe on writing. httpx retries none of them.
+STALE_CONNECTION = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+
+
+def once_more_if_stale(get: Callable[[], T]) -> T:
+    """``get()``, sent again once (on a fresh connection) if the connection broke without an answer. Only for
+    idempotent GETs; timeouts are not retried."""
+    try:
+        return get()
+    except STALE_CONNECTION:
+        return get()
 
 
 class PresignedRangeSource:
@@ -67,23 +83,25 @@ class PresignedRangeSource:
         """One ``Range: bytes=start-(end-1)`` request; a refused (expired) URL is renewed once."""
         for attempt in (0, 1):
             url = self._location(fid, renew=attempt == 1)["url"]
-            with self._http.stream("GET", url, headers={"Range": f"bytes={start}-{end - 1}"}) as r:
-                if r.status_code in (401, 403) and attempt == 0:
-                    r.read()
-                    continue
-                if r.status_code >= 400:
-                    r.read()
-                    status = 416 if r.status_code == 416 else r.status_code
-                    raise FetchError(status, f"{fid} bytes {start}-{end - 1}: store answered {r.status_code} "
-                                             f"{r.text[:120]!r}")
-                body, t_first = _read_body(r)
-                t_last = time.monotonic()
-            if r.status_code == 200:  # Range ignored: slice what was asked
+            status, body, t_first, t_last = once_more_if_stale(lambda: self._range_get(url, start, end))
+            if status in (401, 403) and attempt == 0:
+                continue
+            if status >= 400:
+                raise FetchError(416 if status == 416 else status,
+                                 f"{fid} bytes {start}-{end - 1}: store answered {status} {bytes(body[:120])!r}")
+            if status == 200:  # Range ignored: slice what was asked
                 body = body[start:end]
             if len(body) != end - start:
                 raise FetchError(502, f"{fid}: asked {end - start} bytes at {start}, got {len(body)}")
             return start, body, t_first, t_last
         raise AssertionError("unreachable")
+
+    def _range_get(self, url: str, start: int, end: int) -> tuple[int, bytearray, float, float]:
+        with self._http.stream("GET", url, headers={"Range": f"bytes={start}-{end - 1}"}) as r:
+            if r.status_code >= 400:
+                return r.status_code, bytearray(r.read()), 0.0, 0.0
+            body, t_first = _read_body(r)
+            return r.status_code, body, t_first, time.monotonic()
 
     def fetch_timed(self, fid: str, ranges: Sequence[Sequence[int]]) -> Transfer:
         want = _check_ranges(ranges)
@@ -124,7 +142,7 @@ class ServerStoreClient(PresignedRangeSource):
         super().__init__(self._ask_server, timeout=timeout)
 
     def _get(self, path: str) -> httpx.Response:
-        r = self.server.get(path)
+        r = once_more_if_stale(lambda: self.server.get(path))
         raise_for_error(r, path)
         return r
 
@@ -144,14 +162,21 @@ class ServerStoreClient(PresignedRangeSource):
         self.server.close()
 
 
+def pack_bytes_from(server_url: str) -> str | None:
+    """Where a template server's pack bytes come from, as its ``/healthz`` says: ``"store"`` (an object store:
+    read them there), ``"server"`` (the server itself), or None when it does not answer."""
+    try:
+        r = httpx.get(f"{server_url.rstrip('/')}/healthz", timeout=10, verify=tls_context())
+        r.raise_for_status()
+        return "store" if r.json().get("pack_bytes") == "store" else "server"
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+
+
 def link_for_server(server_url: str):
     """The device's link to a template server: pack bytes from the server itself, or — when the server
     says its packs are in an object store — straight from the store (``/healthz`` tells which). A server
     that does not answer gets the plain range client, whose first request then reports the failure."""
     from sakura.net.client import RangeClient
 
-    try:
-        mode = httpx.get(f"{server_url.rstrip('/')}/healthz", timeout=10, verify=tls_context()).json().get("pack_bytes")
-    except (httpx.HTTPError, ValueError, AttributeError):
-        mode = None
-    return ServerStoreClient(server_url) if mode == "store" else RangeClient(server_url)
+    return ServerStoreClient(server_url) if pack_bytes_from(server_url) == "store" else RangeClient(server_url)

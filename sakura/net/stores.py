@@ -96,6 +96,14 @@ class Store(ABC):
     def source(self):
         """A device-side reader of this store (``header_bytes``, ``fetch_timed``: one request per range)."""
 
+    @abstractmethod
+    def has_template(self, template_id: str) -> bool:
+        """Every stored format of the template is published (cheap: the UI asks often)."""
+
+    @abstractmethod
+    def version(self, fid: str) -> str:
+        """A string that changes whenever a published file's bytes do (caches key on it)."""
+
     def has_build(self, template_id: str, key: str) -> bool:
         return self.published_key(template_id) == key
 
@@ -144,6 +152,16 @@ class FolderStore(Store):
         except FileNotFoundError:
             raise FetchError(404, f"no stored file {fid!r} in {self.root}") from None
 
+    def has_template(self, template_id: str) -> bool:
+        return all((self.root / f"{file_id(template_id, n)}.pack").is_file() for n in FORMATS)
+
+    def version(self, fid: str) -> str:
+        try:
+            st = self._path(fid).stat()
+        except FileNotFoundError:
+            raise FetchError(404, f"no stored file {fid!r} in {self.root}") from None
+        return f"{st.st_size}:{st.st_mtime_ns}"
+
     def templates(self) -> dict[str, dict]:
         out: dict[str, dict] = {}
         for p in sorted(self.root.glob("*.pack")):
@@ -155,7 +173,7 @@ class FolderStore(Store):
 
     def published_key(self, template_id: str) -> str | None:
         record = self.root / f"{check_template_id(template_id)}.build.json"
-        if not all((self.root / f"{file_id(template_id, n)}.pack").is_file() for n in FORMATS):
+        if not self.has_template(template_id):
             return None
         try:
             return json.loads(record.read_text()).get("build_key")

@@ -4,24 +4,28 @@ A fresh clone has no packs; building them all takes minutes, so the demo serves 
 a :class:`BuildQueue` builds the packs behind it, in catalog order, the template the user picks first
 (:meth:`BuildQueue.prioritize`). The page reads :meth:`BuildQueue.status` and :meth:`BuildQueue.summary`.
 
-Write first, publish after: each template is built into ``PACKS/.staging/<id>/`` and its files are
-then moved into ``PACKS`` with :func:`os.replace`, the main pack (``<id>.pack``) last, so a reader
-never sees a half-built template as available.
+The packs go to a pack store (:mod:`sakura.net.stores`): the demo's folder or ``s3://bucket/prefix``.
+Write first, publish after: each template is built into a staging folder (``PACKS/.staging/<id>/`` for a
+folder, a temporary one otherwise) and then published with :meth:`Store.publish` — renamed in, the main
+pack (``<id>.pack``) last, for a folder; uploaded as content-addressed objects and made visible by one
+index PUT for S3 — so a reader never sees a half-built template as available.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
+import tempfile
 import threading
 from pathlib import Path
 from typing import Callable
 
 from sakura.formats import FORMATS, file_id
+from sakura.net.client import FetchError
+from sakura.net.stores import FolderStore, Store, StoreError, open_store
 from sakura.offline.builder import build_template
+from sakura.offline.publish import BuildSettings
 
 STAGING_DIR_NAME = ".staging"
-MAIN_FORMAT = "sakura"
 MAX_FAILURE_MESSAGE_CHARS = 200
 
 
@@ -36,12 +40,16 @@ def one_line(error: BaseException) -> str:
 
 
 class BuildQueue:
-    """One daemon worker that builds every template whose packs are missing; thread-safe."""
+    """One daemon worker that builds every template whose packs are missing; thread-safe.
 
-    def __init__(self, templates: list, packs_dir: Path, *, build: Callable = build_template, **build_kw):
+    ``store``: a :class:`~sakura.net.stores.Store`, or a folder path / ``s3://`` URL to open (created if
+    missing)."""
+
+    def __init__(self, templates: list, store: Store | str | Path, *, build: Callable = build_template,
+                 settings: BuildSettings = BuildSettings()):
         self.templates = list(templates)
-        self.packs_dir = Path(packs_dir)
-        self.build, self.build_kw = build, build_kw
+        self.store = store if isinstance(store, Store) else open_store(store, create=True)
+        self.build, self.settings = build, settings
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._waiting: list = []  # templates still to build, front first
@@ -54,10 +62,11 @@ class BuildQueue:
     # ------------------------------------------------------------------------------------ control
     def start(self) -> "BuildQueue":
         """Queue every template whose packs are missing (catalog order) and start the worker."""
+        missing = [t for t in self.templates if not self.ready(t.id)]
         with self._lock:
             if self._worker is not None:
                 return self
-            self._waiting = [t for t in self.templates if not self.ready(t.id)]
+            self._waiting = missing
             self._worker = threading.Thread(target=self._run, name="sakura-build-queue", daemon=True)
         self._worker.start()
         return self
@@ -87,8 +96,13 @@ class BuildQueue:
 
     # ------------------------------------------------------------------------------------ queries
     def ready(self, template_id: str) -> bool:
-        """Every stored format's file of this template is published in ``packs_dir``."""
-        return all(path.exists() for path in pack_paths(self.packs_dir, template_id))
+        """Every stored format's file of this template is published in the store (False while the store
+        cannot be read: the page keeps working and says "waiting"). Never called with the lock held: an
+        object store answers over the network."""
+        try:
+            return self.store.has_template(template_id)
+        except (StoreError, FetchError):
+            return False
 
     def status(self, template_id: str) -> str:
         """``ready`` | ``waiting`` | ``building: <stage>`` | ``failed: <one line>``."""
@@ -97,13 +111,12 @@ class BuildQueue:
                 return f"building: {self._stage}"
             if template_id in self._failed:
                 return f"failed: {self._failed[template_id]}"
-            if self.ready(template_id):
-                return "ready"
-            return "waiting"
+        return "ready" if self.ready(template_id) else "waiting"
 
     def summary(self) -> dict:
+        ready = sum(self.ready(t.id) for t in self.templates)
         with self._lock:
-            return {"ready": sum(self.ready(t.id) for t in self.templates), "total": len(self.templates),
+            return {"ready": ready, "total": len(self.templates),
                     "current": self._current.id if self._current is not None else None, "stage": self._stage,
                     "failed": dict(self._failed), "done": self._is_idle()}
 
@@ -139,22 +152,15 @@ class BuildQueue:
             self._stage = str(stage)
 
     def _build_and_publish(self, template) -> None:
-        staging = self.packs_dir / STAGING_DIR_NAME / template.id
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
+        if isinstance(self.store, FolderStore):  # same file system: publishing is a rename
+            staging = self.store.root / STAGING_DIR_NAME / template.id
+            shutil.rmtree(staging, ignore_errors=True)
+            staging.mkdir(parents=True)
+        else:
+            staging = Path(tempfile.mkdtemp(prefix=f"sakura-build-{template.id}-"))
         try:
-            self.build(template, staging, progress=self._report_stage, **self.build_kw)
-            self._publish(template.id, staging)
+            self.build(template, staging, progress=self._report_stage, **self.settings.builder_kw())
+            self._report_stage("publishing")
+            self.store.publish(template.id, staging, self.settings.key(template))
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-
-    def _publish(self, template_id: str, staging: Path) -> None:
-        """Move the built files into ``packs_dir``, the main pack last."""
-        main_pack_name = f"{file_id(template_id, MAIN_FORMAT)}.pack"
-        missing = [p.name for p in pack_paths(staging, template_id) if not p.exists()]
-        if missing:
-            raise RuntimeError(f"the build wrote no {', '.join(missing)}")
-        built = sorted((p for p in staging.iterdir() if p.is_file()), key=lambda p: p.name == main_pack_name)
-        self._report_stage("publishing")
-        for path in built:
-            os.replace(path, self.packs_dir / path.name)

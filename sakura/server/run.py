@@ -53,7 +53,7 @@ def app_for(packs: str | Path, **kw):
     if is_store_url(packs):
         from sakura.server.store_app import create_store_app
 
-        return create_store_app(open_store(packs))
+        return create_store_app(open_store(packs), access_log=kw.get("access_log"))
     return create_app(packs, **kw)
 
 

@@ -20,13 +20,15 @@ from fastapi.responses import RedirectResponse, Response
 
 from sakura.net.client import MAX_HEADER_BYTES, FetchError
 from sakura.net.stores import Store, StoreError
+from sakura.server.access_log import AccessLog, make_logger
 from sakura.server.store import PLAIN_NAME, error_response
 
 HEADER_CACHE = 256  # headers kept (tens of kB each)
 
 
-def create_store_app(store: Store, *, presign_s: int = 300) -> FastAPI:
-    """The server over an object store (one that can ``locate`` and ``presign``: :class:`~sakura.net.s3store.S3Store`)."""
+def create_store_app(store: Store, *, presign_s: int = 300, access_log=None) -> FastAPI:
+    """The server over an object store (one that can ``locate`` and ``presign``: :class:`~sakura.net.s3store.S3Store`);
+    ``access_log``: a file (or logging handler) for the JSON-lines access log, as the folder server's."""
     app = FastAPI(title="SAKURA template server (object store)", docs_url=None, redoc_url=None, openapi_url=None)
     headers: dict[str, bytes] = {}  # by object sha: immutable, so never stale
 
@@ -87,6 +89,7 @@ def create_store_app(store: Store, *, presign_s: int = 300) -> FastAPI:
         except (StoreError, FetchError) as e:
             return failure(e)
 
+    app.add_middleware(AccessLog, log=make_logger(access_log))
     return app
 
 
