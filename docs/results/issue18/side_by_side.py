@@ -1,5 +1,6 @@
 """Rebuild (torch, OpenCL) per shard for the v1 and v2 packs of a template, interleaved in one process,
-against the eager execute time of the same process (1 torch thread). Best of N per shard."""
+against the eager execute time of the same process (1 torch thread). Best of N per shard.
+Usage: side_by_side.py PACKS TEMPLATE REPEATS [OUT.json]"""
 import sys, json, time, statistics, numpy as np, torch
 torch.set_num_threads(1)
 from sakura.catalog import load_catalog
@@ -8,6 +9,7 @@ from sakura.formats.pack import PackReader
 from sakura.runtime.device_bench import _measure_execute
 from sakura.runtime.reconstruct import get_reconstructor
 packs, tid, reps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+out = sys.argv[4] if len(sys.argv) > 4 else "side_by_side.json"
 v1, v2 = PackReader(f"{packs}/{tid}.v1.pack"), PackReader(f"{packs}/{tid}.pack")
 recs = {n: get_reconstructor(n) for n in ("torch", "opencl")}
 cfgs = [(128, 8, 8), (64, 4, 4), (32, 3, 2)]
@@ -43,4 +45,4 @@ for c, row in res.items():
     if isinstance(row, dict):
         row.update({k.replace("_ms", "_over_execute"): v / execute for k, v in list(row.items()) if k.endswith("_ms")})
 print(json.dumps(res, indent=1))
-json.dump(res, open("/tmp/w18/side_by_side.json", "w"), indent=1)
+json.dump(res, open(out, "w"), indent=1)
