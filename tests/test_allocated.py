@@ -32,14 +32,14 @@ def packs(small, tmp_path_factory):
     return folder, v1, v2
 
 
-def shard_factors(cache, imp, info, shard, rank):
-    return [quantize_factors(weighted_lowrank(cache.unit(s, l, k), imp[(s, l)], max_rank=rank), imp[(s, l)])
+def shard_factors(cache, imp, info, shard, rank, gains=False):
+    return [quantize_factors(weighted_lowrank(cache.unit(s, l, k), imp[(s, l)], max_rank=rank), imp[(s, l)], gains)
             for s, l, k in info.units(shard)]
 
 
 def test_v2_header_levels_are_single_prefix_ranges(packs):
     _, _, v2 = packs
-    assert isinstance(v2, AllocatedPackInfo) and v2.header["version"] == 2
+    assert isinstance(v2, AllocatedPackInfo) and v2.header["version"] == 3
     for shard in range(v2.num_shards):
         front = v2.frontier(shard)
         assert front and all(isinstance(c, PrefixConfig) for c in front)
@@ -57,7 +57,7 @@ def test_coded_pack_decodes_bit_for_bit_to_the_quantised_factors(small, packs):
     coded = [v2.stored_chunk(i)[0] for i in range(len(v2.index))]
     assert any(coded) and not all(coded)  # coding paid on some planes only
     for shard in range(v2.num_shards):
-        factors = shard_factors(cache, imp, v2, shard, 96)
+        factors = shard_factors(cache, imp, v2, shard, 96, gains=True)
         for c in v2.frontier(shard)[::7] + v2.frontier(shard)[-1:]:
             bits_a, bits_b = v2.allocation(shard, c.k)
             comps = np.repeat(bits_a, v2.geometry.group)[:96]
@@ -65,7 +65,8 @@ def test_coded_pack_decodes_bit_for_bit_to_the_quantised_factors(small, packs):
             got = decode_factors(v2, shard, c.k, reader.read(shard, c.k))
             for qf, (a, b, mean) in zip(factors, got.values()):
                 ba, bb = np.repeat(bits_a, 8)[keep], np.repeat(bits_b, 8)[keep]
-                want_a = np.stack([dequantize(truncate(qf.a_codes[[i]], x), qf.a_scales[[i]], x, qf.a_zero[[i]])[0]
+                want_a = np.stack([dequantize(truncate(qf.a_codes[[i]], x), qf.a_scales[[i]], x, qf.a_zero[[i]],
+                                              qf.a_gain[[i], min(x, 3) - 1])[0]
                                    for i, x in zip(keep, ba)]) if len(keep) else np.zeros((0, v2.geometry.n))
                 want_b = np.stack([dequantize(truncate(qf.b_codes[[i]], x), qf.b_scales[[i]], x, qf.b_zero[[i]])[0]
                                    for i, x in zip(keep, bb)]) if len(keep) else np.zeros((0, v2.geometry.d))
