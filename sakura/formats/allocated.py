@@ -15,7 +15,11 @@ form (:mod:`sakura.formats.chunkcodec`); each is stored raw or as a zstd frame, 
 (a flag per chunk). Header additions: ``layout`` (base64, two bytes per chunk in file order: a kind
 byte ``0x80`` coded, ``0x40`` mean, ``0x10`` factor B, low nibble the plane; then the group) and
 ``shard_chunks`` (chunks per shard); ``tradeoff.frontiers[s]`` rows are ``[k, bytes, error]``.
-See docs/pack-format.md §8.
+Version 3 (what the builder writes) adds A's reconstruction gains for 1–3-plane prefixes: one byte
+per (component, unit) at the start of A's chunks for planes 0–2 (docs/pack-format.md §9); version 2
+files (no gains) are still read. Decoding unpacks every plane 8 values per table lookup and
+dequantises through per-(unit, component) value tables (:func:`dequantize_groups`), then one batched
+matmul (:func:`decode_shard`). See docs/pack-format.md §8–§9.
 """
 
 from __future__ import annotations

@@ -32,6 +32,15 @@ for c in cfgs:
     res["r%d-a%d-b%d" % c] = {f"{v}/{n}_ms": 1e3 * float(np.mean(best[(v, n)])) for v, n in best}
     res["r%d-a%d-b%d" % c].update({f"{v}_kB": float(np.mean([sum(map(len, b.values())) for b in blobs[v]])) / 1e3 for v in infos},
                                   v2_rank=float(np.mean([next(f.r for f in v2.frontier(s) if f.key == keys["v2"][s]) for s in range(S)])))
+    # the floor no decoder can beat: A·B + μ alone (random factors of the same rank), best of as many calls
+    g = v1.info.geometry
+    U = len(v1.info.units(0))
+    for v, r in (("v1", c[0]), ("v2", round(res["r%d-a%d-b%d" % c]["v2_rank"]))):
+        a, b, m = torch.randn(U, g.n, r), torch.randn(U, r, g.d), torch.randn(U, 1, g.d)
+        floor = 1e9
+        for _ in range(reps * S):
+            t = time.perf_counter(); torch.baddbmm(m, a, b); floor = min(floor, time.perf_counter() - t)
+        res["r%d-a%d-b%d" % c][f"{v}/matmul_floor_ms"] = 1e3 * floor
 tpl = load_catalog().get(tid)
 model = model_for(tpl, None)
 req = edit_request(tpl, tpl.eval_requests[0], resolution=model.codec.resolution, ref_size=model.codec.ref_size)
