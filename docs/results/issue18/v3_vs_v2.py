@@ -4,7 +4,7 @@ import sys
 from sakura.formats.pack import PackReader
 a, b = PackReader(sys.argv[1]).info, PackReader(sys.argv[2]).info
 import numpy as np
-for s in [int(x) for x in sys.argv[3].split(",")]:
+for s in [int(x) for x in sys.argv[3].split(",") if int(x) < a.num_shards]:
     f2, f3 = a.frontier(s), b.frontier(s)
     print("shard", s)
     print(" v2", [(c.r, c.b_a, c.b_b, c.bytes, c.error) for c in f2[:14]])
