@@ -53,3 +53,21 @@ if p.exists():
         a, b = wd["sakura"], wd["sakura-v1"]
         print(w, " ".join(f"{k} {a[k]:.3f}/{b[k]:.3f}" for k in ("latency_p50_s", "latency_p90_s", "stall_s_mean", "psnr_masked_mean", "ssim_masked_mean")),
               "MB sent %.2f/%.2f" % (a["bytes_mean"] / 1e6, b["bytes_mean"] / 1e6))
+here = Path(__file__).parent
+for name in ("side_by_side_before.json", "side_by_side.json"):
+    p = here / name
+    if not p.exists():
+        continue
+    d = json.load(open(p))
+    print(f"== rebuild ({name}): ms best-of, allocated/v1 ratio, over eager execute ({d['execute_eager_ms_best']:.1f} ms/shard)")
+    for c, row in d.items():
+        if not isinstance(row, dict):
+            continue
+        line = [f"{c}: kB v1 {row['v1_kB']:.0f} alloc {row['v2_kB']:.0f} (rank {row['v2_rank']:.0f})"]
+        for n in ("torch", "opencl"):
+            line.append(f"{n} v1 {row[f'v1/{n}_ms']:.1f} alloc {row[f'v2/{n}_ms']:.1f} ms = {row[f'v2/{n}_ms'] / row[f'v1/{n}_ms']:.2f}x, "
+                        f"/execute {row[f'v1/{n}_over_execute']:.0%} vs {row[f'v2/{n}_over_execute']:.0%}")
+        if "v2/matmul_floor_ms" in row:
+            line.append(f"matmul floor v1 {row['v1/matmul_floor_ms']:.1f} alloc {row['v2/matmul_floor_ms']:.1f} ms "
+                        f"(/execute {row['v1/matmul_floor_over_execute']:.0%} vs {row['v2/matmul_floor_over_execute']:.0%})")
+        print(" | ".join(line))
