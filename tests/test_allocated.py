@@ -14,7 +14,7 @@ from sakura.formats.pack import PackEncoding, PackReader, decode_factors
 from sakura.offline import pack_cache, quantize_factors
 from sakura.offline.allocate import UnitModel, exact_error, shard_table, uniform_error
 from sakura.offline.allocate import ChunkRef
-from sakura.offline.lowrank import normalized_importance, weighted_lowrank
+from sakura.offline.lowrank import weighted_lowrank
 from sakura.offline.synthetic import synthetic_cache
 
 
@@ -32,14 +32,14 @@ def packs(small, tmp_path_factory):
     return folder, v1, v2
 
 
-def shard_factors(cache, imp, info, shard, rank, gains=False):
-    return [quantize_factors(weighted_lowrank(cache.unit(s, l, k), imp[(s, l)], max_rank=rank), imp[(s, l)], gains)
+def shard_factors(cache, imp, info, shard, rank):
+    return [quantize_factors(weighted_lowrank(cache.unit(s, l, k), imp[(s, l)], max_rank=rank), imp[(s, l)])
             for s, l, k in info.units(shard)]
 
 
 def test_v2_header_levels_are_single_prefix_ranges(packs):
     _, _, v2 = packs
-    assert isinstance(v2, AllocatedPackInfo) and v2.header["version"] == 3
+    assert isinstance(v2, AllocatedPackInfo) and v2.header["version"] == 2
     for shard in range(v2.num_shards):
         front = v2.frontier(shard)
         assert front and all(isinstance(c, PrefixConfig) for c in front)
@@ -57,7 +57,7 @@ def test_coded_pack_decodes_bit_for_bit_to_the_quantised_factors(small, packs):
     coded = [v2.stored_chunk(i)[0] for i in range(len(v2.index))]
     assert any(coded) and not all(coded)  # coding paid on some planes only
     for shard in range(v2.num_shards):
-        factors = shard_factors(cache, imp, v2, shard, 96, gains=True)
+        factors = shard_factors(cache, imp, v2, shard, 96)
         for c in v2.frontier(shard)[::7] + v2.frontier(shard)[-1:]:
             bits_a, bits_b = v2.allocation(shard, c.k)
             comps = np.repeat(bits_a, v2.geometry.group)[:96]
@@ -65,8 +65,7 @@ def test_coded_pack_decodes_bit_for_bit_to_the_quantised_factors(small, packs):
             got = decode_factors(v2, shard, c.k, reader.read(shard, c.k))
             for qf, (a, b, mean) in zip(factors, got.values()):
                 ba, bb = np.repeat(bits_a, 8)[keep], np.repeat(bits_b, 8)[keep]
-                want_a = np.stack([dequantize(truncate(qf.a_codes[[i]], x), qf.a_scales[[i]], x, qf.a_zero[[i]],
-                                              qf.a_gain[[i], min(x, 3) - 1])[0]
+                want_a = np.stack([dequantize(truncate(qf.a_codes[[i]], x), qf.a_scales[[i]], x, qf.a_zero[[i]])[0]
                                    for i, x in zip(keep, ba)]) if len(keep) else np.zeros((0, v2.geometry.n))
                 want_b = np.stack([dequantize(truncate(qf.b_codes[[i]], x), qf.b_scales[[i]], x, qf.b_zero[[i]])[0]
                                    for i, x in zip(keep, bb)]) if len(keep) else np.zeros((0, v2.geometry.d))
@@ -170,34 +169,3 @@ def test_hostile_v2_headers_rejected(packs, tmp_path):
         with pytest.raises(PackFormatError):
             AllocatedPackInfo.from_bytes(len(text).to_bytes(8, "little") + text)
 
-
-
-def test_gains_lower_coarse_reconstruction_error(small):
-    cache, imp = small
-    x, s = cache.unit(0, 0, "k"), imp[(0, 0)]
-    f = weighted_lowrank(x, s, max_rank=32)
-    qf = quantize_factors(f, s, gains=True)
-    w = normalized_importance(s, x.shape[0]).numpy()
-    a = f.a.T.numpy().astype(np.float64)
-    for b in (1, 2, 3):
-        plain = ((dequantize(truncate(qf.a_codes, b), qf.a_scales, b, qf.a_zero) - a) ** 2) @ w
-        gained = ((qf.a_hat(b) - a) ** 2) @ w
-        assert np.all(gained <= plain * (1 + 1e-6)) and gained.sum() < 0.97 * plain.sum()
-    assert np.array_equal(qf.a_hat(4), dequantize(truncate(qf.a_codes, 4), qf.a_scales, 4, qf.a_zero))  # no gain above 3
-
-
-def test_v2_packs_without_gains_still_decode(small, tmp_path):
-    cache, imp = small
-    v2 = pack_cache(tmp_path / "v2.pack", cache, imp, max_rank=96, shard_size=2, layout="allocated",
-                    reference_rank=64, gains=False)
-    assert v2.version == 2 and v2.gain_planes == 0
-    reader = PackReader(tmp_path / "v2.pack")
-    factors = shard_factors(cache, imp, v2, 0, 96)
-    c = v2.frontier(0)[1]  # a coarse level
-    bits_a, _ = v2.allocation(0, c.k)
-    got = decode_factors(v2, 0, c.k, reader.read(0, c.k))
-    comps = np.repeat(bits_a, 8)[:96]
-    keep = np.flatnonzero(comps > 0)
-    assert comps[keep].min() <= 3  # some components at gain plane counts: none applied in a v2 pack
-    for qf, (a, _, _) in zip(factors, got.values()):
-        assert np.array_equal(a.T, np.stack([qf.a_hat(x)[i] for i, x in zip(keep, comps[keep])]))

@@ -109,9 +109,7 @@ def current_pack(path: Path) -> bool:
         info = PackInfo.open(path)[1]
     except (OSError, PackFormatError):
         return False
-    from sakura.formats.allocated import VERSION as ALLOCATED
-
-    return info.version == (ALLOCATED if DEFAULT_LAYOUT == "allocated" else 1)
+    return info.version == (2 if DEFAULT_LAYOUT == "allocated" else 1)
 
 
 def prepare_template(tpl, packs: Path, max_rank: int = 128, q: float = 0.5, say: Callable[[str], None] = print,

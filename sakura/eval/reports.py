@@ -96,7 +96,7 @@ def tradeoff_report(prepared: bench.TemplateBench, packs: Path, out: Path, shard
     importance = load_importance(packs, prepared.template.id)
     packs_read = {fmt: got for fmt in ("sakura-v1", "sakura") if (got := _read(packs, prepared.template.id, fmt))}
     v1 = next(((raw, info) for raw, info in packs_read.values() if info.version == 1), None)
-    v2 = next(((raw, info) for raw, info in packs_read.values() if info.version >= 2), None)
+    v2 = next(((raw, info) for raw, info in packs_read.values() if info.version == 2), None)
     units = sorted({(s, layer) for s, layer, _ in next(iter(packs_read.values()))[1].units(shard)})
 
     def weighted_error(raw, info, key) -> float:

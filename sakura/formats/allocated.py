@@ -15,11 +15,9 @@ form (:mod:`sakura.formats.chunkcodec`); each is stored raw or as a zstd frame, 
 (a flag per chunk). Header additions: ``layout`` (base64, two bytes per chunk in file order: a kind
 byte ``0x80`` coded, ``0x40`` mean, ``0x10`` factor B, low nibble the plane; then the group) and
 ``shard_chunks`` (chunks per shard); ``tradeoff.frontiers[s]`` rows are ``[k, bytes, error]``.
-Version 3 (what the builder writes) adds A's reconstruction gains for 1–3-plane prefixes: one byte
-per (component, unit) at the start of A's chunks for planes 0–2 (docs/pack-format.md §9); version 2
-files (no gains) are still read. Decoding unpacks every plane 8 values per table lookup and
-dequantises through per-(unit, component) value tables (:func:`dequantize_groups`), then one batched
-matmul (:func:`decode_shard`). See docs/pack-format.md §8–§9.
+Decoding unpacks every plane 8 values per table lookup and dequantises through per-(unit,
+component) value tables (:func:`dequantize_groups`), then one batched matmul (:func:`decode_shard`).
+See docs/pack-format.md §8.
 """
 
 from __future__ import annotations
@@ -33,12 +31,12 @@ import numpy as np
 import torch
 
 from sakura.formats import chunkcodec
-from sakura.formats.bitplanes import GAIN_PLANES, HEAD_BYTES, QuantizedFactors, gain_values, plane_bytes, plane_records
+from sakura.formats.bitplanes import HEAD_BYTES, QuantizedFactors, plane_bytes, plane_records
 from sakura.formats.container import Blobs, PackFormatError, StoredInfo, coalesce
 from sakura.formats.pack import Config, Geometry, PackInfo, _geometry
 from sakura.kvcache import shard_plan
 
-VERSION = 3  # 2: the same without gain bytes (still read)
+VERSION = 2
 CODED, MEAN, FACTOR_B = 0x80, 0x40, 0x10
 
 
@@ -77,23 +75,14 @@ class AllocatedShard:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def gain_bytes(ref: ChunkRef, gain_planes: int) -> int:
-    """Gain bytes per (component, unit) at the start of a chunk: 1 for A's planes below ``gain_planes``."""
-    return int(ref.factor == 0 and ref.plane < gain_planes)
-
-
-def raw_length(geo: Geometry, units: int, ref: ChunkRef, gain_planes: int = GAIN_PLANES) -> int:
+def raw_length(geo: Geometry, units: int, ref: ChunkRef) -> int:
     length = geo.n if ref.factor == 0 else geo.d
-    per = plane_bytes(length) + (HEAD_BYTES if ref.plane == 0 else 0) + gain_bytes(ref, gain_planes)
-    return geo.group_size(ref.group) * units * per
+    return geo.group_size(ref.group) * units * (plane_bytes(length) + (HEAD_BYTES if ref.plane == 0 else 0))
 
 
 def encode_chunks(factors: Sequence[QuantizedFactors], geo: Geometry) -> dict[ChunkRef, tuple[bytes, bool]]:
-    """Every ``(factor, group, plane)`` chunk of one shard, stored form (A's gain bytes ``(G, U)`` first
-    on planes < GAIN_PLANES, magnitude planes, raw or coded)."""
+    """Every ``(factor, group, plane)`` chunk of one shard, stored form (magnitude planes, raw or coded)."""
     out = {}
-    with_gains = factors[0].a_gain is not None  # pack v3 (v2 without)
-    gains = np.stack([q.a_gain for q in factors], axis=1) if with_gains else None  # (R, U, GAIN_PLANES)
     for f, (codes, scales, zero) in enumerate((([q.a_codes for q in factors], [q.a_scales for q in factors],
                                                  [q.a_zero for q in factors]),
                                                 ([q.b_codes for q in factors], [q.b_scales for q in factors],
@@ -103,9 +92,8 @@ def encode_chunks(factors: Sequence[QuantizedFactors], geo: Geometry) -> dict[Ch
         for p, plane in enumerate(records):
             plane = plane if p == 0 else chunkcodec.to_magnitude(plane, sign)
             for g in range(geo.num_groups):
-                rows = slice(g * geo.group, (g + 1) * geo.group)
-                head = gains[rows, :, p].tobytes() if with_gains and gain_bytes(ChunkRef(f, g, p), GAIN_PLANES) else b""
-                out[ChunkRef(f, g, p)] = chunkcodec.encode(head + np.ascontiguousarray(plane[rows]).tobytes())
+                raw = np.ascontiguousarray(plane[g * geo.group:(g + 1) * geo.group]).tobytes()
+                out[ChunkRef(f, g, p)] = chunkcodec.encode(raw)
     return out
 
 
@@ -132,7 +120,6 @@ class AllocatedPackInfo(PackInfo):
         if header.get("shards") != [list(s) for s in plan]:
             raise PackFormatError("pack shard list does not match the geometry")
         self.shards = plan
-        self.gain_planes = GAIN_PLANES if header.get("version") == 3 else 0
         try:
             layout = np.frombuffer(base64.b64decode(str(header.get("layout", "")).encode("ascii"), validate=True), np.uint8)
         except Exception:  # noqa: BLE001 - binascii.Error, UnicodeError
@@ -161,7 +148,7 @@ class AllocatedPackInfo(PackInfo):
             if kind & MEAN or ref.group >= g.num_groups or ref.plane != have.get((ref.factor, ref.group), 0):
                 raise PackFormatError(f"pack v2 chunk {i} is out of order or out of range")
             have[(ref.factor, ref.group)] = ref.plane + 1
-            self._raw[i] = raw_length(g, units, ref, self.gain_planes)
+            self._raw[i] = raw_length(g, units, ref)
             refs.append(ref)
         for i in range(first, first + len(kinds)):
             stored = int(self.index.lengths[i])
@@ -171,7 +158,7 @@ class AllocatedPackInfo(PackInfo):
 
     @property
     def version(self) -> int:
-        return int(self.header["version"])
+        return VERSION
 
     def validate(self, shard: int, k: int, *rest) -> None:  # type: ignore[override]
         if not 0 <= shard < self.num_shards:
@@ -268,10 +255,9 @@ def group_codes(planes: dict[int, list[bytes]], groups: Sequence[int], geo: Geom
     return codes[..., :length], nbits, scales, rec0[..., 4]
 
 
-def value_tables(nbits: np.ndarray, scales: np.ndarray, zero: np.ndarray, gain: np.ndarray | None = None) -> np.ndarray:
+def value_tables(nbits: np.ndarray, scales: np.ndarray, zero: np.ndarray) -> np.ndarray:
     """``(U, r, 2^max bits)`` float32: the value of every code of every (unit, component) — the arithmetic
-    of :func:`bitplanes.dequantize` (centre of the cell, or 0 in the dead zone, times ``gain`` (r, U)
-    float32 where given), entry by entry."""
+    of :func:`bitplanes.dequantize` (centre of the cell, or 0 in the dead zone), entry by entry."""
     size = 1 << int(nbits.max())
     k = np.arange(size, dtype=np.float32)
     step = np.float32(2.0) ** (1 - nbits).astype(np.float32)
@@ -281,61 +267,41 @@ def value_tables(nbits: np.ndarray, scales: np.ndarray, zero: np.ndarray, gain: 
     dead = ((zero >> (nbits - 1)[:, None].astype(np.uint8)) & 1).astype(bool).T  # (U, r)
     table = u[None] * scales.T[..., None]  # (U, r, T)
     table[dead[..., None] & near[None]] = np.float32(0.0)
-    if gain is not None:
-        table *= gain.T[..., None]
     return table
 
 
-def group_gains(gains: dict[int, np.ndarray], groups: Sequence[int], geo: Geometry, units: int) -> np.ndarray | None:
-    """``(r, U)`` float32 gain factors of the decoded components (1 where a group has none), or None."""
-    if not any(g in gains for g in groups):
-        return None
-    return np.concatenate([gain_values(gains[g]) if g in gains else np.ones((geo.group_size(g), units), np.float32)
-                           for g in groups])
-
-
 def dequantize_groups(planes: dict[int, list[bytes]], groups: Sequence[int], geo: Geometry, length: int,
-                      units: int, gains: dict[int, np.ndarray] | None = None) -> np.ndarray:
+                      units: int) -> np.ndarray:
     """One factor's received groups → float32 ``(U, r, length)``: :func:`bitplanes.dequantize`, bit for
-    bit, with each component at its own group's plane count (codes looked up in :func:`value_tables`);
-    ``gains[g]`` (G, U) gain bytes of a group decoded at ≤ GAIN_PLANES planes (A of pack v3)."""
+    bit, with each component at its own group's plane count (codes looked up in :func:`value_tables`)."""
     if not groups:
         return np.zeros((units, 0, length), np.float32)
     codes, nbits, scales, zero = group_codes(planes, groups, geo, length, units)
-    table = value_tables(nbits, scales, zero, group_gains(gains or {}, groups, geo, units))
+    table = value_tables(nbits, scales, zero)
     rows = (np.arange(units * len(nbits), dtype=np.intp) * table.shape[-1]).reshape(units, -1, 1)
     return np.take(table.reshape(-1), codes + rows)
 
 
 def received_planes(info: AllocatedPackInfo, shard: int, k: int, blobs: Blobs, *, verify: bool = True):
-    """``(units, means (U, d) float32, planes, groups, gains)`` of level ``k``: each chunk CRC-checked and
-    decoded to raw bytes; ``planes[f][g]`` lists a factor's group's planes (records), MSB first;
-    ``groups`` are the groups holding both factors (the decoded components, in group order);
-    ``gains[g]`` the (G, U) gain bytes for A's plane count of group g where the pack stores them."""
+    """``(units, means (U, d) float32, planes, groups)`` of level ``k``: each chunk CRC-checked and
+    decoded to raw bytes; ``planes[f][g]`` lists a factor's group's planes, MSB first; ``groups`` are
+    the groups holding both factors (the decoded components, in group order)."""
     ids = info.chunks(shard, k)
     data = info.index.gather(ids, blobs, verify=verify)
     units = info.units(shard)
-    U = len(units)
-    means = np.frombuffer(data[0], dtype="<f2").reshape(U, info.geometry.d).astype(np.float32)
+    means = np.frombuffer(data[0], dtype="<f2").reshape(len(units), info.geometry.d).astype(np.float32)
     planes: list[dict[int, list[bytes]]] = [{}, {}]
-    gains: dict[int, list[np.ndarray]] = {}
     for cid, ref, stored in zip(ids[1:], info.refs(shard, k), data[1:]):
         coded, raw = info.stored_chunk(cid)
-        chunk = chunkcodec.decode(stored, coded, raw, f"chunk {cid}")
-        if gain_bytes(ref, info.gain_planes):
-            head = info.geometry.group_size(ref.group) * U
-            gains.setdefault(ref.group, []).append(np.frombuffer(chunk, np.uint8, head).reshape(-1, U))
-            chunk = chunk[head:]
-        planes[ref.factor].setdefault(ref.group, []).append(chunk)
-    last = {g: got[-1] for g, got in gains.items() if len(planes[0][g]) == len(got)}  # A at <= gain planes
-    return units, means, planes, sorted(set(planes[0]) & set(planes[1])), last
+        planes[ref.factor].setdefault(ref.group, []).append(chunkcodec.decode(stored, coded, raw, f"chunk {cid}"))
+    return units, means, planes, sorted(set(planes[0]) & set(planes[1]))
 
 
 def decode_factors(info: AllocatedPackInfo, shard: int, k: int, blobs: Blobs, *, verify: bool = True):
     """``{unit: (A (n, r), B (r, d), mean (d,))}`` float32 for level ``k`` of ``shard`` (as v1's decode_factors)."""
     geo = info.geometry
-    units, means, planes, groups, gains = received_planes(info, shard, k, blobs, verify=verify)
-    a = dequantize_groups(planes[0], groups, geo, geo.n, len(units), gains)
+    units, means, planes, groups = received_planes(info, shard, k, blobs, verify=verify)
+    a = dequantize_groups(planes[0], groups, geo, geo.n, len(units))
     b = dequantize_groups(planes[1], groups, geo, geo.d, len(units))
     return {u: (a[i].T, b[i], means[i]) for i, u in enumerate(units)}
 
@@ -344,11 +310,11 @@ def decode_shard(info: AllocatedPackInfo, shard: int, k: int, blobs: Blobs, *, v
     """``(units, K/V (U, n, d) float32 tensor)`` of level ``k``: the factors dequantised in one pass per
     factor and ``A·B + μ`` as one batched matmul (A used transposed in place)."""
     geo = info.geometry
-    units, means, planes, groups, gains = received_planes(info, shard, k, blobs, verify=verify)
+    units, means, planes, groups = received_planes(info, shard, k, blobs, verify=verify)
     m = torch.from_numpy(means)[:, None, :]
     if not groups:
         return units, m.expand(len(units), geo.n, geo.d).clone()
-    a = torch.from_numpy(dequantize_groups(planes[0], groups, geo, geo.n, len(units), gains))
+    a = torch.from_numpy(dequantize_groups(planes[0], groups, geo, geo.n, len(units)))
     b = torch.from_numpy(dequantize_groups(planes[1], groups, geo, geo.d, len(units)))
     return units, torch.baddbmm(m, a.transpose(1, 2), b)
 
@@ -359,7 +325,7 @@ def level_ranges(info: AllocatedPackInfo, shard: int, k: int) -> list[tuple[int,
 
 def write_allocated(path, source, *, model_id: str = "", template_id: str = "") -> AllocatedPackInfo:
     """Serialise a v2 pack from a :class:`~sakura.formats.pack.PackSource` whose ``shards`` yield
-    :class:`AllocatedShard` (``source.version == 3``); returns its parsed header."""
+    :class:`AllocatedShard` (``source.version == 2``); returns its parsed header."""
     from sakura.formats.container import write_container
     from sakura.formats.pack import PackReader, base_header
 
@@ -387,7 +353,6 @@ def write_allocated(path, source, *, model_id: str = "", template_id: str = "") 
         raise ValueError(f"pack source gave {len(counts)} shards, the geometry has {len(geo.shards())}")
     header = base_header(source, model_id, template_id, time.perf_counter() - t0)
     header["dtypes"].update(code="u8 offset-binary; planes >= 1 stored XOR NOT plane 0 (magnitude)",
-                            gain=f"u8 (G, U) at the start of A's planes < {GAIN_PLANES}: value x q/128 at that plane count",
                             coding="raw, or one zstd frame per chunk (layout flag 0x80)")
     header.update(shard_chunks=counts, layout=base64.b64encode(layout_bytes(refs, coded)).decode("ascii"))
     if source.tradeoff is not None:

@@ -36,13 +36,10 @@ import numpy as np
 
 PLANES = 8  # bits of a full code; every stored factor has this many planes
 HEAD_BYTES = 5  # per (component, cache unit, factor) in plane 0: float32 scale + u8 dead-zone bits
-GAIN_PLANES = 3  # pack v3: A's planes 0..2 each carry a gain byte per (component, unit) for that plane count
 
 
-def dequantize(prefix: np.ndarray, scales: np.ndarray, bits: int, zero: np.ndarray | None = None,
-               gain: np.ndarray | None = None) -> np.ndarray:
-    """Reconstruct ``bits``-bit prefixes (r, L) with ``scales`` (r,), dead-zone bytes ``zero`` (r,) and,
-    for ``bits ≤ GAIN_PLANES`` in a pack that stores them, gain bytes ``gain`` (r,): value × gain/128."""
+def dequantize(prefix: np.ndarray, scales: np.ndarray, bits: int, zero: np.ndarray | None = None) -> np.ndarray:
+    """Reconstruct ``bits``-bit prefixes (r, L) with ``scales`` (r,) and dead-zone bytes ``zero`` (r,)."""
     if not 1 <= bits <= PLANES:
         raise ValueError(f"bits must be in 1..{PLANES}, got {bits}")
     step = np.float32(2.0 ** (1 - bits))
@@ -51,32 +48,7 @@ def dequantize(prefix: np.ndarray, scales: np.ndarray, bits: int, zero: np.ndarr
         half = 1 << (bits - 1)
         dead = ((np.asarray(zero) >> (bits - 1)) & 1).astype(bool)[:, None]
         u = np.where(dead & ((prefix == half) | (prefix == half - 1)), np.float32(0.0), u)
-    out = (u * np.asarray(scales, dtype=np.float32)[:, None]).astype(np.float32)
-    if gain is not None and bits <= GAIN_PLANES:
-        out *= gain_values(gain)[:, None]
-    return out
-
-
-def gain_values(gain: np.ndarray) -> np.ndarray:
-    """Gain bytes → float32 factors ``q / 128`` (exact)."""
-    return np.asarray(gain).astype(np.float32) * np.float32(1 / 128)
-
-
-def fit_gains(m: np.ndarray, codes: np.ndarray, scales: np.ndarray, zero: np.ndarray, weights: np.ndarray | None = None
-              ) -> np.ndarray:
-    """Gain bytes (R, GAIN_PLANES) for reconstructing rows of ``m`` from ``b = 1..GAIN_PLANES`` planes: the
-    (``weights``-)least-squares factor on the b-bit reconstruction, ``round(128 g)`` clipped to a byte.
-    A coarse prefix's cell centres sit too far out for bell-shaped values (1 plane: ±s/2 where the
-    values' mean magnitude is ~s/4); the gain pulls them to the values' conditional scale."""
-    m = np.asarray(m, dtype=np.float64)
-    w = np.ones(m.shape[1]) if weights is None else np.asarray(weights, dtype=np.float64)
-    out = np.full((len(m), GAIN_PLANES), 128, np.uint8)
-    for b in range(1, GAIN_PLANES + 1):
-        x = dequantize(truncate(codes, b), scales, b, zero).astype(np.float64)
-        den = (x * x) @ w
-        g = np.where(den > 0, ((x * m) @ w) / np.where(den > 0, den, 1.0), 1.0)
-        out[:, b - 1] = np.clip(np.rint(128 * g), 0, 255).astype(np.uint8)
-    return out
+    return (u * np.asarray(scales, dtype=np.float32)[:, None]).astype(np.float32)
 
 
 def quantize(m: np.ndarray, weights: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -139,7 +111,6 @@ class QuantizedFactors:
     b_scales: np.ndarray  # (R,) float32
     b_zero: np.ndarray  # (R,) uint8
     mean: np.ndarray  # (d,) float16, sent with every configuration
-    a_gain: np.ndarray | None = None  # (R, GAIN_PLANES) uint8: A's reconstruction gains (pack v3), or none
 
     @property
     def rank(self) -> int:
@@ -148,8 +119,7 @@ class QuantizedFactors:
     def a_hat(self, bits: int, r: int | None = None) -> np.ndarray:
         """Dequantised A prefix, component-major (r, n)."""
         r = self.rank if r is None else r
-        gain = None if self.a_gain is None or bits > GAIN_PLANES else self.a_gain[:r, bits - 1]
-        return dequantize(truncate(self.a_codes[:r], bits), self.a_scales[:r], bits, self.a_zero[:r], gain)
+        return dequantize(truncate(self.a_codes[:r], bits), self.a_scales[:r], bits, self.a_zero[:r])
 
     def b_hat(self, bits: int, r: int | None = None) -> np.ndarray:
         r = self.rank if r is None else r

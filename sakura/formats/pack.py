@@ -31,8 +31,8 @@ from sakura.formats.packgeometry import Config, Geometry
 from sakura.kvcache import CacheUnit, kv_pairs, shard_plan, shard_units
 
 FORMAT = "sakura-pack"
-VERSION = 1  # the uniform layout of this module; versions 2 and 3 (per-group bits, coded planes): allocated.py
-SUPPORTED_VERSIONS = (1, 2, 3)
+VERSION = 1  # the uniform layout of this module; version 2 (per-group bits, coded planes): allocated.py
+SUPPORTED_VERSIONS = (1, 2)
 SUFFIX = ""  # the pack is the template's main file: its file id is the template id
 DEFAULT_GROUP = 8
 
@@ -43,7 +43,7 @@ class PackInfo(StoredInfo):
     magic, versions = FORMAT, SUPPORTED_VERSIONS
 
     def __new__(cls, header: dict[str, Any], index):
-        if cls is PackInfo and header.get("version") in (2, 3):  # one magic, two layouts: the version picks
+        if cls is PackInfo and header.get("version") == 2:  # one magic, two layouts: the version picks
             from sakura.formats.allocated import AllocatedPackInfo
 
             cls = AllocatedPackInfo
@@ -172,8 +172,8 @@ def encode_shard(factors: Sequence[QuantizedFactors], geo: Geometry) -> list[byt
 
 
 def write_pack(path: str | Path, source: PackSource, *, model_id: str = "", template_id: str = "") -> PackInfo:
-    """Serialise one template's pack (allocated when ``source.version`` is 3); returns its parsed header."""
-    if source.version >= 2:
+    """Serialise one template's pack (v2 when ``source.version`` is 2); returns its parsed header."""
+    if source.version == 2:
         from sakura.formats.allocated import write_allocated
 
         return write_allocated(path, source, model_id=model_id, template_id=template_id)
@@ -277,7 +277,7 @@ def decode_factors(info: PackInfo, shard: int, *key_blobs, verify: bool = True
     For reconstructors that do the ``A @ B + mean`` themselves (OpenCL, on-device kernels).
     """
     *key, blobs = key_blobs
-    if info.version >= 2:
+    if info.version == 2:
         from sakura.formats.allocated import decode_factors as decode_allocated
 
         return decode_allocated(info, shard, *key, blobs, verify=verify)
@@ -299,7 +299,7 @@ def decode_shard(info: PackInfo, shard: int, *key_blobs, dtype: torch.dtype = to
     Called ``decode_shard(info, shard, *level_key, blobs)``. ``blobs`` maps ``(offset, length)`` → bytes as received; any blob covering a chunk will do, so
     ranges merged across shards work too. Each chunk is CRC-checked unless ``verify=False``.
     """
-    if info.version >= 2:
+    if info.version == 2:
         from sakura.formats.allocated import decode_shard as decode_allocated
 
         units, kv = decode_allocated(info, shard, *key_blobs, verify=verify)

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from sakura.formats.allocated import AllocatedShard, ChunkRef, encode_chunks
-from sakura.formats.bitplanes import PLANES, QuantizedFactors, fit_gains, quantize
+from sakura.formats.bitplanes import PLANES, QuantizedFactors, quantize
 from sakura.formats.pack import DEFAULT_GROUP, Config, Geometry, PackInfo, PackSource, write_pack
 from sakura.kvcache import KVCache, shard_units
 from sakura.offline.lowrank import SMALL_UNIT, Factors, normalized_importance, single_threaded, weighted_lowrank
@@ -28,22 +28,20 @@ ALLOCATION_METRIC = "estimate of the tradeoff metric (cross terms between compon
 Importance = Mapping[tuple[int, int], torch.Tensor]  # (step, layer) -> (n,) token importance
 
 
-def quantize_factors(f: Factors, importance=None, gains: bool = False) -> QuantizedFactors:
-    """Quantise A and B independently. ``importance`` (n,) weighs A's dead-zone choice (and gains) the
-    way the quality metric weighs rows (B's channels are unweighted); it is not stored. ``gains``: fit
-    A's reconstruction gains for 1..3 planes (pack v3, :func:`bitplanes.fit_gains`)."""
+def quantize_factors(f: Factors, importance=None) -> QuantizedFactors:
+    """Quantise A and B independently. ``importance`` (n,) weighs A's dead-zone choice the way the
+    quality metric weighs rows (B's channels are unweighted); it is not stored."""
     w = normalized_importance(importance, f.a.shape[0]).numpy() if importance is not None else None
     a = quantize(f.a.T.numpy(), w)
     b = quantize(f.b.numpy())
-    gain = fit_gains(f.a.T.numpy(), *a, w) if gains else None
-    return QuantizedFactors(*a, *b, f.mean.numpy().astype(np.float16), gain)
+    return QuantizedFactors(*a, *b, f.mean.numpy().astype(np.float16))
 
 
 def compress_cache(cache: KVCache, importance: Importance | None, *, q: float = 0.5, max_rank: int = 64,
                    shard_size: int = 1, tradeoff: Mapping[int, Sequence[Config]] | bool | None = None,
                    group: int = DEFAULT_GROUP, bits: Sequence[int] = DEFAULT_BITS,
                    progress: Callable[[int, int], None] | None = None, layout: str = "uniform",
-                   reference_rank: int | None = None, tolerance: float = TOLERANCE, gains: bool = True) -> PackSource:
+                   reference_rank: int | None = None, tolerance: float = TOLERANCE) -> PackSource:
     """Factorise and quantise every cache unit, shard by shard, and profile each shard's frontier.
 
     ``importance[(step, layer)]`` is the (n,) token importance for both K and V of that layer
@@ -55,9 +53,7 @@ def compress_cache(cache: KVCache, importance: Importance | None, *, q: float = 
     ``layout="allocated"`` writes a version-2 pack (:mod:`sakura.formats.allocated`): chunks in greedy
     per-group bit-allocation order (:mod:`sakura.offline.allocate`), entropy-coded where it pays, stored
     up to the estimated error of v1's top configuration ``(reference_rank, 8, 8)`` (default: the stored
-    rank) times ``1 + tolerance``; its frontier is the allocation's path (``bits`` unused). It is version
-    3 (A's reconstruction gains for 1–3 planes stored), or version 2 with ``gains=False`` (the layout
-    before gains, still read).
+    rank) times ``1 + tolerance``; its frontier is the allocation's path (``bits`` unused).
     """
     if layout not in ("uniform", "allocated"):
         raise ValueError(f"layout must be 'uniform' or 'allocated', got {layout!r}")
@@ -82,7 +78,7 @@ def compress_cache(cache: KVCache, importance: Importance | None, *, q: float = 
                 for step, layer, kind in shard_units(*shard):
                     x, layer_importance = cache.unit(step, layer, kind), importance.get((step, layer))
                     factors = weighted_lowrank(x, layer_importance, q=q, max_rank=max_rank)
-                    units.append((x, layer_importance, quantize_factors(factors, layer_importance, gains and layout == "allocated")))
+                    units.append((x, layer_importance, quantize_factors(factors, layer_importance)))
                 if layout == "allocated":
                     yield allocated_shard(units, geo, reference_rank, tolerance, tradeoff is not False)
                 elif tradeoff is None:
@@ -99,7 +95,7 @@ def compress_cache(cache: KVCache, importance: Importance | None, *, q: float = 
     if layout == "allocated":
         table = None if tradeoff is False else {"metric": ALLOCATION_METRIC}
         build.update(reference_rank=min(reference_rank or geo.rank, geo.rank), tolerance=tolerance)
-    return PackSource(geo, shards(), cache.reuse_index, dtype, build, table, version=(3 if gains else 2) if layout == "allocated" else 1)
+    return PackSource(geo, shards(), cache.reuse_index, dtype, build, table, version=2 if layout == "allocated" else 1)
 
 
 def allocated_shard(units, geo: Geometry, reference_rank: int | None, tolerance: float, with_frontier: bool

@@ -74,7 +74,7 @@ __kernel void dequant(__global const uchar *raw, const int bits, const int R, co
 // (R, U, HEAD + pb) records, then the other planes anywhere: plane p >= 1 of component j is the (U, pb)
 // block at raw + off[j * 8 + p], stored XOR NOT(plane 0) (magnitude form, docs/pack-format.md §8).
 __kernel void dequant_groups(__global const uchar *raw, __global const int *off, __global const int *nbits,
-                             __global const float *gain, const int U, const int L, const int pb, __global float *out,
+                             const int U, const int L, const int pb, __global float *out,
                              const int su, const int si, const int sj)
 {
     const int byte = get_global_id(0);
@@ -85,7 +85,6 @@ __kernel void dequant_groups(__global const uchar *raw, __global const int *off,
     __global const uchar *p0 = raw + ((size_t)j * U + u) * (size_t)(HEAD + pb);
     const uint sbits = (uint)p0[0] | ((uint)p0[1] << 8) | ((uint)p0[2] << 16) | ((uint)p0[3] << 24);
     const float scale = as_float(sbits);
-    const float g = gain[(size_t)j * U + u];  // pack v3: A's reconstruction gain at this plane count (else 1)
     const uint dead = (p0[4] >> (bits - 1)) & 1u;
     const uint sign = p0[HEAD + byte];
     uint lo = 0, hi = 0;
@@ -103,8 +102,7 @@ __kernel void dequant_groups(__global const uchar *raw, __global const int *off,
         float centre = ((float)code + 0.5f) * step - 1.0f;
         if (dead && (code == mid || code == mid - 1u))
             centre = 0.0f;
-        const float value = centre * scale;
-        o[(size_t)(i0 + k) * si] = value * g;
+        o[(size_t)(i0 + k) * si] = centre * scale;
     }
 }
 
@@ -318,7 +316,7 @@ class OpenCLReconstructor(Reconstructor):
 
     def factors(self, info: PackInfo, shard: int, *key_blobs, verify: bool = True):
         """(units, A (U, n, r), B (U, r, d), means (U, d)) as numpy float32 — the dequantised factors."""
-        if info.version >= 2:
+        if info.version == 2:
             return self._factors_allocated(info, shard, *key_blobs, verify=verify)
         *(r, b_a, b_b), blobs = key_blobs
         received = shard_bytes(info, shard, r, b_a, b_b, blobs, verify=verify)
@@ -336,10 +334,10 @@ class OpenCLReconstructor(Reconstructor):
     def _factors_allocated(self, info, shard: int, k: int, blobs: Blobs, *, verify: bool = True):
         """:meth:`factors` of a v2 pack: chunks decoded on the host (zstd), then one launch per factor
         (``dequant_groups``: every component at its group's plane count). A comes back ``(U, r, n)``."""
-        from sakura.formats.allocated import group_gains, received_planes
+        from sakura.formats.allocated import received_planes
 
         geo = info.geometry
-        units, means, planes, groups, gains = received_planes(info, shard, k, blobs, verify=verify)
+        units, means, planes, groups = received_planes(info, shard, k, blobs, verify=verify)
         if not groups:
             return units, None, None, means
         cl, mf, U = self.cl, self.cl.mem_flags, len(units)
@@ -362,12 +360,9 @@ class OpenCLReconstructor(Reconstructor):
                 raw = cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=np.frombuffer(b"".join(parts), np.uint8))
                 offs = cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=off)
                 bits = cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=nbits)
-                gain = group_gains(gains, groups, geo, U) if f == 0 else None
-                gain = np.ones((r, U), np.float32) if gain is None else np.ascontiguousarray(gain)
-                gbuf = cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=gain)
                 res = np.empty((U, r, length), np.float32)
                 buf = cl.Buffer(self.ctx, mf.WRITE_ONLY, size=res.nbytes)
-                self._dequant_groups.set_args(raw, offs, bits, gbuf, np.int32(U), np.int32(length), np.int32(pb), buf,
+                self._dequant_groups.set_args(raw, offs, bits, np.int32(U), np.int32(length), np.int32(pb), buf,
                                               np.int32(r * length), np.int32(1), np.int32(length))
                 cl.enqueue_nd_range_kernel(self.queue, self._dequant_groups, (pb, r, U), None)
                 cl.enqueue_copy(self.queue, res, buf, is_blocking=True)
