@@ -1,6 +1,6 @@
 """Numbers for the issue-18 report from the Fig. 8 / Fig. 15 / packs JSON files. Usage: summarise.py [ROOT]."""
 import json, glob, sys, numpy as np
-ROOT = sys.argv[1] if len(sys.argv) > 1 else "/tmp/w18c"  # where the report / fig15 / packs5g runs wrote
+ROOT = sys.argv[1] if len(sys.argv) > 1 else "/tmp/w18"  # where the report / fig15 / packs5g runs wrote
 from pathlib import Path
 print("== Fig. 8 (shard 0): bytes of v2 / v1 at equal measured error, 5 levels over the overlap")
 for f in sorted(glob.glob(ROOT + "/report/fig08_tradeoff_*.json")):
