@@ -169,3 +169,16 @@ def test_hostile_v2_headers_rejected(packs, tmp_path):
         with pytest.raises(PackFormatError):
             AllocatedPackInfo.from_bytes(len(text).to_bytes(8, "little") + text)
 
+
+
+def test_fused_v2_rebuild_is_a_times_b_plus_mean(packs):
+    # decode_shard's one batched matmul over the table-dequantised factors == A·B + μ per unit
+    folder, _, v2 = packs
+    reader = PackReader(folder / "v2.pack")
+    for c in (v2.frontier(0)[0], v2.frontier(0)[-1]):
+        blobs = reader.read(0, c.k)
+        kv = reader.decode(0, c.k)
+        for (step, layer, kind), (a, b, mean) in decode_factors(v2, 0, c.k, blobs).items():
+            want = torch.addmm(torch.from_numpy(mean), torch.from_numpy(np.ascontiguousarray(a)), torch.from_numpy(b))
+            got = kv[(step, layer)][0 if kind == "k" else 1]
+            assert got.shape == want.shape and torch.allclose(got, want, rtol=1e-5, atol=1e-5)

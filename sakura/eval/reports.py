@@ -128,12 +128,14 @@ def tradeoff_report(prepared: bench.TemplateBench, packs: Path, out: Path, shard
         if name in frontiers:
             ax.plot([f[0] / 1e3 for f in frontiers[name]], [f[1] for f in frontiers[name]], style, lw=1.4,
                     label="v1 frontier (uniform bits, raw planes)" if name == "v1" else
-                    "v2 frontier (per-group bits, coded planes)")
+                    f"v{v2[1].version} frontier (per-group bits, coded planes"
+                    + (", A gains)" if v2[1].version >= 3 else ")"))
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("bytes of the shard (kB)")
     ax.set_ylabel("importance-weighted relative error")
-    ax.set_title(f"{prepared.template.id}, shard {shard}: rank vs precision, v1 vs v2 pack", fontsize=9)
+    ax.set_title(f"{prepared.template.id}, shard {shard}: rank vs precision, v1 vs v{v2[1].version if v2 else 2} pack",
+                 fontsize=9)
     ax.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(out / f"fig08_tradeoff_{prepared.template.id}.png", dpi=120)

@@ -15,6 +15,8 @@ form (:mod:`sakura.formats.chunkcodec`); each is stored raw or as a zstd frame, 
 (a flag per chunk). Header additions: ``layout`` (base64, two bytes per chunk in file order: a kind
 byte ``0x80`` coded, ``0x40`` mean, ``0x10`` factor B, low nibble the plane; then the group) and
 ``shard_chunks`` (chunks per shard); ``tradeoff.frontiers[s]`` rows are ``[k, bytes, error]``.
+Decoding unpacks every plane 8 values per table lookup and dequantises through per-(unit,
+component) value tables (:func:`dequantize_groups`), then one batched matmul (:func:`decode_shard`).
 See docs/pack-format.md §8.
 """
 
@@ -26,9 +28,10 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
+import torch
 
 from sakura.formats import chunkcodec
-from sakura.formats.bitplanes import HEAD_BYTES, FactorBytes, QuantizedFactors, plane_bytes, plane_records
+from sakura.formats.bitplanes import HEAD_BYTES, QuantizedFactors, plane_bytes, plane_records
 from sakura.formats.container import Blobs, PackFormatError, StoredInfo, coalesce
 from sakura.formats.pack import Config, Geometry, PackInfo, _geometry
 from sakura.kvcache import shard_plan
@@ -222,36 +225,61 @@ class AllocatedPackInfo(PackInfo):
         return out
 
 
-def dequantize_groups(planes: dict[int, list[bytes]], groups: Sequence[int], geo: Geometry, length: int,
-                      units: int) -> np.ndarray:
+# byte v → 8 bytes (memory order = MSB first), each 0 or 1: one table lookup unpacks 8 values of a plane
+_SPREAD = np.array([int.from_bytes(bytes((v >> (7 - j)) & 1 for j in range(8)), "little") for v in range(256)], "<u8")
+
+
+def group_codes(planes: dict[int, list[bytes]], groups: Sequence[int], geo: Geometry, length: int, units: int
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """One factor's received groups (each its planes' raw bytes, MSB first, magnitude form below the
-    sign) → float32 ``(U, r, length)``: the arithmetic of :func:`bitplanes.dequantize`, bit for bit,
-    with each component at its own group's plane count. Planes are batched across groups."""
+    sign) → ``(codes (U, r, length) uint8, nbits (r,), scales (r, U) f32, zero (r, U) u8)``: each
+    component's ``nbits``-bit prefix. Planes are unpacked 8 values per table lookup, batched across groups."""
     pb = plane_bytes(length)
-    if not groups:
-        return np.zeros((units, 0, length), np.float32)
-    first = [np.frombuffer(planes[g][0], np.uint8).reshape(geo.group_size(g), units, HEAD_BYTES + pb) for g in groups]
-    head = np.concatenate([f[..., :HEAD_BYTES] for f in first])  # (r, U, 5)
-    sign = np.concatenate([f[..., HEAD_BYTES:] for f in first])  # (r, U, pb)
-    scales = np.ascontiguousarray(head[..., :4]).view("<f4")[..., 0]
-    zero = head[..., 4]
     sizes = [geo.group_size(g) for g in groups]
-    nbits = np.repeat([len(planes[g]) for g in groups], sizes)  # (r,)
-    starts = np.concatenate([[0], np.cumsum(sizes)])
-    codes = np.unpackbits(sign, axis=-1, count=length)
+    rec0 = np.concatenate([np.frombuffer(planes[g][0], np.uint8).reshape(s, units, HEAD_BYTES + pb)
+                           for g, s in zip(groups, sizes)])  # (r, U, 5 + pb)
+    scales = np.ascontiguousarray(rec0[..., :4]).view("<f4")[..., 0]
+    sign = rec0[..., HEAD_BYTES:]
+    nbits = np.repeat([len(planes[g]) for g in groups], sizes)
+    acc = _SPREAD[sign]  # (r, U, pb) uint64: 8 codes per word, one byte each
     for p in range(1, int(nbits.max())):
         chosen = [i for i, g in enumerate(groups) if len(planes[g]) > p]
-        rows = np.concatenate([np.arange(starts[i], starts[i + 1]) for i in chosen])
-        stored = np.concatenate([np.frombuffer(planes[groups[i]][p], np.uint8).reshape(sizes[i], units, pb)
-                                 for i in chosen])
-        bit = np.unpackbits(chunkcodec.from_magnitude(stored, sign[rows]), axis=-1, count=length)
-        codes[rows] = (codes[rows] << 1) | bit
+        stored = np.frombuffer(b"".join(planes[groups[i]][p] for i in chosen), np.uint8).reshape(-1, units, pb)
+        if len(chosen) == len(groups):
+            acc <<= np.uint64(1)
+            acc |= _SPREAD[chunkcodec.from_magnitude(stored, sign)]
+        else:
+            rows = np.flatnonzero(nbits > p)
+            acc[rows] = (acc[rows] << np.uint64(1)) | _SPREAD[chunkcodec.from_magnitude(stored, sign[rows])]
+    codes = np.ascontiguousarray(acc.transpose(1, 0, 2)).view(np.uint8).reshape(units, len(nbits), 8 * pb)
+    return codes[..., :length], nbits, scales, rec0[..., 4]
+
+
+def value_tables(nbits: np.ndarray, scales: np.ndarray, zero: np.ndarray) -> np.ndarray:
+    """``(U, r, 2^max bits)`` float32: the value of every code of every (unit, component) — the arithmetic
+    of :func:`bitplanes.dequantize` (centre of the cell, or 0 in the dead zone), entry by entry."""
+    size = 1 << int(nbits.max())
+    k = np.arange(size, dtype=np.float32)
     step = np.float32(2.0) ** (1 - nbits).astype(np.float32)
-    u = (codes.astype(np.float32) + np.float32(0.5)) * step[:, None, None] - np.float32(1.0)
-    half = (1 << (nbits - 1)).astype(np.uint8)[:, None, None]
-    dead = ((zero >> (nbits - 1)[:, None].astype(np.uint8)) & 1).astype(bool)[..., None]
-    u = np.where(dead & ((codes == half) | (codes == half - 1)), np.float32(0.0), u)
-    return np.ascontiguousarray((u * scales[..., None]).astype(np.float32).transpose(1, 0, 2))
+    u = (k[None, :] + np.float32(0.5)) * step[:, None] - np.float32(1.0)  # (r, T)
+    half = (1 << (nbits - 1))[:, None]
+    near = (np.arange(size)[None, :] == half) | (np.arange(size)[None, :] == half - 1)  # (r, T)
+    dead = ((zero >> (nbits - 1)[:, None].astype(np.uint8)) & 1).astype(bool).T  # (U, r)
+    table = u[None] * scales.T[..., None]  # (U, r, T)
+    table[dead[..., None] & near[None]] = np.float32(0.0)
+    return table
+
+
+def dequantize_groups(planes: dict[int, list[bytes]], groups: Sequence[int], geo: Geometry, length: int,
+                      units: int) -> np.ndarray:
+    """One factor's received groups → float32 ``(U, r, length)``: :func:`bitplanes.dequantize`, bit for
+    bit, with each component at its own group's plane count (codes looked up in :func:`value_tables`)."""
+    if not groups:
+        return np.zeros((units, 0, length), np.float32)
+    codes, nbits, scales, zero = group_codes(planes, groups, geo, length, units)
+    table = value_tables(nbits, scales, zero)
+    rows = (np.arange(units * len(nbits), dtype=np.intp) * table.shape[-1]).reshape(units, -1, 1)
+    return np.take(table.reshape(-1), codes + rows)
 
 
 def received_planes(info: AllocatedPackInfo, shard: int, k: int, blobs: Blobs, *, verify: bool = True):
@@ -275,27 +303,20 @@ def decode_factors(info: AllocatedPackInfo, shard: int, k: int, blobs: Blobs, *,
     units, means, planes, groups = received_planes(info, shard, k, blobs, verify=verify)
     a = dequantize_groups(planes[0], groups, geo, geo.n, len(units))
     b = dequantize_groups(planes[1], groups, geo, geo.d, len(units))
-    return {u: (np.ascontiguousarray(a[i].T), b[i], means[i]) for i, u in enumerate(units)}
+    return {u: (a[i].T, b[i], means[i]) for i, u in enumerate(units)}
 
 
-def bit_classes(planes: dict[int, list[bytes]], groups: Sequence[int], geo: Geometry, length: int, units: int
-                ) -> list[tuple[np.ndarray, FactorBytes]]:
-    """One factor's decoded groups regrouped by plane count, each class in v1's uniform layout
-    (:class:`FactorBytes`, sign-relative planes undone) with the component positions it fills: for
-    kernels that dequantise one bit width per launch (OpenCL)."""
-    pb, out, start = plane_bytes(length), {}, 0
-    for g in groups:
-        size, have = geo.group_size(g), planes[g]
-        rec = np.frombuffer(have[0], np.uint8).reshape(size, units, HEAD_BYTES + pb)
-        rest = [chunkcodec.from_magnitude(np.frombuffer(p, np.uint8), rec[..., HEAD_BYTES:].reshape(-1))
-                for p in have[1:]]
-        rows, parts = out.setdefault(len(have), ([], [[] for _ in have]))
-        rows.append(np.arange(start, start + size))
-        for p, part in enumerate([have[0], *rest]):
-            parts[p].append(bytes(part))
-        start += size
-    return [(np.concatenate(rows), FactorBytes(b"".join(b"".join(p) for p in parts), bits, length))
-            for bits, (rows, parts) in sorted(out.items())]
+def decode_shard(info: AllocatedPackInfo, shard: int, k: int, blobs: Blobs, *, verify: bool = True):
+    """``(units, K/V (U, n, d) float32 tensor)`` of level ``k``: the factors dequantised in one pass per
+    factor and ``A·B + μ`` as one batched matmul (A used transposed in place)."""
+    geo = info.geometry
+    units, means, planes, groups = received_planes(info, shard, k, blobs, verify=verify)
+    m = torch.from_numpy(means)[:, None, :]
+    if not groups:
+        return units, m.expand(len(units), geo.n, geo.d).clone()
+    a = torch.from_numpy(dequantize_groups(planes[0], groups, geo, geo.n, len(units)))
+    b = torch.from_numpy(dequantize_groups(planes[1], groups, geo, geo.d, len(units)))
+    return units, torch.baddbmm(m, a.transpose(1, 2), b)
 
 
 def level_ranges(info: AllocatedPackInfo, shard: int, k: int) -> list[tuple[int, int]]:

@@ -19,6 +19,8 @@ the container before it reaches here.
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import zstandard
 
@@ -28,6 +30,15 @@ LEVEL = 12  # decode speed does not depend on the level; above ~12 the frames sh
 PAYS = 0.97  # keep raw unless coding saves at least 3 % (decoding a frame costs time)
 _compressor = zstandard.ZstdCompressor(level=LEVEL, write_checksum=False, write_content_size=True,
                                        write_dict_id=False)
+
+
+_local = threading.local()  # zstd contexts are not thread-safe; making one per chunk costs ~50 µs
+
+
+def _decompressor() -> zstandard.ZstdDecompressor:
+    if not hasattr(_local, "d"):
+        _local.d = zstandard.ZstdDecompressor()
+    return _local.d
 
 
 def to_magnitude(plane: np.ndarray, sign: np.ndarray) -> np.ndarray:
@@ -56,7 +67,7 @@ def decode(stored: bytes, coded: bool, raw_length: int, what: str = "chunk") -> 
         params = zstandard.get_frame_parameters(stored)
         if params.content_size != raw_length:
             raise PackFormatError(f"{what}: coded frame holds {params.content_size} bytes, expected {raw_length}")
-        out = zstandard.ZstdDecompressor().decompress(stored, max_output_size=raw_length)
+        out = _decompressor().decompress(stored, max_output_size=raw_length)
     except zstandard.ZstdError as e:
         raise PackFormatError(f"{what}: corrupt coded chunk ({e})") from None
     if len(out) != raw_length:

@@ -299,6 +299,11 @@ def decode_shard(info: PackInfo, shard: int, *key_blobs, dtype: torch.dtype = to
     Called ``decode_shard(info, shard, *level_key, blobs)``. ``blobs`` maps ``(offset, length)`` → bytes as received; any blob covering a chunk will do, so
     ranges merged across shards work too. Each chunk is CRC-checked unless ``verify=False``.
     """
+    if info.version == 2:
+        from sakura.formats.allocated import decode_shard as decode_allocated
+
+        units, kv = decode_allocated(info, shard, *key_blobs, verify=verify)
+        return kv_pairs({u: x.to(device=device, dtype=dtype) for u, x in zip(units, kv)})
     rebuilt = {}
     for unit, (a, b, mean) in decode_factors(info, shard, *key_blobs, verify=verify).items():
         a_t, b_t, m_t = (torch.from_numpy(t).to(device) for t in (a, b, mean))

@@ -1,5 +1,6 @@
 """Rebuild (torch, OpenCL) per shard for the v1 and v2 packs of a template, interleaved in one process,
-against the eager execute time of the same process (1 torch thread). Best of N per shard."""
+against the eager execute time of the same process (1 torch thread). Best of N per shard.
+Usage: side_by_side.py PACKS TEMPLATE REPEATS [OUT.json]"""
 import sys, json, time, statistics, numpy as np, torch
 torch.set_num_threads(1)
 from sakura.catalog import load_catalog
@@ -8,6 +9,7 @@ from sakura.formats.pack import PackReader
 from sakura.runtime.device_bench import _measure_execute
 from sakura.runtime.reconstruct import get_reconstructor
 packs, tid, reps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+out = sys.argv[4] if len(sys.argv) > 4 else "side_by_side.json"
 v1, v2 = PackReader(f"{packs}/{tid}.v1.pack"), PackReader(f"{packs}/{tid}.pack")
 recs = {n: get_reconstructor(n) for n in ("torch", "opencl")}
 cfgs = [(128, 8, 8), (64, 4, 4), (32, 3, 2)]
@@ -30,6 +32,15 @@ for c in cfgs:
     res["r%d-a%d-b%d" % c] = {f"{v}/{n}_ms": 1e3 * float(np.mean(best[(v, n)])) for v, n in best}
     res["r%d-a%d-b%d" % c].update({f"{v}_kB": float(np.mean([sum(map(len, b.values())) for b in blobs[v]])) / 1e3 for v in infos},
                                   v2_rank=float(np.mean([next(f.r for f in v2.frontier(s) if f.key == keys["v2"][s]) for s in range(S)])))
+    # the floor no decoder can beat: A·B + μ alone (random factors of the same rank), best of as many calls
+    g = v1.info.geometry
+    U = len(v1.info.units(0))
+    for v, r in (("v1", c[0]), ("v2", round(res["r%d-a%d-b%d" % c]["v2_rank"]))):
+        a, b, m = torch.randn(U, g.n, r), torch.randn(U, r, g.d), torch.randn(U, 1, g.d)
+        floor = 1e9
+        for _ in range(reps * S):
+            t = time.perf_counter(); torch.baddbmm(m, a, b); floor = min(floor, time.perf_counter() - t)
+        res["r%d-a%d-b%d" % c][f"{v}/matmul_floor_ms"] = 1e3 * floor
 tpl = load_catalog().get(tid)
 model = model_for(tpl, None)
 req = edit_request(tpl, tpl.eval_requests[0], resolution=model.codec.resolution, ref_size=model.codec.ref_size)
@@ -43,4 +54,4 @@ for c, row in res.items():
     if isinstance(row, dict):
         row.update({k.replace("_ms", "_over_execute"): v / execute for k, v in list(row.items()) if k.endswith("_ms")})
 print(json.dumps(res, indent=1))
-json.dump(res, open("/tmp/w18/side_by_side.json", "w"), indent=1)
+json.dump(res, open(out, "w"), indent=1)

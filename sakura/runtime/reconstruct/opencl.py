@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from sakura.formats.bitplanes import HEAD_BYTES, FactorBytes
+from sakura.formats.bitplanes import HEAD_BYTES, FactorBytes, plane_bytes
 from sakura.formats.container import Blobs
 from sakura.formats.pack import PackInfo, shard_bytes
 from sakura.kvcache import KV, kv_pairs
@@ -64,6 +64,42 @@ __kernel void dequant(__global const uchar *raw, const int bits, const int R, co
     for (int k = 0; k < 8 && i0 + k < L; ++k) {
         const uint code = ((k < 4 ? lo : hi) >> (8 * (k & 3))) & 0xffu;
         float centre = ((float)code + 0.5f) * step - 1.0f;            // exact: few significant bits
+        if (dead && (code == mid || code == mid - 1u))
+            centre = 0.0f;
+        o[(size_t)(i0 + k) * si] = centre * scale;
+    }
+}
+
+// Version-2 packs: each component j at its own plane count nbits[j]. raw: plane 0 of every component as
+// (R, U, HEAD + pb) records, then the other planes anywhere: plane p >= 1 of component j is the (U, pb)
+// block at raw + off[j * 8 + p], stored XOR NOT(plane 0) (magnitude form, docs/pack-format.md §8).
+__kernel void dequant_groups(__global const uchar *raw, __global const int *off, __global const int *nbits,
+                             const int U, const int L, const int pb, __global float *out,
+                             const int su, const int si, const int sj)
+{
+    const int byte = get_global_id(0);
+    const int j = get_global_id(1);
+    const int u = get_global_id(2);
+    if (byte >= pb) return;
+    const int bits = nbits[j];
+    __global const uchar *p0 = raw + ((size_t)j * U + u) * (size_t)(HEAD + pb);
+    const uint sbits = (uint)p0[0] | ((uint)p0[1] << 8) | ((uint)p0[2] << 16) | ((uint)p0[3] << 24);
+    const float scale = as_float(sbits);
+    const uint dead = (p0[4] >> (bits - 1)) & 1u;
+    const uint sign = p0[HEAD + byte];
+    uint lo = 0, hi = 0;
+    for (int p = 0; p < bits; ++p) {
+        const uint b = p == 0 ? sign : (raw[(size_t)off[j * 8 + p] + (size_t)u * pb + byte] ^ (~sign & 0xffu));
+        lo = (lo << 1) | (((b >> 7) & 1u) | ((b >> 6) & 1u) << 8 | ((b >> 5) & 1u) << 16 | ((b >> 4) & 1u) << 24);
+        hi = (hi << 1) | (((b >> 3) & 1u) | ((b >> 2) & 1u) << 8 | ((b >> 1) & 1u) << 16 | (b & 1u) << 24);
+    }
+    const float step = (float)(1u << (8 - bits)) * (1.0f / 128.0f);
+    const uint mid = 1u << (bits - 1);
+    const int i0 = byte * 8;
+    __global float *o = out + (size_t)u * su + (size_t)j * sj;
+    for (int k = 0; k < 8 && i0 + k < L; ++k) {
+        const uint code = ((k < 4 ? lo : hi) >> (8 * (k & 3))) & 0xffu;
+        float centre = ((float)code + 0.5f) * step - 1.0f;
         if (dead && (code == mid || code == mid - 1u))
             centre = 0.0f;
         o[(size_t)(i0 + k) * si] = centre * scale;
@@ -255,6 +291,7 @@ class OpenCLReconstructor(Reconstructor):
         self.matmul = matmul
         self._dequant = cl.Kernel(self.program, "dequant")
         self._lowrank = cl.Kernel(self.program, "lowrank")
+        self._dequant_groups = cl.Kernel(self.program, "dequant_groups")
         self._lock = threading.Lock()  # one command queue: serialise callers
 
     @property
@@ -295,27 +332,42 @@ class OpenCLReconstructor(Reconstructor):
         return received.units, a, b, received.means
 
     def _factors_allocated(self, info, shard: int, k: int, blobs: Blobs, *, verify: bool = True):
-        """:meth:`factors` of a v2 pack: chunks decoded on the host, then one dequantisation launch
-        per (factor, plane count) class (sakura.formats.allocated.bit_classes)."""
-        from sakura.formats.allocated import bit_classes, received_planes
+        """:meth:`factors` of a v2 pack: chunks decoded on the host (zstd), then one launch per factor
+        (``dequant_groups``: every component at its group's plane count). A comes back ``(U, r, n)``."""
+        from sakura.formats.allocated import received_planes
 
         geo = info.geometry
         units, means, planes, groups = received_planes(info, shard, k, blobs, verify=verify)
-        r, U = sum(geo.group_size(g) for g in groups), len(units)
-        if r == 0:
+        if not groups:
             return units, None, None, means
-        a, b = np.empty((U, geo.n, r), np.float32), np.empty((U, r, geo.d), np.float32)
+        cl, mf, U = self.cl, self.cl.mem_flags, len(units)
+        sizes = [geo.group_size(g) for g in groups]
+        r = sum(sizes)
+        out = []
         with self._lock:
-            for f, (out, length) in enumerate(((a, geo.n), (b, geo.d))):
-                for rows, fb in bit_classes(planes[f], groups, geo, length, U):
-                    buf, shape = self._dequant_factor(fb, len(rows), U, transpose=f == 0)
-                    part = np.empty(shape, np.float32)
-                    self.cl.enqueue_copy(self.queue, part, buf, is_blocking=True)
-                    if f == 0:
-                        out[:, :, rows] = part
-                    else:
-                        out[:, rows] = part
-        return units, a, b, means
+            for f, length in ((0, geo.n), (1, geo.d)):
+                pb = plane_bytes(length)
+                parts = [planes[f][g][0] for g in groups]  # plane-0 records, component order
+                pos = sum(map(len, parts))
+                off, nbits, j = np.zeros((r, 8), np.int32), np.zeros(r, np.int32), 0
+                for g, size in zip(groups, sizes):
+                    nbits[j:j + size] = len(planes[f][g])
+                    for p, plane in enumerate(planes[f][g][1:], start=1):
+                        off[j:j + size, p] = pos + np.arange(size) * U * pb
+                        parts.append(plane)
+                        pos += len(plane)
+                    j += size
+                raw = cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=np.frombuffer(b"".join(parts), np.uint8))
+                offs = cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=off)
+                bits = cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=nbits)
+                res = np.empty((U, r, length), np.float32)
+                buf = cl.Buffer(self.ctx, mf.WRITE_ONLY, size=res.nbytes)
+                self._dequant_groups.set_args(raw, offs, bits, np.int32(U), np.int32(length), np.int32(pb), buf,
+                                              np.int32(r * length), np.int32(1), np.int32(length))
+                cl.enqueue_nd_range_kernel(self.queue, self._dequant_groups, (pb, r, U), None)
+                cl.enqueue_copy(self.queue, res, buf, is_blocking=True)
+                out.append(res)
+        return units, out[0].transpose(0, 2, 1), out[1], means
 
     def rebuild(self, info: PackInfo, shard: int, *key_blobs, verify: bool = True) -> KV:
         geo = info.geometry
