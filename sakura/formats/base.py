@@ -48,8 +48,9 @@ class StreamEncoding(ABC):
     state (CacheGen chunks), so make a fresh instance per edit with ``fresh()``."""
 
     name: str = ""
-    # The same bytes decode again to the same K/V (the reuse fallback rebuilds kept bytes). False for
-    # encodings whose decode keeps per-edit state (CacheGen's entropy tables ride with a level's first use).
+    # Decoding keeps no per-edit state: the same bytes decode again to the same K/V (the reuse fallback
+    # rebuilds kept bytes) and a dropped unit takes nothing later units need (the recompute fallback drops
+    # step 0's). False for CacheGen, whose entropy tables ride with a level's first use in the edit.
     redecodable: bool = True
 
     @property

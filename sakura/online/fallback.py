@@ -15,19 +15,22 @@ Four ways past such a shard, chosen by predicted completion time (both clocks ca
 * ``local``: the current step and every later one run on every token (the model needs no cache) —
   costs the full model for the remaining steps, and the output becomes local generation's from there.
 
-How the choice is made. Every option but ``local`` keeps streaming, so it can still go wrong: the link
-may stay dead. Its *worst case* is the end if nothing more arrives from now on and the device escapes at
-the next point it could stall — by reusing for every remaining shard where the previous step's bytes are
-kept (a reused shard's K/V is kept for the next step in turn), else by going local: waiting escapes one
-check from now; ``recompute`` at step 1 (step 0 kept no compressed bytes, so locally, after one full
-step and the rest of step 0's masked shards); ``reuse`` at the next shard. A streaming option stays open
-while its worst case ends within ``hard_s`` (``HARD_SHARE`` × local generation); the device goes local
-only when none is. So an edit is never more than ``HARD_SHARE`` slower than local generation whatever
-the link does (up to compute-time prediction error), and a link that comes back within that slack is
-still used: going local is final, and a dead link is often back within a second. Among the open
-options, those without a quality cost (``wait``, ``recompute``: exact K/V) win when they end within
-``bound_s`` (a share of local generation's time); past it, the earliest *expected* end wins (what the
-transfer in progress shows, later shards on time).
+How the choice is made. Each option has an *expected* end: the transfer in progress at the rate it shows
+now, and the later shards' smallest levels at that same rate (a link that crawls now makes every option
+that still streams slow, not only this shard). Every option but ``local`` keeps streaming, so it can
+still go wrong: the link may die. Its *worst case* is the end if nothing more arrives from now on and the
+device escapes at the next point it could stall — by reusing for every remaining shard where the previous
+step's bytes are kept (a reused shard's K/V is kept for the next step in turn), else by going local:
+waiting escapes one check from now; ``recompute`` at step 1 (step 0 kept no compressed bytes, so
+locally, after one full step and the rest of step 0's masked shards); ``reuse`` at the next shard. A
+streaming option stays open while its worst case ends within ``hard_s`` (``HARD_SHARE`` × local
+generation) or its expected end is within ``bound_s`` (a share of local generation's time); the device
+goes local only when none is. So an edit whose link dies ends within ``HARD_SHARE`` of local
+generation (up to compute-time prediction error), an edit whose link still moves is not thrown to local
+for a short stall, and a link that comes back within the slack is still used (going local is final,
+and dead links in the traces often come back within a second). Among the open options, those without a
+quality cost (``wait``, ``recompute``: exact K/V) win when they are expected to end within ``bound_s``;
+past it, the earliest expected end wins (the better worst case on a tie: a dead link expects nothing).
 The wait is predicted from what the device sees: the bytes of the transfer delivered so far and the
 monitor's rate, capped by the rate this transfer itself has shown over its last ``OBSERVE_WINDOW_S``
 once it has run for ``MIN_OBSERVED_S`` (a link that has gone silent reads as silent, not as its past
@@ -97,41 +100,54 @@ class FallbackContext:
     bound_s: float  # quality-free options are taken while the edit ends by then
     hard_s: float  # no option whose worst case ends later (see the module's docstring)
     allow_local: bool = True  # the executor can run the model on every token (eager model runs)
+    allow_recompute: bool = True  # ... and step 0's units can be dropped (the encoding keeps no edit state)
+    least_bytes: tuple[float, ...] = ()  # per shard: bytes of its units' smallest levels still to fetch
 
     @classmethod
-    def for_edit(cls, compute, num_steps: int, allow_local: bool = True, bound_share: float = BOUND_SHARE,
-                 hard_share: float = HARD_SHARE) -> "FallbackContext":
+    def for_edit(cls, compute, num_steps: int, allow_local: bool = True, allow_recompute: bool = True,
+                 least_bytes=(), bound_share: float = BOUND_SHARE, hard_share: float = HARD_SHARE) -> "FallbackContext":
         return cls(list(compute.shard_s), [s for s, _, _ in compute.shards], num_steps,
                    compute.local_full_s / max(1, num_steps), bound_share * compute.local_full_s,
-                   hard_share * compute.local_full_s, allow_local)
+                   hard_share * compute.local_full_s, allow_local, allow_local and allow_recompute,
+                   tuple(least_bytes))
+
+    def later_bytes(self, shard: int, first_step: int = 0) -> float:
+        """The smallest bytes shards after ``shard`` (from step ``first_step`` on) still need."""
+        return sum(b for k, b in enumerate(self.least_bytes) if k > shard and self.shard_step[k] >= first_step)
 
     def local_end(self, t: float, step: int) -> float:
         """The edit's end if it goes local at ``t``: this step and every later one on every token."""
         return t + (self.num_steps - step) * self.full_step_s
 
 
-def choose_fallback(ctx: FallbackContext, shard: int, now: float, ready_s: float,
-                    reuse_s: float | None) -> tuple[str, dict[str, float]]:
+def choose_fallback(ctx: FallbackContext, shard: int, now: float, ready_s: float, reuse_s: float | None,
+                    rate_bps: float = float("inf")) -> tuple[str, dict[str, float]]:
     """``wait``, ``reuse``, ``recompute`` or ``local`` for ``shard`` waited on at ``now``, and each
     option's expected end of the edit. ``ready_s``: predicted time its cache is rebuilt; ``reuse_s``:
-    the rebuild time of the previous step's kept bytes for the same layers (None: the device holds none)."""
+    the rebuild time of the previous step's kept bytes for the same layers (None: the device holds none);
+    ``rate_bps``: the rate the link shows now (what later shards' bytes are expected to take)."""
     rest, step, n_rest = sum(ctx.shard_s[shard:]), ctx.shard_step[shard], len(ctx.shard_s) - shard
+    last = ctx.shard_s[-1]
 
-    def escape(t: float) -> float:  # the end if the link stays dead and the device escapes at t
+    def streamed(t: float, nbytes: float) -> float:  # later shards' bytes through from t, then the last shard
+        return t + 8 * nbytes / max(rate_bps, MIN_RATE_BPS) + last if nbytes else 0.0
+
+    def escape(t: float) -> float:  # the end if the link dies now and the device escapes at t
         return t + n_rest * reuse_s + rest if reuse_s is not None else ctx.local_end(t, step)
 
-    ends = {"wait": ready_s + rest}
+    later = ctx.later_bytes(shard)
+    ends = {"wait": max(ready_s + rest, streamed(ready_s, later))}
     worst = {"wait": escape(now + CHECK_EVERY_S) if ready_s > now + CHECK_EVERY_S else now}
-    if ctx.allow_local and step == 0:  # then step 0's masked shards run on exact K/V, and step 1 streams
+    if ctx.allow_recompute and step == 0:  # then step 0's masked shards run on exact K/V, and step 1 streams
         step0_rest = sum(s for s, st in zip(ctx.shard_s[shard:], ctx.shard_step[shard:]) if st == 0)
-        ends["recompute"] = now + ctx.full_step_s + rest
+        ends["recompute"] = max(now + ctx.full_step_s + rest, streamed(now, ctx.later_bytes(shard, 1)))
         worst["recompute"] = ctx.local_end(now + ctx.full_step_s + step0_rest, 1)
-    if reuse_s is not None:
+    if reuse_s is not None:  # (later shards can reuse too: no floor from the link)
         ends["reuse"] = now + reuse_s + rest
         worst["reuse"] = escape(now)
     if ctx.allow_local:
         ends["local"] = ctx.local_end(now, step)
-        open_ = [k for k in ends if k != "local" and worst[k] <= ctx.hard_s]
+        open_ = [k for k in ends if k != "local" and (worst[k] <= ctx.hard_s or ends[k] <= ctx.bound_s)]
     else:  # nothing to escape to: the bound cannot be kept, only the expected end
         open_ = list(ends)
     if not open_:
@@ -139,4 +155,4 @@ def choose_fallback(ctx: FallbackContext, shard: int, now: float, ready_s: float
     free = [k for k in ("wait", "recompute") if k in open_]
     if free and min(ends[k] for k in free) <= ctx.bound_s:
         return min(free, key=ends.get), ends
-    return min(open_, key=ends.get), ends
+    return min(open_, key=lambda k: (ends[k], worst.get(k, ends[k]))), ends

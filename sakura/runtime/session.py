@@ -298,8 +298,14 @@ class EditSession:
         eager model (an exported executor runs fixed masked programs)."""
         if not self.fallbacks:
             return None
+        least = [0.0] * len(self.compute.shards)
+        held = self.prefetched.units if self.prefetched else {}
+        for u in (self.encoding.units if self.encoding else []):
+            if u.index not in held:  # (a prefetched unit needs no transfer)
+                least[u.needed_by] += min(lv.nbytes for lv in u.levels)
         return FallbackContext.for_edit(self.compute, self.model.num_steps, allow_local=self.executor is None,
-                                        bound_share=self.fallback_bound_share)
+                                        allow_recompute=self.encoding is None or self.encoding.redecodable,
+                                        least_bytes=least, bound_share=self.fallback_bound_share)
 
     def run(self, req: EditRequest) -> Outcome:
         """The edit on the real clock: bytes read from the source, paced along the scaled trace."""

@@ -20,7 +20,8 @@ from sakura.formats import KV, FetchUnit, Level, StreamEncoding
 from sakura.net.paced import DEFAULT_INFLIGHT, DEFAULT_REQUEST_OVERHEAD_S, cut_point
 from sakura.net.traces import Trace
 from sakura.online.deadline import predict_need
-from sakura.online.fallback import CHECK_EVERY_S, FallbackContext, choose_fallback, in_flight, predict_ready
+from sakura.online.fallback import (CHECK_EVERY_S, FallbackContext, choose_fallback, in_flight, observed_rate_bps,
+                                   predict_ready)
 from sakura.online.monitor import DEFAULT_ESTIMATOR, RuntimeMonitor
 from sakura.online.policies import Policy
 from sakura.runtime.compute import ComputeProfile
@@ -248,7 +249,7 @@ class _SimulatedEdit:
             flights = [in_flight(self.link.trace, start + b.begin, start + t, b.nbytes, b.nbytes)
                        for b in mine if b.t_arr > t]
             ready = predict_ready(t, flights, self.monitor.rate_bps, rebuild_est)
-            kind, ends = choose_fallback(fb, k, t, ready, reuse_s)
+            kind, ends = choose_fallback(fb, k, t, ready, reuse_s, observed_rate_bps(self.monitor.rate_bps, flights))
             if kind != "wait":
                 self._drop([b for b in mine if not b.from_device], t)
                 self.tl.fallback(kind, k, t, ends)

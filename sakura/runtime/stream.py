@@ -24,7 +24,7 @@ from sakura.kvcache import shard_of_layers
 from sakura.model import DiTAdapter, EditRequest, EditResult, LocalSwitch
 from sakura.net.paced import DEFAULT_INFLIGHT
 from sakura.online.deadline import predict_need
-from sakura.online.fallback import CHECK_EVERY_S, FallbackContext, choose_fallback, predict_ready
+from sakura.online.fallback import CHECK_EVERY_S, FallbackContext, choose_fallback, observed_rate_bps, predict_ready
 from sakura.online.monitor import DEFAULT_ESTIMATOR, RuntimeMonitor
 from sakura.online.policies import Policy
 from sakura.runtime.compute import ComputeProfile
@@ -178,7 +178,8 @@ class StreamedEdit:
             times = list(state.rebuild_s.values())
             ready = predict_ready(now, flights, self.monitor.rate_bps, sum(times) / max(1, len(times)))
             kept = state.kept.get(prev) if prev >= 0 else None
-            kind, ends = choose_fallback(fb, j, now, ready, state.rebuild_s.get(prev) if kept else None)
+            kind, ends = choose_fallback(fb, j, now, ready, state.rebuild_s.get(prev) if kept else None,
+                                         observed_rate_bps(self.monitor.rate_bps, flights))
             if kind == "wait":
                 continue
             state.drop[j].set()
