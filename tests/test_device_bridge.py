@@ -251,9 +251,9 @@ def test_bandwidth_collapse_goes_local_and_missing_packs_are_clear(agent):
     assert time.monotonic() - t0 < 30
     plan = next(e for e in events if e["type"] == "plan")
     assert plan["timeout_s"] == 1.0 and plan["initial_mbps"] == pytest.approx(0.01)
-    fallback = next(e for e in events if e["type"] == "fallback")
-    assert fallback["kind"] == "local" and fallback["shard"] == 0
-    assert res["type"] == "result" and res["summary"]["fallbacks"] == {"local": 1}
+    fallbacks = [e for e in events if e["type"] == "fallback"]  # step 0 recomputed on the device, or at once local
+    assert [f["kind"] for f in fallbacks] in (["local"], ["recompute", "local"]) and fallbacks[0]["shard"] == 0
+    assert res["type"] == "result" and res["summary"]["fallbacks"].get("local") == 1
     with pytest.raises(EditFailed, match="no packs for fs-grace-hopper") as e:
         agent.edit({**job(), "template_id": "fs-grace-hopper"})
     assert e.value.code == "unavailable"
