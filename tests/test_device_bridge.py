@@ -418,10 +418,11 @@ def test_the_demo_agent_and_the_cli_put_an_edit_together_the_same_way(agent, tem
             top = [u.levels[-1].label for u in enc.units]
             for levels in (cli["levels"], res["summary"]["levels"]):
                 assert sum(a != b for a, b in zip(levels, top)) <= 2, levels
-        if trace == "fixed:0.5":  # nothing fits: the smallest, on both (or a fallback instead: level "")
-            least = [u.levels[0].label for u in enc.units]
+        if trace == "fixed:0.5":  # nothing fits: the smallest, on both (or a fallback instead: level ""; a
+            # recompute of step 0 leaves its later units unrequested, so the lists are not aligned by unit)
+            least = {u.levels[0].label for u in enc.units}
             for levels in (cli["levels"], res["summary"]["levels"]):
-                assert all(lv in ("", b) for lv, b in zip(levels, least)), levels
+                assert all(lv in least or lv == "" for lv in levels), levels
 
 
 def test_picking_a_template_prefetches_its_pack_and_the_edit_uses_it(agent, agent_ws, access_log):
