@@ -34,6 +34,7 @@ from sakura.online.monitor import DEFAULT_ESTIMATOR
 from sakura.quality import quality
 from sakura.runtime.calibration import CalibrationStore, spread
 from sakura.runtime.session import DeviceRuntime, Network, network_scale
+from sakura.eval.summary_stats import edit_key, fallback_stats, paired_over_oracle, summarize  # noqa: F401
 from sakura.systems import STREAMING, SYSTEMS
 
 WORKLOADS = {"fs": ("fs", "sakura-tiny"), "vton": ("vton", "sakura-tiny"), "mb": ("mb", "sakura-tiny"),
@@ -145,14 +146,15 @@ def record(prepared: TemplateBench, req_index: int, system: str, start: float, t
 # the rebuilding thread's CPU time — what it costs with a core to itself, so a sweep run beside other
 # work on a shared machine is not charged for their load (compute is replayed from the calibration).
 REBUILD_CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.thread_time}
-_rebuild_clock = ["wall"]
+rebuild_clock = "wall"
 
 
 def use_rebuild_clock(name: str) -> None:
     """Time every simulated rebuild of this process with ``name`` (a key of ``REBUILD_CLOCKS``)."""
+    global rebuild_clock
     if name not in REBUILD_CLOCKS:
         raise ValueError(f"unknown rebuild clock {name!r}; choose from {', '.join(REBUILD_CLOCKS)}")
-    _rebuild_clock[0] = name
+    rebuild_clock = name
 
 
 def run_one(prepared: TemplateBench, req_index: int, system: str, trace: Trace, start: float, *, policy=None,
@@ -172,7 +174,7 @@ def run_one(prepared: TemplateBench, req_index: int, system: str, trace: Trace, 
         session.prefetch_simulated(think_s)
     kw = {} if anytime else {"anytime": False}
     outcome = session.simulate(prepared.request(req_index), request_key=req_index,
-                               timer=timer or REBUILD_CLOCKS[_rebuild_clock[0]], **kw)
+                               timer=timer or REBUILD_CLOCKS[rebuild_clock], **kw)
     return record(prepared, req_index, name or (policy.name if policy else system), start, outcome.timeline,
                   outcome.image)
 
@@ -204,66 +206,6 @@ def regime_scale(prepared: TemplateBench, trace: Trace, regime: str, trace_scale
 def regime_scales(prepared_all: list[TemplateBench], trace: Trace, cfg: "BenchConfig") -> dict[str, float]:
     """:func:`regime_scale` of each template, by template id."""
     return {p.template.id: regime_scale(p, trace, cfg.regime, cfg.trace_scale) for p in prepared_all}
-
-
-def summarize(records: list[dict], storage: dict[str, float]) -> dict:
-    by_system: dict[str, list[dict]] = {}
-    for r in records:
-        by_system.setdefault(r["system"], []).append(r)
-    oracle = {edit_key(r): r["latency_s"] for r in by_system.get("oracle", [])}
-    out = {}
-    for system, rs in by_system.items():
-        lat = [r["latency_s"] for r in rs]
-        out[system] = {
-            **paired_over_oracle(rs, oracle),
-            "n": len(rs),
-            "latency_p50_s": float(np.percentile(lat, 50)), "latency_p90_s": float(np.percentile(lat, 90)),
-            "latency_mean_s": float(np.mean(lat)),
-            "stall_s_mean": float(np.mean([r["stall_s"] for r in rs])),
-            "deadline_miss_rate": float(np.mean([r["deadline_misses"] / max(1, r["shards"]) for r in rs])),
-            # share of fetch units execution consumed before all of them arrived (anytime shards)
-            "anytime_cut_rate": float(np.mean([r.get("cuts", 0) / max(1, r.get("units", 0)) for r in rs])),
-            "bytes_mean": float(np.mean([r["bytes"] for r in rs])),
-            "psnr_mean": float(np.mean([r["psnr"] for r in rs])), "ssim_mean": float(np.mean([r["ssim"] for r in rs])),
-            "psnr_masked_mean": float(np.mean([r["psnr_masked"] for r in rs])),
-            "ssim_masked_mean": float(np.mean([r["ssim_masked"] for r in rs])),
-            "psnr_p10": float(np.percentile([r["psnr"] for r in rs], 10)),
-            "ssim_p10": float(np.percentile([r["ssim"] for r in rs], 10)),
-            # what the system's stored format costs per template (oracle: the FP16 cache it already holds)
-            "storage_bytes": float(storage.get(SYSTEMS[system].format, 0.0) if system in SYSTEMS else 0.0),
-            "device_peak_cache_bytes": int(max(r["peak_cache_bytes"] for r in rs)),
-            **fallback_stats(rs),
-        }
-    return out
-
-
-def edit_key(r: dict) -> tuple:
-    return r["template"], r["request"], round(r["start_s"], 6)
-
-
-def paired_over_oracle(rs: list[dict], oracle: dict) -> dict:
-    """p50 / p90 of each edit's latency over the oracle's for the same template, request and offset.
-    Pooled percentiles mix templates whose floors differ (vton: 0.87 vs 1.00 s), so a pooled p50 ratio
-    can sit 5 % off while every edit is within 3 % of its own floor; the paired ratio cannot."""
-    ratios = [r["latency_s"] / oracle[edit_key(r)] for r in rs if oracle.get(edit_key(r))]
-    if not ratios:
-        return {}
-    return {"over_oracle_p50": float(np.percentile(ratios, 50)), "over_oracle_p90": float(np.percentile(ratios, 90))}
-
-
-def fallback_stats(rs: list[dict]) -> dict:
-    """Fallbacks fired per edit by kind, the share of edits with any, and the masked PSNR of edits
-    with and without them (None where there are none)."""
-    kinds = sorted({k for r in rs for k in r.get("fallbacks", {})})
-    fired = [r for r in rs if sum(r.get("fallbacks", {}).values())]
-    calm = [r for r in rs if not sum(r.get("fallbacks", {}).values())]
-
-    def masked(group):
-        return float(np.mean([r["psnr_masked"] for r in group])) if group else None
-
-    return {"fallbacks_mean": {k: float(np.mean([r.get("fallbacks", {}).get(k, 0) for r in rs])) for k in kinds},
-            "fallback_rate": len(fired) / max(1, len(rs)),
-            "psnr_masked_with_fallbacks": masked(fired), "psnr_masked_without_fallbacks": masked(calm)}
 
 
 def storage_of(prepared_all: list[TemplateBench]) -> dict[str, float]:
@@ -351,7 +293,7 @@ def run_bench(cfg: BenchConfig, out: Path, progress=None, say: Callable[[str], N
         run_edit = functools.partial(simulated_edit, fallbacks=cfg.fallbacks)
     base_trace = load_trace(cfg.trace)
     rng = np.random.default_rng(cfg.seed)
-    summary: dict = {"config": {**cfg.to_json(), "clock": clock, "rebuild_clock": _rebuild_clock[0]}, "workloads": {}}
+    summary: dict = {"config": {**cfg.to_json(), "clock": clock, "rebuild_clock": rebuild_clock}, "workloads": {}}
     say(describe_calibration(cfg.calibration))
     records_path = out / "records.jsonl"
     benches = {} if benches is None else benches

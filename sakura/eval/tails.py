@@ -22,6 +22,7 @@ import numpy as np
 from sakura.eval import bench
 from sakura.eval.estimators import default_traces
 from sakura.eval.figures import _sweep
+from sakura.eval.summary_stats import edit_key, fallback_stats, paired_over_oracle
 
 VARIANTS = {"sakura": {}, "sakura-no-fallback": {"fallbacks": False},
             "sakura-paper": {"fallbacks": False, "anytime": False}}
@@ -38,7 +39,7 @@ def _stats(rows: list[dict], oracle: dict) -> dict:
     return {"p50_s": float(np.percentile(lat, 50)), "p90_s": float(np.percentile(lat, 90)),
             "max_s": float(np.max(lat)), "bytes_mean": float(np.mean([r["bytes"] for r in rows])),
             "psnr_masked_median": float(np.median([r["psnr_masked"] for r in rows])),
-            **bench.paired_over_oracle(rows, oracle), **bench.fallback_stats(rows), "latency_s": lat}
+            **paired_over_oracle(rows, oracle), **fallback_stats(rows), "latency_s": lat}
 
 
 def fig_tails(cfg, out: Path, cache: dict, progress, say, traces: list[str] | None = None) -> list[Path]:
@@ -49,7 +50,7 @@ def fig_tails(cfg, out: Path, cache: dict, progress, say, traces: list[str] | No
         for spec in traces:
             name = Path(spec).stem if Path(spec).suffix else spec
             rows = _sweep(cfg, workload, benches, _edits, progress, f"tails {workload} {name}", trace_spec=spec)
-            oracle = {bench.edit_key(r): r["latency_s"] for r in rows if r["system"] == "oracle"}
+            oracle = {edit_key(r): r["latency_s"] for r in rows if r["system"] == "oracle"}
             results.setdefault(workload, {})[name] = {v: _stats([r for r in rows if r["system"] == v], oracle)
                                                       for v in (*VARIANTS, *BOUNDS)}
     data = {"starts": cfg.starts, "regime": cfg.regime, "workloads": results, "checks": checks(results)}
