@@ -29,7 +29,8 @@ def test_bench_summary_contract_and_figures(fs_packs, tmp_path):
     assert fp16["psnr_masked_without_fallbacks"] in (None, 100.0) and fp16["bytes_mean"] <= fs["regime"]["fp16_cache_bytes"]
     assert (fp16["bytes_mean"] == fs["regime"]["fp16_cache_bytes"]) == (fp16["fallback_rate"] == 0)
     assert set(fs["sakura"]["fallbacks_mean"]) <= {"reuse", "recompute", "local"}
-    assert fs["sakura"]["bytes_mean"] < fs["fp16"]["bytes_mean"]
+    # (what FP16 streams when it streams it all: a recompute or local fallback can cut its bytes below SAKURA's)
+    assert fs["sakura"]["bytes_mean"] < fs["regime"]["fp16_cache_bytes"]
     assert fs["sakura"]["storage_bytes"] < fs["fp16"]["storage_bytes"]
     assert len((tmp_path / "records.jsonl").read_text().splitlines()) == 2 * len(cfg.systems)
     assert all(p.exists() for p in written)
