@@ -1,5 +1,6 @@
 """Version-2 packs: per-group bit allocation, entropy-coded planes, one range per level (issue #18)."""
 
+import base64
 import json
 import shutil
 
@@ -8,7 +9,8 @@ import pytest
 import torch
 
 from sakura.formats import PackFormatError, chunkcodec
-from sakura.formats.allocated import AllocatedPackInfo, PrefixConfig
+from sakura.formats.allocated import MEAN, MEAN_F16, MEAN_U8, AllocatedPackInfo, PrefixConfig, decode_means
+from sakura.formats.container import write_container
 from sakura.formats.bitplanes import dequantize, truncate
 from sakura.formats.pack import PackEncoding, PackReader, decode_factors
 from sakura.offline import pack_cache, quantize_factors
@@ -70,7 +72,9 @@ def test_coded_pack_decodes_bit_for_bit_to_the_quantised_factors(small, packs):
                 want_b = np.stack([dequantize(truncate(qf.b_codes[[i]], x), qf.b_scales[[i]], x, qf.b_zero[[i]])[0]
                                    for i, x in zip(keep, bb)]) if len(keep) else np.zeros((0, v2.geometry.d))
                 assert np.array_equal(a.T, want_a) and np.array_equal(b, want_b)
-                assert np.array_equal(mean, qf.mean.astype(np.float32))
+                # the mean rides as 8-bit codes over the unit's own range: within half a step of float16's
+                step = (qf.mean.astype(np.float64).max() - qf.mean.astype(np.float64).min()) / 255
+                assert np.abs(mean - qf.mean.astype(np.float64)).max() <= step / 2 * (1 + 1e-5)
 
 
 def test_v2_top_matches_v1_top_quality_in_fewer_bytes(small, packs):
@@ -182,3 +186,30 @@ def test_fused_v2_rebuild_is_a_times_b_plus_mean(packs):
             want = torch.addmm(torch.from_numpy(mean), torch.from_numpy(np.ascontiguousarray(a)), torch.from_numpy(b))
             got = kv[(step, layer)][0 if kind == "k" else 1]
             assert got.shape == want.shape and torch.allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_packs_with_float16_means_still_decode(packs, tmp_path):
+    # v2 packs written before the 8-bit mean (layout kind 0x40, U × d <f2) stay readable
+    folder, _, v2 = packs
+    reader = PackReader(folder / "v2.pack")
+    chunks = [reader.file.read(*v2.index.span(i)) for i in range(len(v2.index))]
+    layout = bytearray(base64.b64decode(v2.header["layout"]))
+    means = {}
+    for shard in range(v2.num_shards):
+        first = v2.chunks(shard, 0)[0]
+        units = len(v2.units(shard))
+        means[shard] = decode_means(chunks[first], MEAN_U8, units, v2.geometry.d).astype(np.float16)
+        chunks[first] = means[shard].astype("<f2").tobytes()
+        layout[2 * first] = MEAN | MEAN_F16
+    header = {k: v for k, v in v2.header.items() if k not in ("data_length", "chunk_crc32", "chunk_lengths")}
+    header["layout"] = base64.b64encode(bytes(layout)).decode("ascii")
+    header["tradeoff"] = None  # the frontier's byte counts change with the mean; levels are chunk counts
+    write_container(tmp_path / "f16.pack", header, chunks)
+    old = PackReader(tmp_path / "f16.pack")
+    assert old.info.mean_kind(0) == MEAN_F16 and v2.mean_kind(0) == MEAN_U8
+    k = v2.frontier(0)[3].k
+    got = decode_factors(old.info, 0, k, old.read(0, k))
+    new = decode_factors(v2, 0, k, reader.read(0, k))
+    for i, ((a, b, mean), (a2, b2, _)) in enumerate(zip(got.values(), new.values())):
+        assert np.array_equal(a, a2) and np.array_equal(b, b2)
+        assert np.array_equal(mean, means[0][i].astype(np.float32))

@@ -38,6 +38,11 @@ from sakura.kvcache import shard_plan
 
 VERSION = 2
 CODED, MEAN, FACTOR_B = 0x80, 0x40, 0x10
+# Low nibble of a mean chunk's kind: how the shard's means are stored. The means ride with every
+# level, and at the smallest ones float16 means were a fifth of the bytes; 8-bit codes over each
+# unit's own range cost ~1e-4 of the smallest top-of-frontier error (docs/pack-format.md §8).
+MEAN_F16, MEAN_U8 = 0x00, 0x01
+MEAN_HEAD = 8  # per unit, before its u8 codes: float32 offset, float32 step
 
 
 @dataclass(frozen=True)
@@ -66,10 +71,12 @@ class PrefixConfig(Config):
 
 @dataclass
 class AllocatedShard:
-    """What the offline allocation hands the v2 writer for one shard: its factors, the stored chunks
-    (raw-or-coded bytes, coded flag) in file order, and the error of each frontier prefix ``k``."""
+    """What the offline allocation hands the v2 writer for one shard: its factors, the stored mean chunk
+    (:func:`encode_means`), the stored chunks (raw-or-coded bytes, coded flag) in file order, and the
+    error of each frontier prefix ``k``."""
 
     factors: Sequence[QuantizedFactors]
+    mean: bytes
     chunks: list[tuple[ChunkRef, bytes, bool]]
     frontier: list[tuple[int, float]]  # (k, error), k increasing, error decreasing
     extra: dict[str, Any] = field(default_factory=dict)
@@ -78,6 +85,30 @@ class AllocatedShard:
 def raw_length(geo: Geometry, units: int, ref: ChunkRef) -> int:
     length = geo.n if ref.factor == 0 else geo.d
     return geo.group_size(ref.group) * units * (plane_bytes(length) + (HEAD_BYTES if ref.plane == 0 else 0))
+
+
+def mean_length(kind: int, units: int, d: int) -> int:
+    return units * (d * 2 if kind == MEAN_F16 else MEAN_HEAD + d)
+
+
+def encode_means(means: np.ndarray) -> bytes:
+    """``(U, d)`` means → a ``MEAN_U8`` chunk: per unit ``lo`` and ``step`` (f32), then ``d`` codes
+    ``round((μ − lo) / step)``; ``μ̂ = lo + code · step`` (``step`` = range / 255, 0 for a flat mean)."""
+    m = np.asarray(means, np.float64)
+    lo = m.min(axis=1, keepdims=True).astype(np.float32)
+    step = ((m.max(axis=1, keepdims=True) - lo) / 255).astype(np.float32)
+    codes = np.where(step > 0, np.rint((m - lo) / np.where(step > 0, step, 1)), 0).clip(0, 255).astype(np.uint8)
+    head = np.concatenate([lo, step], axis=1).astype("<f4").view(np.uint8)
+    return np.concatenate([head, codes], axis=1).tobytes()
+
+
+def decode_means(raw: bytes, kind: int, units: int, d: int) -> np.ndarray:
+    """A mean chunk's bytes → ``(U, d)`` float32 (what every level of the shard rebuilds with)."""
+    if kind == MEAN_F16:
+        return np.frombuffer(raw, dtype="<f2").reshape(units, d).astype(np.float32)
+    rec = np.frombuffer(raw, np.uint8).reshape(units, MEAN_HEAD + d)
+    lo, step = (np.ascontiguousarray(rec[:, :MEAN_HEAD]).view("<f4")[:, i:i + 1] for i in (0, 1))
+    return lo + rec[:, MEAN_HEAD:].astype(np.float32) * step
 
 
 def encode_chunks(factors: Sequence[QuantizedFactors], geo: Geometry) -> dict[ChunkRef, tuple[bytes, bool]]:
@@ -97,11 +128,11 @@ def encode_chunks(factors: Sequence[QuantizedFactors], geo: Geometry) -> dict[Ch
     return out
 
 
-def layout_bytes(refs: Sequence[ChunkRef | None], coded: Sequence[bool]) -> bytes:
-    """Two bytes per chunk (None = the shard's mean): kind, group."""
+def layout_bytes(refs: Sequence[ChunkRef | None], coded: Sequence[bool], mean_kind: int = MEAN_U8) -> bytes:
+    """Two bytes per chunk (None = the shard's mean, stored as ``mean_kind``): kind, group."""
     out = bytearray()
     for ref, c in zip(refs, coded):
-        kind = (CODED if c else 0) | (MEAN if ref is None else (FACTOR_B if ref.factor else 0) | ref.plane)
+        kind = (CODED if c else 0) | (MEAN | mean_kind if ref is None else (FACTOR_B if ref.factor else 0) | ref.plane)
         out += bytes([kind, 0 if ref is None else ref.group])
     return bytes(out)
 
@@ -128,6 +159,7 @@ class AllocatedPackInfo(PackInfo):
             raise PackFormatError(f"pack v2 layout describes {len(layout) // 2} chunks, the index has {len(index)}")
         self._coded = (layout[0::2] & CODED).astype(bool)
         self._base, self._refs, self._raw = [], [], np.zeros(len(index), np.int64)
+        self._mean_kind: list[int] = []
         self._frontiers: dict[int, list[Config]] = {}
         pos = 0
         for s, (count, (_, l0, l1)) in enumerate(zip(counts, plan)):
@@ -139,9 +171,10 @@ class AllocatedPackInfo(PackInfo):
         """The chunk refs of one shard after its mean, each checked: planes in order, lengths as implied."""
         g = self.geometry
         kinds, groups = layout[0::2], layout[1::2]
-        if not kinds[0] & MEAN or kinds[0] & CODED:
+        if not kinds[0] & MEAN or kinds[0] & CODED or kinds[0] & 0x0F not in (MEAN_F16, MEAN_U8):
             raise PackFormatError(f"pack v2 shard at chunk {first} does not start with its raw mean")
-        self._raw[first] = units * g.d * 2
+        self._mean_kind.append(int(kinds[0] & 0x0F))
+        self._raw[first] = mean_length(self._mean_kind[-1], units, g.d)
         refs, have = [], {}
         for i, (kind, group) in enumerate(zip(kinds[1:], groups[1:]), start=first + 1):
             ref = ChunkRef(int(bool(kind & FACTOR_B)), int(group), int(kind & 0x0F))
@@ -189,6 +222,10 @@ class AllocatedPackInfo(PackInfo):
         front = self.frontier(shard)
         budget = self.geometry.config_bytes(len(self.units(shard)), r, b_a, b_b) if r < self.geometry.rank else np.inf
         return max((c for c in front if c.bytes <= budget), key=lambda c: c.bytes, default=front[0]).key
+
+    def mean_kind(self, shard: int) -> int:
+        """How ``shard``'s mean chunk is stored: ``MEAN_U8`` (what the writer makes) or ``MEAN_F16``."""
+        return self._mean_kind[shard]
 
     def stored_chunk(self, chunk: int) -> tuple[bool, int]:
         """``(coded?, raw length)`` of a chunk id."""
@@ -289,7 +326,7 @@ def received_planes(info: AllocatedPackInfo, shard: int, k: int, blobs: Blobs, *
     ids = info.chunks(shard, k)
     data = info.index.gather(ids, blobs, verify=verify)
     units = info.units(shard)
-    means = np.frombuffer(data[0], dtype="<f2").reshape(len(units), info.geometry.d).astype(np.float32)
+    means = decode_means(data[0], info.mean_kind(shard), len(units), info.geometry.d)
     planes: list[dict[int, list[bytes]]] = [{}, {}]
     for cid, ref, stored in zip(ids[1:], info.refs(shard, k), data[1:]):
         coded, raw = info.stored_chunk(cid)
@@ -337,7 +374,7 @@ def write_allocated(path, source, *, model_id: str = "", template_id: str = "") 
     counts: list[int] = []
     frontiers: list[list[list]] = []
     for shard in source.shards:
-        chunks.append(np.stack([qf.mean for qf in shard.factors]).astype("<f2").tobytes())
+        chunks.append(shard.mean)
         refs.append(None)
         coded.append(False)
         sizes = [len(chunks[-1])]
@@ -352,7 +389,7 @@ def write_allocated(path, source, *, model_id: str = "", template_id: str = "") 
     if len(counts) != len(geo.shards()):
         raise ValueError(f"pack source gave {len(counts)} shards, the geometry has {len(geo.shards())}")
     header = base_header(source, model_id, template_id, time.perf_counter() - t0)
-    header["dtypes"].update(code="u8 offset-binary; planes >= 1 stored XOR NOT plane 0 (magnitude)",
+    header["dtypes"].update(mean="u8 per unit: <f4 lo, <f4 step, d codes (layout kind 0x41)", code="u8 offset-binary; planes >= 1 stored XOR NOT plane 0 (magnitude)",
                             coding="raw, or one zstd frame per chunk (layout flag 0x80)")
     header.update(shard_chunks=counts, layout=base64.b64encode(layout_bytes(refs, coded)).decode("ascii"))
     if source.tradeoff is not None:

@@ -8,6 +8,7 @@ layout and the bytes live in :mod:`sakura.formats.pack`, whose :func:`write_pack
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence
@@ -15,7 +16,7 @@ from typing import Callable, Iterator, Mapping, Sequence
 import numpy as np
 import torch
 
-from sakura.formats.allocated import AllocatedShard, ChunkRef, encode_chunks
+from sakura.formats.allocated import MEAN_U8, AllocatedShard, ChunkRef, decode_means, encode_chunks, encode_means
 from sakura.formats.bitplanes import PLANES, QuantizedFactors, quantize
 from sakura.formats.pack import DEFAULT_GROUP, Config, Geometry, PackInfo, PackSource, write_pack
 from sakura.kvcache import KVCache, shard_units
@@ -101,9 +102,12 @@ def compress_cache(cache: KVCache, importance: Importance | None, *, q: float = 
 def allocated_shard(units, geo: Geometry, reference_rank: int | None, tolerance: float, with_frontier: bool
                     ) -> AllocatedShard:
     """One shard of a v2 pack: its chunks in greedy allocation order, up to the reference quality."""
-    factors = [qf for _, _, qf in units]
+    # The allocation scores each unit against the mean it will be rebuilt with: the stored 8-bit one.
+    mean = encode_means(np.stack([qf.mean for _, _, qf in units]))
+    decoded = decode_means(mean, MEAN_U8, len(units), geo.d)
+    factors = [dataclasses.replace(qf, mean=m) for (_, _, qf), m in zip(units, decoded)]
     stored = encode_chunks(factors, geo)
-    models = [UnitModel(*unit) for unit in units]
+    models = [UnitModel(x, imp, qf) for (x, imp, _), qf in zip(units, factors)]
     table, base = shard_table(models, geo.group)
     groups = -(-min(reference_rank or geo.rank, geo.rank) // geo.group)
     order, points = greedy_order(table, base, {ref: len(b) for ref, (b, _) in stored.items()})
@@ -116,9 +120,9 @@ def allocated_shard(units, geo: Geometry, reference_rank: int | None, tolerance:
     k_top = points[top][0]
     top_error = exact_error(models, order[:k_top], geo.group)
     order, points = order[:k_top], [p for p in points[:top] if p[1] > top_error] + [(k_top, top_error)]
-    nbytes = np.cumsum([len(units) * geo.d * 2] + [len(stored[ref][0]) for ref in order])
+    nbytes = np.cumsum([len(mean)] + [len(stored[ref][0]) for ref in order])
     front = thin(points, nbytes) if with_frontier else []
-    return AllocatedShard(factors, [(ref, *stored[ref]) for ref in order], front)
+    return AllocatedShard(factors, mean, [(ref, *stored[ref]) for ref in order], front)
 
 
 def pack_cache(path: str | Path, cache: KVCache, importance: Importance | None, *, model_id: str = "",
