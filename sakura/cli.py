@@ -243,6 +243,8 @@ def bench(
                                                "was picked S seconds before the edit and its pack prefetched meanwhile."),
     calibration_runs: int = typer.Option(7, "--calibration-runs", help="Local-generation runs per template when "
                                          "calibrating (the regime scale rests on their median)."),
+    quality_requests: int = typer.Option(2, "--quality-requests", min=1, help="Fig. 15: held-out requests per "
+                                         "template at every operating point (the catalog has 6–7)."),
     rebuild_clock: str = typer.Option("wall", "--rebuild-clock", help="wall | cpu: time the simulated clock's "
                                       "rebuilds by elapsed time, or by the rebuilding thread's CPU time (on a shared, "
                                       "busy machine; compute is replayed from the calibration either way)."),
@@ -271,7 +273,7 @@ def bench(
                             packs=packs if "://" in packs else Path(packs),
                             calibration_file=calibration or default_path(), repeats=5, think_time=think_time,
                             fallbacks=fallbacks,
-                            full_repeats=max(1, calibration_runs))
+                            full_repeats=max(1, calibration_runs), quality_requests=quality_requests)
     for sname in cfg.systems:
         if sname not in SYSTEMS:
             raise UserError(f"unknown system {sname!r}; choose from {', '.join(SYSTEMS)}")

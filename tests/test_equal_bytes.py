@@ -37,6 +37,8 @@ def test_figure_files_written(fig15):
     fs = data["workloads"]["fs"]
     assert set(fs["curves"]) == {"sakura", "sakura-v1", "intq", "cachegen"}  # v2 pack beside the v1 one
     assert set(fs["comparison"]) == {"sakura-v1", "intq", "cachegen"}
+    paired = fs["comparison"]["sakura-v1"]["psnr_masked"]["paired"]  # v2 vs v1 pack, edit by edit
+    assert paired["edits"] == 1
     assert len(fs["curves"]["intq"]) == 4  # every stored bit width is a point
 
 
@@ -90,3 +92,18 @@ def test_no_overlap_is_reported_not_extrapolated():
     assert c["other_bytes"] == pytest.approx([1e6, 1e7])
     notes = equal_bytes.overlap_notes("fs", {"cachegen": {"psnr_masked": c}})
     assert "no equal-psnr_masked overlap" in notes[0] and "no equal-bytes overlap" in notes[0]
+
+
+def test_paired_savings_compare_each_edit_with_itself():
+    # Two edits on different quality scales; on each, ours needs 0.7x the other's bytes at every
+    # quality. Pooled means mix the scales; the edit-by-edit comparison recovers 30 % in every band.
+    def rows(scale):
+        return [{"per_template": [{"template": "t", "bytes": b * scale,
+                                   "per_request": [{"psnr_masked": 40 + 5 * k}, {"psnr_masked": 50 + 9 * k}]}]}
+                for k, b in enumerate([1e4, 2e4, 4e4, 8e4])]
+    got = equal_bytes.paired_savings(rows(0.7), rows(1.0))
+    assert got["edits"] == 2 and set(got["bands"]) == {"low", "mid", "high"}
+    assert all(v["median"] == pytest.approx(0.3) for v in got["bands"].values())
+    worse = equal_bytes.paired_savings(rows(1.5), rows(1.0))
+    assert worse["median"] == pytest.approx(-0.5)
+    assert equal_bytes.paired_savings(rows(1.0)[:1], rows(1.0)) is None  # one point: no overlap to compare

@@ -265,6 +265,7 @@ class BenchConfig:
     fallbacks: bool = True  # every streaming system's runtime may reuse / recompute / go local (False: always wait)
     repeats: int = 3  # masked runs per template calibration
     full_repeats: int | None = None  # local-generation runs (default repeats − 1): the regime scale rests on them
+    quality_requests: int = 2  # held-out requests per template in the static quality sweep (Fig. 15)
 
     @cached_property
     def calibration(self) -> CalibrationStore:

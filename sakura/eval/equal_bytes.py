@@ -203,12 +203,54 @@ def compare(ours: list[tuple[float, float]], other: list[tuple[float, float]], n
     return res
 
 
+def edit_curves(rows: list[dict], metric: str) -> dict[tuple[str, int], list[tuple[float, float]]]:
+    """One system's sweep split per edit: ``(template, request) → [(bytes, quality)]`` at every point."""
+    out: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    for row in rows:
+        for t in row["per_template"]:
+            for i, q in enumerate(t["per_request"]):
+                out.setdefault((t["template"], i), []).append((t["bytes"], q[metric]))
+    return out
+
+
+BANDS = ("low", "mid", "high")  # thirds of each edit's equal-quality overlap
+
+
+def paired_savings(ours: list[dict], other: list[dict], metric: str = "psnr_masked", n: int = 9) -> dict | None:
+    """The byte saving of ``ours`` over ``other`` at equal quality, **edit by edit**: each edit's own
+    Pareto curves (bytes vs its quality), ``n`` quality levels evenly over that edit's overlap. Pooling
+    first (``compare``) averages different edits' non-monotone curves and mixes their quality scales;
+    pairing removes both. Per band (thirds of the overlap): median, 25th percentile and count."""
+    a_by, b_by = edit_curves(ours, metric), edit_curves(other, metric)
+    by_band: dict[str, list[float]] = {b: [] for b in BANDS}
+    edits = 0
+    for key in a_by.keys() & b_by.keys():
+        a, b = pareto(a_by[key]), pareto(b_by[key])
+        lo, hi = max(a[1][0], b[1][0]), min(a[1][-1], b[1][-1])
+        if not len(a[1]) or not len(b[1]) or hi <= lo:
+            continue
+        edits += 1
+        for j, v in enumerate(np.linspace(lo, hi, n)):
+            by_band[BANDS[min(3 * j // n, 2)]].append(1 - bytes_at(a, v) / bytes_at(b, v))
+    if not edits:
+        return None
+    stats = {band: {"median": float(np.median(v)), "p25": float(np.percentile(v, 25)), "count": len(v)}
+             for band, v in by_band.items() if v}
+    every = [x for v in by_band.values() for x in v]
+    return {"edits": edits, "levels_per_edit": n, "bands": stats, "median": float(np.median(every)),
+            "p25": float(np.percentile(every, 25))}
+
+
 def comparisons(curves: dict[str, list[dict]], metrics=("psnr_masked", "ssim_masked")) -> dict:
     """``{baseline: {metric: compare(...)}}`` for every swept baseline against SAKURA."""
     if "sakura" not in curves:
         return {}
     pts = {s: {m: [(r["bytes"], r[m]) for r in rows] for m in metrics} for s, rows in curves.items()}
-    return {s: {m: compare(pts["sakura"][m], pts[s][m]) for m in metrics} for s in curves if s != "sakura"}
+    out = {s: {m: compare(pts["sakura"][m], pts[s][m]) for m in metrics} for s in curves if s != "sakura"}
+    for s in out:
+        for m in metrics:
+            out[s][m]["paired"] = paired_savings(curves["sakura"], curves[s], m)
+    return out
 
 
 # -- the figure ---------------------------------------------------------------------------------------
@@ -231,16 +273,25 @@ def overlap_notes(workload: str, comp: dict) -> list[str]:
                 q = f"no equal-{m} overlap (SAKURA {span(*c['ours_quality'])}, {name} {span(*c['other_quality'])})"
             b = f"{eb['mean_gain']:+.3g} {m} at equal bytes" if eb else "no equal-bytes overlap"
             lines.append(f"{workload} SAKURA ({mb(c['ours_bytes'])}) vs {name} ({mb(c['other_bytes'])}): {q}; {b}")
+            if c.get("paired"):
+                pr = c["paired"]
+                bands = ", ".join(f"{k} {v['median']:.0%} (p25 {v['p25']:.0%})" for k, v in pr["bands"].items())
+                lines.append(f"  edit by edit ({pr['edits']} edits): bytes saved at equal {m}, median per third "
+                             f"of the overlap: {bands}")
     return lines
 
 
-def fig15_bytes_quality(cfg, out: Path, cache: dict, progress, say, requests: int = 2, budgets: int = 10) -> list[Path]:
+def fig15_bytes_quality(cfg, out: Path, cache: dict, progress, say, requests: int | None = None, budgets: int = 10
+                        ) -> list[Path]:
     """Masked PSNR / SSIM vs bytes sent for SAKURA, IntQ and CacheGen on each workload's templates
-    (``requests`` held-out requests per template, ``budgets`` SAKURA budgets); PNG + JSON."""
+    (``requests`` held-out requests per template, default ``cfg.quality_requests``; ``budgets`` SAKURA
+    budgets); PNG + JSON."""
     import json
 
     from sakura.eval import bench
     from sakura.eval.plots import fig_quality_vs_bytes
+
+    requests = requests or cfg.quality_requests
 
     data: dict = {"requests_per_template": requests, "sakura_budgets": budgets, "reference": "FP16-cache output",
                   "workloads": {}}
