@@ -158,6 +158,8 @@ def build(
                                       "a cluster address (auto, HOST:6379, ray://HOST:10001)."),
     ray_workers: Optional[int] = typer.Option(None, "--ray-workers", help="With --ray local: CPUs (parallel tasks)."),
     force: bool = typer.Option(False, "--force", help="Rebuild templates whose packs are already published."),
+    basis: str = typer.Option("shard", "--basis", help="SAKURA pack: one token basis per shard, shared by its K/V "
+                              "units (shard), or one per unit (unit)."),
 ):
     """Offline: capture, profile importance, write the progressive pack and the baselines' files."""
     from sakura.catalog import load_catalog
@@ -168,12 +170,13 @@ def build(
     if ray is None and not is_store_url(out):  # the embedded default, exactly as before
         from sakura.offline.builder import build_with_progress
 
-        build_with_progress(chosen, Path(out), q=q, max_rank=max_rank, shard_size=shard_size, model_path=model_path)
+        build_with_progress(chosen, Path(out), q=q, max_rank=max_rank, shard_size=shard_size, model_path=model_path,
+                            basis=basis)
         return
     from sakura.offline.store_cli import build_to_store
 
     build_to_store(chosen, out, q=q, max_rank=max_rank, shard_size=shard_size, model_path=model_path, ray=ray,
-                   ray_workers=ray_workers, catalog=catalog, force=force)
+                   ray_workers=ray_workers, catalog=catalog, force=force, basis=basis)
 
 
 @app.command("pack-info")

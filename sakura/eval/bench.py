@@ -104,13 +104,15 @@ def current_pack(path: Path) -> bool:
     """Whether a built pack exists in the layout the builder writes now: a pack of an older version
     (or an unreadable one) is rebuilt, never streamed as if it were current."""
     from sakura.formats.pack import PackInfo
-    from sakura.offline.builder import DEFAULT_LAYOUT
+    from sakura.offline.builder import DEFAULT_BASIS, DEFAULT_LAYOUT
 
     try:
         info = PackInfo.open(path)[1]
     except (OSError, PackFormatError):
         return False
-    return info.version == (2 if DEFAULT_LAYOUT == "allocated" else 1)
+    if DEFAULT_LAYOUT != "allocated":
+        return info.version == 1
+    return info.version == 2 and info.geometry.shared_basis == (DEFAULT_BASIS == "shard")
 
 
 def prepare_template(tpl, packs: Path, max_rank: int = 128, q: float = 0.5, say: Callable[[str], None] = print,

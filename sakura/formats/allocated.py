@@ -83,8 +83,8 @@ class AllocatedShard:
 
 
 def raw_length(geo: Geometry, units: int, ref: ChunkRef) -> int:
-    length = geo.n if ref.factor == 0 else geo.d
-    return geo.group_size(ref.group) * units * (plane_bytes(length) + (HEAD_BYTES if ref.plane == 0 else 0))
+    length, copies = (geo.n, geo.a_units(units)) if ref.factor == 0 else (geo.d, units)
+    return geo.group_size(ref.group) * copies * (plane_bytes(length) + (HEAD_BYTES if ref.plane == 0 else 0))
 
 
 def mean_length(kind: int, units: int, d: int) -> int:
@@ -112,10 +112,12 @@ def decode_means(raw: bytes, kind: int, units: int, d: int) -> np.ndarray:
 
 
 def encode_chunks(factors: Sequence[QuantizedFactors], geo: Geometry) -> dict[ChunkRef, tuple[bytes, bool]]:
-    """Every ``(factor, group, plane)`` chunk of one shard, stored form (magnitude planes, raw or coded)."""
+    """Every ``(factor, group, plane)`` chunk of one shard, stored form (magnitude planes, raw or coded).
+    With a shared token basis the units' A is one array, stored once."""
     out = {}
-    for f, (codes, scales, zero) in enumerate((([q.a_codes for q in factors], [q.a_scales for q in factors],
-                                                 [q.a_zero for q in factors]),
+    a_owners = factors[:geo.a_units(len(factors))]
+    for f, (codes, scales, zero) in enumerate((([q.a_codes for q in a_owners], [q.a_scales for q in a_owners],
+                                                 [q.a_zero for q in a_owners]),
                                                 ([q.b_codes for q in factors], [q.b_scales for q in factors],
                                                  [q.b_zero for q in factors]))):
         records = plane_records(codes, scales, zero)
@@ -338,9 +340,15 @@ def decode_factors(info: AllocatedPackInfo, shard: int, k: int, blobs: Blobs, *,
     """``{unit: (A (n, r), B (r, d), mean (d,))}`` float32 for level ``k`` of ``shard`` (as v1's decode_factors)."""
     geo = info.geometry
     units, means, planes, groups = received_planes(info, shard, k, blobs, verify=verify)
-    a = dequantize_groups(planes[0], groups, geo, geo.n, len(units))
+    a = dequantize_groups(planes[0], groups, geo, geo.n, geo.a_units(len(units)))
     b = dequantize_groups(planes[1], groups, geo, geo.d, len(units))
-    return {u: (a[i].T, b[i], means[i]) for i, u in enumerate(units)}
+    return {u: (a[i if len(a) > 1 else 0].T, b[i], means[i]) for i, u in enumerate(units)}
+
+
+def low_rank(means: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``A·B + μ`` for every unit: ``means (U, d)``, ``a (U or 1, n, r)`` (1: a shared token basis),
+    ``b (U, r, d)`` → ``(U, n, d)``, one batched matmul."""
+    return torch.baddbmm(means[:, None, :], a.expand(len(b), -1, -1), b)
 
 
 def decode_shard(info: AllocatedPackInfo, shard: int, k: int, blobs: Blobs, *, verify: bool = True):
@@ -348,12 +356,12 @@ def decode_shard(info: AllocatedPackInfo, shard: int, k: int, blobs: Blobs, *, v
     factor and ``A·B + μ`` as one batched matmul (A used transposed in place)."""
     geo = info.geometry
     units, means, planes, groups = received_planes(info, shard, k, blobs, verify=verify)
-    m = torch.from_numpy(means)[:, None, :]
+    m = torch.from_numpy(means)
     if not groups:
-        return units, m.expand(len(units), geo.n, geo.d).clone()
-    a = torch.from_numpy(dequantize_groups(planes[0], groups, geo, geo.n, len(units)))
+        return units, m[:, None, :].expand(len(units), geo.n, geo.d).clone()
+    a = torch.from_numpy(dequantize_groups(planes[0], groups, geo, geo.n, geo.a_units(len(units))))
     b = torch.from_numpy(dequantize_groups(planes[1], groups, geo, geo.d, len(units)))
-    return units, torch.baddbmm(m, a.transpose(1, 2), b)
+    return units, low_rank(m, a.transpose(1, 2), b)
 
 
 def level_ranges(info: AllocatedPackInfo, shard: int, k: int) -> list[tuple[int, int]]:

@@ -41,7 +41,7 @@ MAX_FILE_BYTES = 1 << 40  # 1 TiB: far above any template's stored file
 LIMITS: dict[str, tuple[int, int]] = {
     "num_steps": (1, 4096), "num_layers": (1, 4096), "shard_size": (1, 4096), "heads": (1, 4096),
     "head_dim": (1, 4096), "d": (1, 1 << 16), "n": (0, 1 << 20), "max_rank": (0, 1 << 16), "rank": (0, 1 << 16),
-    "group": (1, 1 << 16), "planes": (1, 8), "chunk_tokens": (1, 1 << 20),
+    "group": (1, 1 << 16), "planes": (1, 8), "chunk_tokens": (1, 1 << 20), "shared_basis": (0, 1),
 }
 MAX_LAYER_STEPS = 1 << 16  # num_steps × num_layers: cache units of one kind
 MAX_UNIT_ELEMENTS = 1 << 26  # n × d of one cache unit (256 MB as float32)

@@ -131,8 +131,12 @@ def _geometry(header: dict[str, Any]) -> Geometry:
     geometry = header.get("geometry")
     if not isinstance(geometry, dict) or set(geometry) - set(keys):
         raise PackFormatError(f"pack header geometry must be an object with fields {keys}")
+    if "shared_basis" not in geometry:  # packs written before the field: one basis per unit
+        keys.remove("shared_basis")
     g = Geometry(**geometry_ints(header, keys, "pack"))
-    if g.rank != min(g.max_rank, g.n, g.d) or g.shard_size > g.num_layers:
+    if g.shared_basis and header.get("version") != 2:
+        raise PackFormatError("a shared token basis needs pack version 2")
+    if g.rank != g.max_stored_rank() or g.shard_size > g.num_layers:
         raise PackFormatError("pack header geometry is inconsistent (rank or shard size)")
     return g
 

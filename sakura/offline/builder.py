@@ -28,14 +28,19 @@ from sakura.offline.compress import compress_cache
 DEFAULT_SHARD_SIZE = 2
 DEFAULT_MAX_RANK = 128
 DEFAULT_LAYOUT = "allocated"  # pack v2 (issue #18); "uniform" writes v1 (the Fig. 8/13/15 comparisons)
+BASES = ("shard", "unit")  # v2: one token basis per shard (shared by its K/V units), or one per unit
+DEFAULT_BASIS = "shard"
 
 
-def pack_options(max_rank: int, layout: str = DEFAULT_LAYOUT) -> dict:
+def pack_options(max_rank: int, layout: str = DEFAULT_LAYOUT, basis: str = DEFAULT_BASIS) -> dict:
     """compress_cache options for a pack of top quality ``(max_rank, 8, 8)``: v1 stores exactly that;
     v2 factorises to twice the rank and its allocation stops at that quality (often cheaper with more,
-    coarser components than with 8-bit ones: KVTC's finding)."""
-    if layout == "allocated":
-        return {"layout": layout, "max_rank": 2 * max_rank, "reference_rank": max_rank}
+    coarser components than with 8-bit ones: KVTC's finding), by default with one token basis per shard."""
+    if basis not in BASES:
+        raise ValueError(f"basis must be one of {', '.join(BASES)}, got {basis!r}")
+    if layout == "allocated":  # a shared basis serves 2·shard_size units: give it room for their components
+        return {"layout": layout, "max_rank": (4 if basis == "shard" else 2) * max_rank, "reference_rank": max_rank,
+                "shared_basis": basis == "shard"}
     return {"layout": layout, "max_rank": max_rank}
 
 
@@ -76,7 +81,7 @@ def profile_importance(model: DiTAdapter, template, cache: KVCache, requests=Non
 def build_template(template, out_dir: str | Path, *, q: float = 0.5, max_rank: int = DEFAULT_MAX_RANK,
                    shard_size: int = DEFAULT_SHARD_SIZE, model_path: str | Path | None = None,
                    encodings: tuple[str, ...] = tuple(FORMATS), layout: str = DEFAULT_LAYOUT,
-                   progress: Callable[[str], None] | None = None) -> BuildReport:
+                   basis: str = DEFAULT_BASIS, progress: Callable[[str], None] | None = None) -> BuildReport:
     """Capture the template's cache, profile its importance and write each format named in ``encodings``."""
     say = progress or (lambda msg: None)
     out = Path(out_dir)
@@ -104,7 +109,7 @@ def build_template(template, out_dir: str | Path, *, q: float = 0.5, max_rank: i
         path = out / f"{fmt.file_id(template.id)}.pack"
         if fmt.from_factors:  # the format stores what the offline compression computes, not the cache
             fmt.write(path, compress_cache(cache, importance, q=q, shard_size=shard_size,
-                                           **pack_options(max_rank, fmt.layout or layout)), **ids)
+                                           **pack_options(max_rank, fmt.layout or layout, basis)), **ids)
         else:
             fmt.write(path, cache, shard_size=shard_size, **ids)
         storage[fmt.name] = path.stat().st_size

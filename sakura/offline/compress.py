@@ -20,7 +20,8 @@ from sakura.formats.allocated import MEAN_U8, AllocatedShard, ChunkRef, decode_m
 from sakura.formats.bitplanes import PLANES, QuantizedFactors, quantize
 from sakura.formats.pack import DEFAULT_GROUP, Config, Geometry, PackInfo, PackSource, write_pack
 from sakura.kvcache import KVCache, shard_units
-from sakura.offline.lowrank import SMALL_UNIT, Factors, normalized_importance, single_threaded, weighted_lowrank
+from sakura.offline.lowrank import (SMALL_UNIT, Factors, normalized_importance, shared_lowrank, single_threaded,
+                                    weighted_lowrank)
 from sakura.offline.tradeoff import DEFAULT_BITS, QUALITY_METRIC, pareto, profile_shard, rank_grid
 from sakura.offline.allocate import UnitModel, exact_error, exact_stop, greedy_order, shard_table, thin, uniform_error
 
@@ -29,20 +30,31 @@ ALLOCATION_METRIC = "estimate of the tradeoff metric (cross terms between compon
 Importance = Mapping[tuple[int, int], torch.Tensor]  # (step, layer) -> (n,) token importance
 
 
-def quantize_factors(f: Factors, importance=None) -> QuantizedFactors:
+def quantize_factors(f: Factors, importance=None, a: tuple | None = None) -> QuantizedFactors:
     """Quantise A and B independently. ``importance`` (n,) weighs A's dead-zone choice the way the
-    quality metric weighs rows (B's channels are unweighted); it is not stored."""
+    quality metric weighs rows (B's channels are unweighted); it is not stored. ``a``: A already
+    quantised (a shared token basis: one A for several units)."""
     w = normalized_importance(importance, f.a.shape[0]).numpy() if importance is not None else None
-    a = quantize(f.a.T.numpy(), w)
+    a = a or quantize(f.a.T.numpy(), w)
     b = quantize(f.b.numpy())
     return QuantizedFactors(*a, *b, f.mean.numpy().astype(np.float16))
+
+
+def quantize_shared(factors: Sequence[Factors], importances: Sequence) -> list[QuantizedFactors]:
+    """Units that share one ``A`` (:func:`shared_lowrank`): A quantised once (dead zones weighed by the
+    units' mean importance), each unit's B with its own per-component scales."""
+    n = factors[0].a.shape[0]
+    s = torch.stack([normalized_importance(imp, n) for imp in importances]).mean(dim=0)
+    a = quantize(factors[0].a.T.numpy(), s.numpy())
+    return [quantize_factors(f, a=a) for f in factors]
 
 
 def compress_cache(cache: KVCache, importance: Importance | None, *, q: float = 0.5, max_rank: int = 64,
                    shard_size: int = 1, tradeoff: Mapping[int, Sequence[Config]] | bool | None = None,
                    group: int = DEFAULT_GROUP, bits: Sequence[int] = DEFAULT_BITS,
                    progress: Callable[[int, int], None] | None = None, layout: str = "uniform",
-                   reference_rank: int | None = None, tolerance: float = TOLERANCE) -> PackSource:
+                   reference_rank: int | None = None, tolerance: float = TOLERANCE,
+                   shared_basis: bool = False) -> PackSource:
     """Factorise and quantise every cache unit, shard by shard, and profile each shard's frontier.
 
     ``importance[(step, layer)]`` is the (n,) token importance for both K and V of that layer
@@ -55,15 +67,21 @@ def compress_cache(cache: KVCache, importance: Importance | None, *, q: float = 
     per-group bit-allocation order (:mod:`sakura.offline.allocate`), entropy-coded where it pays, stored
     up to the estimated error of v1's top configuration ``(reference_rank, 8, 8)`` (default: the stored
     rank) times ``1 + tolerance``; its frontier is the allocation's path (``bits`` unused).
+    ``shared_basis`` (allocated only): each shard's units share one token basis A
+    (:func:`~sakura.offline.lowrank.shared_lowrank`); the stop quality is still that of v1's
+    separate per-unit factors.
     """
     if layout not in ("uniform", "allocated"):
         raise ValueError(f"layout must be 'uniform' or 'allocated', got {layout!r}")
     if layout == "allocated" and isinstance(tradeoff, Mapping):
         raise ValueError("an allocated pack's frontier is its allocation path: external frontiers are v1 only")
+    if shared_basis and layout != "allocated":
+        raise ValueError("a shared token basis is a version-2 (allocated) layout")
     importance = importance or {}
     n, d = cache.num_reused, cache.dim
-    geo = Geometry(cache.num_steps, cache.num_layers, cache.heads, cache.head_dim, n, shard_size, max_rank,
-                   min(max_rank, n, d), group)
+    geo = Geometry(cache.num_steps, cache.num_layers, cache.heads, cache.head_dim, n, shard_size, max_rank, 0,
+                   group, shared_basis=int(shared_basis))
+    geo = dataclasses.replace(geo, rank=geo.max_stored_rank())
     if geo.rank < 1:
         raise ValueError("nothing to store: rank would be 0")
     ranks = rank_grid(geo.rank, group)
@@ -75,13 +93,16 @@ def compress_cache(cache: KVCache, importance: Importance | None, *, q: float = 
         plan = geo.shards()
         with single_threaded(n * d <= SMALL_UNIT):
             for i, shard in enumerate(plan):
-                units = []
-                for step, layer, kind in shard_units(*shard):
-                    x, layer_importance = cache.unit(step, layer, kind), importance.get((step, layer))
-                    factors = weighted_lowrank(x, layer_importance, q=q, max_rank=max_rank)
-                    units.append((x, layer_importance, quantize_factors(factors, layer_importance)))
+                cells = [(cache.unit(step, layer, kind), importance.get((step, layer)))
+                         for step, layer, kind in shard_units(*shard)]
+                if shared_basis:
+                    factors = shared_lowrank([x for x, _ in cells], [imp for _, imp in cells], q=q, max_rank=max_rank)
+                    units = [(*cell, qf) for cell, qf in zip(cells, quantize_shared(factors, [i for _, i in cells]))]
+                else:
+                    units = [(x, imp, quantize_factors(weighted_lowrank(x, imp, q=q, max_rank=max_rank), imp))
+                             for x, imp in cells]
                 if layout == "allocated":
-                    yield allocated_shard(units, geo, reference_rank, tolerance, tradeoff is not False)
+                    yield allocated_shard(units, geo, reference_rank, tolerance, tradeoff is not False, q)
                 elif tradeoff is None:
                     front = pareto(profile_shard(units, functools.partial(geo.config_bytes, len(units)), ranks, bits))
                 else:
@@ -99,8 +120,18 @@ def compress_cache(cache: KVCache, importance: Importance | None, *, q: float = 
     return PackSource(geo, shards(), cache.reuse_index, dtype, build, table, version=2 if layout == "allocated" else 1)
 
 
-def allocated_shard(units, geo: Geometry, reference_rank: int | None, tolerance: float, with_frontier: bool
-                    ) -> AllocatedShard:
+def reference_target(units, geo: Geometry, reference_rank: int | None, q: float) -> float:
+    """The exact error of v1's top ``(reference_rank, 8, 8)``: separate per-unit factors, as v1 stores them."""
+    rank = min(reference_rank or geo.rank, geo.n, geo.d)
+    models = [UnitModel(x, imp, quantize_factors(weighted_lowrank(x, imp, q=q, max_rank=rank), imp))
+              for x, imp, _ in units]
+    groups = -(-rank // geo.group)
+    refs = [ChunkRef(f, g, p) for g in range(groups) for f in (0, 1) for p in range(PLANES)]
+    return exact_error(models, refs, geo.group)
+
+
+def allocated_shard(units, geo: Geometry, reference_rank: int | None, tolerance: float, with_frontier: bool,
+                    q: float = 0.5) -> AllocatedShard:
     """One shard of a v2 pack: its chunks in greedy allocation order, up to the reference quality."""
     # The allocation scores each unit against the mean it will be rebuilt with: the stored 8-bit one.
     mean = encode_means(np.stack([qf.mean for _, _, qf in units]))
@@ -112,10 +143,14 @@ def allocated_shard(units, geo: Geometry, reference_rank: int | None, tolerance:
     groups = -(-min(reference_rank or geo.rank, geo.rank) // geo.group)
     order, points = greedy_order(table, base, {ref: len(b) for ref, (b, _) in stored.items()})
     # The estimate picks where to look; the exact error of the reference decides where to stop.
-    reference = [ChunkRef(f, g, p) for g in range(groups) for f in (0, 1) for p in range(PLANES)]
-    target = exact_error(models, reference, geo.group) * (1 + tolerance)
-    guess = next((i for i, (_, e) in enumerate(points) if e <= uniform_error(table, base, groups, PLANES, PLANES)),
-                 len(points) - 1)
+    if geo.shared_basis:  # the reference is v1's separate factors, not a prefix of these
+        target = reference_target(units, geo, reference_rank, q) * (1 + tolerance)
+        guess = next((i for i, (_, e) in enumerate(points) if e <= target), len(points) - 1)
+    else:
+        reference = [ChunkRef(f, g, p) for g in range(groups) for f in (0, 1) for p in range(PLANES)]
+        target = exact_error(models, reference, geo.group) * (1 + tolerance)
+        guess = next((i for i, (_, e) in enumerate(points) if e <= uniform_error(table, base, groups, PLANES, PLANES)),
+                     len(points) - 1)
     top = exact_stop(models, order, points, target, geo.group, guess)
     k_top = points[top][0]
     top_error = exact_error(models, order[:k_top], geo.group)

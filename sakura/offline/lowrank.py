@@ -125,3 +125,18 @@ def weighted_lowrank(x: torch.Tensor, importance: torch.Tensor | None = None, *,
     # folded back in: no division by tiny singular values, so the tail components stay finite.
     a = (y @ basis.T) / sw[:, None]
     return Factors(a.float(), basis.float().contiguous(), mean.float(), s[:r].float())
+
+
+def shared_lowrank(xs: list[torch.Tensor], importances: list[torch.Tensor | None], *, q: float = 0.5,
+                   max_rank: int = 64, method: str = "auto") -> list[Factors]:
+    """One token basis for several units of the same tokens (a shard's K and V of each layer):
+    :func:`weighted_lowrank` of ``[X_1 | … | X_U]`` with the units' mean importance, split back into
+    per-unit factors that share ``a`` (and ``sv``). The units' K/V are strongly correlated along the
+    tokens, so one ``A`` of rank r' < U·r serves all: A (n values per component) is most of the bytes."""
+    n = xs[0].shape[0]
+    s = torch.stack([normalized_importance(imp, n) for imp in importances]).mean(dim=0)
+    joint = weighted_lowrank(torch.cat([x.detach().float() for x in xs], dim=1), s, q=q, max_rank=max_rank,
+                             method=method)
+    cols = torch.cumsum(torch.tensor([0] + [x.shape[1] for x in xs]), 0).tolist()
+    return [Factors(joint.a, joint.b[:, c0:c1].contiguous(), joint.mean[c0:c1].contiguous(), joint.sv)
+            for c0, c1 in zip(cols, cols[1:])]

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from sakura.net.stores import FolderStore, Store, build_key
-from sakura.offline.builder import DEFAULT_MAX_RANK, DEFAULT_SHARD_SIZE, build_template
+from sakura.offline.builder import DEFAULT_BASIS, DEFAULT_MAX_RANK, DEFAULT_SHARD_SIZE, build_template
 
 
 @dataclass(frozen=True)
@@ -26,9 +26,11 @@ class BuildSettings:
     max_rank: int = DEFAULT_MAX_RANK
     shard_size: int = DEFAULT_SHARD_SIZE
     model_path: str | None = None
+    basis: str = DEFAULT_BASIS
 
     def builder_kw(self) -> dict:
-        return {"q": self.q, "max_rank": self.max_rank, "shard_size": self.shard_size, "model_path": self.model_path}
+        return {"q": self.q, "max_rank": self.max_rank, "shard_size": self.shard_size, "model_path": self.model_path,
+                "basis": self.basis}
 
     def key(self, template) -> str:
         return build_key(template, str(self.model_path or template.model), asdict(self))

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from sakura.formats.allocated import low_rank
 from sakura.formats.bitplanes import HEAD_BYTES, FactorBytes, plane_bytes
 from sakura.formats.container import Blobs
 from sakura.formats.pack import PackInfo, shard_bytes
@@ -333,19 +334,20 @@ class OpenCLReconstructor(Reconstructor):
 
     def _factors_allocated(self, info, shard: int, k: int, blobs: Blobs, *, verify: bool = True):
         """:meth:`factors` of a v2 pack: chunks decoded on the host (zstd), then one launch per factor
-        (``dequant_groups``: every component at its group's plane count). A comes back ``(U, r, n)``."""
+        (``dequant_groups``: every component at its group's plane count). A comes back ``(U, n, r)``, or
+        ``(1, n, r)`` for a shared token basis."""
         from sakura.formats.allocated import received_planes
 
         geo = info.geometry
         units, means, planes, groups = received_planes(info, shard, k, blobs, verify=verify)
         if not groups:
             return units, None, None, means
-        cl, mf, U = self.cl, self.cl.mem_flags, len(units)
+        cl, mf = self.cl, self.cl.mem_flags
         sizes = [geo.group_size(g) for g in groups]
         r = sum(sizes)
         out = []
         with self._lock:
-            for f, length in ((0, geo.n), (1, geo.d)):
+            for f, length, U in ((0, geo.n, geo.a_units(len(units))), (1, geo.d, len(units))):
                 pb = plane_bytes(length)
                 parts = [planes[f][g][0] for g in groups]  # plane-0 records, component order
                 pos = sum(map(len, parts))
@@ -378,7 +380,7 @@ class OpenCLReconstructor(Reconstructor):
         if a is None:
             kv = m[:, None, :].expand(len(units), geo.n, geo.d).clone()
         else:
-            kv = torch.baddbmm(m[:, None, :], torch.from_numpy(a), torch.from_numpy(b))
+            kv = low_rank(m, torch.from_numpy(a), torch.from_numpy(b))
         return kv_pairs(dict(zip(units, kv)))
 
     def _rebuild_on_device(self, info, shard, r, b_a, b_b, blobs, verify) -> KV:
