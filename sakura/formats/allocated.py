@@ -72,18 +72,20 @@ class PrefixConfig(Config):
 @dataclass
 class AllocatedShard:
     """What the offline allocation hands the v2 writer for one shard: its factors, the stored mean chunk
-    (:func:`encode_means`), the stored chunks (raw-or-coded bytes, coded flag) in file order, and the
-    error of each frontier prefix ``k``."""
+    (:func:`encode_means`), whether its units share one A, the stored chunks (raw-or-coded bytes, coded
+    flag) in file order, and the error of each frontier prefix ``k``."""
 
     factors: Sequence[QuantizedFactors]
     mean: bytes
+    shared: bool  # the units share one token basis (one A)
     chunks: list[tuple[ChunkRef, bytes, bool]]
     frontier: list[tuple[int, float]]  # (k, error), k increasing, error decreasing
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def raw_length(geo: Geometry, units: int, ref: ChunkRef) -> int:
-    length, copies = (geo.n, geo.a_units(units)) if ref.factor == 0 else (geo.d, units)
+def raw_length(geo: Geometry, units: int, ref: ChunkRef, shared: bool = False) -> int:
+    """Bytes of a raw chunk of a shard of ``units`` units (``shared``: its units share one A)."""
+    length, copies = (geo.n, 1 if shared else units) if ref.factor == 0 else (geo.d, units)
     return geo.group_size(ref.group) * copies * (plane_bytes(length) + (HEAD_BYTES if ref.plane == 0 else 0))
 
 
@@ -111,11 +113,12 @@ def decode_means(raw: bytes, kind: int, units: int, d: int) -> np.ndarray:
     return lo + rec[:, MEAN_HEAD:].astype(np.float32) * step
 
 
-def encode_chunks(factors: Sequence[QuantizedFactors], geo: Geometry) -> dict[ChunkRef, tuple[bytes, bool]]:
+def encode_chunks(factors: Sequence[QuantizedFactors], geo: Geometry, shared: bool = False
+                  ) -> dict[ChunkRef, tuple[bytes, bool]]:
     """Every ``(factor, group, plane)`` chunk of one shard, stored form (magnitude planes, raw or coded).
-    With a shared token basis the units' A is one array, stored once."""
+    ``shared``: the units' A is one array (a shared token basis), stored once."""
     out = {}
-    a_owners = factors[:geo.a_units(len(factors))]
+    a_owners = factors[:1] if shared else factors
     for f, (codes, scales, zero) in enumerate((([q.a_codes for q in a_owners], [q.a_scales for q in a_owners],
                                                  [q.a_zero for q in a_owners]),
                                                 ([q.b_codes for q in factors], [q.b_scales for q in factors],
@@ -159,6 +162,11 @@ class AllocatedPackInfo(PackInfo):
             raise PackFormatError("pack v2 layout is not base64") from None
         if len(layout) != 2 * len(index):
             raise PackFormatError(f"pack v2 layout describes {len(layout) // 2} chunks, the index has {len(index)}")
+        shared = header.get("shared_shards", [0] * len(plan))
+        if (not isinstance(shared, list) or len(shared) != len(plan) or any(v not in (0, 1) or type(v) is not int for v in shared)
+                or (any(shared) and not g.shared_basis)):
+            raise PackFormatError("pack v2 shared_shards must be one 0/1 per shard (1 only with geometry.shared_basis)")
+        self._shared = [bool(v) for v in shared]
         self._coded = (layout[0::2] & CODED).astype(bool)
         self._base, self._refs, self._raw = [], [], np.zeros(len(index), np.int64)
         self._mean_kind: list[int] = []
@@ -166,10 +174,10 @@ class AllocatedPackInfo(PackInfo):
         pos = 0
         for s, (count, (_, l0, l1)) in enumerate(zip(counts, plan)):
             self._base.append(pos)
-            self._refs.append(self._shard_refs(layout[2 * pos:2 * (pos + count)], 2 * (l1 - l0), pos))
+            self._refs.append(self._shard_refs(layout[2 * pos:2 * (pos + count)], 2 * (l1 - l0), pos, self._shared[s]))
             pos += count
 
-    def _shard_refs(self, layout: np.ndarray, units: int, first: int) -> list[ChunkRef]:
+    def _shard_refs(self, layout: np.ndarray, units: int, first: int, shared: bool) -> list[ChunkRef]:
         """The chunk refs of one shard after its mean, each checked: planes in order, lengths as implied."""
         g = self.geometry
         kinds, groups = layout[0::2], layout[1::2]
@@ -183,7 +191,7 @@ class AllocatedPackInfo(PackInfo):
             if kind & MEAN or ref.group >= g.num_groups or ref.plane != have.get((ref.factor, ref.group), 0):
                 raise PackFormatError(f"pack v2 chunk {i} is out of order or out of range")
             have[(ref.factor, ref.group)] = ref.plane + 1
-            self._raw[i] = raw_length(g, units, ref)
+            self._raw[i] = raw_length(g, units, ref, shared)
             refs.append(ref)
         for i in range(first, first + len(kinds)):
             stored = int(self.index.lengths[i])
@@ -224,6 +232,10 @@ class AllocatedPackInfo(PackInfo):
         front = self.frontier(shard)
         budget = self.geometry.config_bytes(len(self.units(shard)), r, b_a, b_b) if r < self.geometry.rank else np.inf
         return max((c for c in front if c.bytes <= budget), key=lambda c: c.bytes, default=front[0]).key
+
+    def a_units(self, shard: int) -> int:
+        """How many A factors ``shard`` stores: 1 when its units share a token basis, else one per unit."""
+        return 1 if self._shared[shard] else len(self.units(shard))
 
     def mean_kind(self, shard: int) -> int:
         """How ``shard``'s mean chunk is stored: ``MEAN_U8`` (what the writer makes) or ``MEAN_F16``."""
@@ -340,7 +352,7 @@ def decode_factors(info: AllocatedPackInfo, shard: int, k: int, blobs: Blobs, *,
     """``{unit: (A (n, r), B (r, d), mean (d,))}`` float32 for level ``k`` of ``shard`` (as v1's decode_factors)."""
     geo = info.geometry
     units, means, planes, groups = received_planes(info, shard, k, blobs, verify=verify)
-    a = dequantize_groups(planes[0], groups, geo, geo.n, geo.a_units(len(units)))
+    a = dequantize_groups(planes[0], groups, geo, geo.n, info.a_units(shard))
     b = dequantize_groups(planes[1], groups, geo, geo.d, len(units))
     return {u: (a[i if len(a) > 1 else 0].T, b[i], means[i]) for i, u in enumerate(units)}
 
@@ -359,7 +371,7 @@ def decode_shard(info: AllocatedPackInfo, shard: int, k: int, blobs: Blobs, *, v
     m = torch.from_numpy(means)
     if not groups:
         return units, m[:, None, :].expand(len(units), geo.n, geo.d).clone()
-    a = torch.from_numpy(dequantize_groups(planes[0], groups, geo, geo.n, geo.a_units(len(units))))
+    a = torch.from_numpy(dequantize_groups(planes[0], groups, geo, geo.n, info.a_units(shard)))
     b = torch.from_numpy(dequantize_groups(planes[1], groups, geo, geo.d, len(units)))
     return units, low_rank(m, a.transpose(1, 2), b)
 
@@ -380,8 +392,10 @@ def write_allocated(path, source, *, model_id: str = "", template_id: str = "") 
     refs: list[ChunkRef | None] = []
     coded: list[bool] = []
     counts: list[int] = []
+    shared: list[int] = []
     frontiers: list[list[list]] = []
     for shard in source.shards:
+        shared.append(int(shard.shared))
         chunks.append(shard.mean)
         refs.append(None)
         coded.append(False)
@@ -400,6 +414,8 @@ def write_allocated(path, source, *, model_id: str = "", template_id: str = "") 
     header["dtypes"].update(mean="u8 per unit: <f4 lo, <f4 step, d codes (layout kind 0x41)", code="u8 offset-binary; planes >= 1 stored XOR NOT plane 0 (magnitude)",
                             coding="raw, or one zstd frame per chunk (layout flag 0x80)")
     header.update(shard_chunks=counts, layout=base64.b64encode(layout_bytes(refs, coded)).decode("ascii"))
+    if geo.shared_basis:
+        header["shared_shards"] = shared
     if source.tradeoff is not None:
         header["tradeoff"] = {**source.tradeoff, "frontiers": frontiers}
     write_container(path, header, chunks)

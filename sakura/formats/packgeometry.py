@@ -21,15 +21,11 @@ class Geometry:
     rank: int  # stored: min(max_rank, n, d)
     group: int  # components per chunk
     planes: int = PLANES
-    shared_basis: int = 0  # 1: one token basis A per shard, shared by its units (pack v2 only)
+    shared_basis: int = 0  # 1: a shard may share one token basis A among its units (pack v2; header shared_shards)
 
     @property
     def d(self) -> int:
         return self.heads * self.head_dim
-
-    def a_units(self, units: int) -> int:
-        """How many A factors a shard of ``units`` cache units stores (1 with a shared token basis)."""
-        return 1 if self.shared_basis else units
 
     def max_stored_rank(self) -> int:
         """``rank`` = min(max_rank, n, columns of what is factorised: d, or every unit's d side by side)."""

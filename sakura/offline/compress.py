@@ -95,14 +95,15 @@ def compress_cache(cache: KVCache, importance: Importance | None, *, q: float = 
             for i, shard in enumerate(plan):
                 cells = [(cache.unit(step, layer, kind), importance.get((step, layer)))
                          for step, layer, kind in shard_units(*shard)]
-                if shared_basis:
-                    factors = shared_lowrank([x for x, _ in cells], [imp for _, imp in cells], q=q, max_rank=max_rank)
-                    units = [(*cell, qf) for cell, qf in zip(cells, quantize_shared(factors, [i for _, i in cells]))]
-                else:
-                    units = [(x, imp, quantize_factors(weighted_lowrank(x, imp, q=q, max_rank=max_rank), imp))
-                             for x, imp in cells]
+                if layout == "allocated" and shared_basis:
+                    yield shared_or_separate(cells, geo, q, max_rank, reference_rank, tolerance, tradeoff is not False)
+                    if progress:
+                        progress(i + 1, len(plan))
+                    continue
+                units = [(x, imp, quantize_factors(weighted_lowrank(x, imp, q=q, max_rank=max_rank), imp))
+                         for x, imp in cells]
                 if layout == "allocated":
-                    yield allocated_shard(units, geo, reference_rank, tolerance, tradeoff is not False, q)
+                    yield allocated_shard(units, geo, reference_rank, tolerance, tradeoff is not False)
                 elif tradeoff is None:
                     front = pareto(profile_shard(units, functools.partial(geo.config_bytes, len(units)), ranks, bits))
                 else:
@@ -120,44 +121,62 @@ def compress_cache(cache: KVCache, importance: Importance | None, *, q: float = 
     return PackSource(geo, shards(), cache.reuse_index, dtype, build, table, version=2 if layout == "allocated" else 1)
 
 
-def reference_target(units, geo: Geometry, reference_rank: int | None, q: float) -> float:
-    """The exact error of v1's top ``(reference_rank, 8, 8)``: separate per-unit factors, as v1 stores them."""
+def reference_target(cells, geo: Geometry, reference_rank: int | None, q: float) -> float:
+    """The exact error of v1's top ``(reference_rank, 8, 8)`` for a shard's ``(x, importance)`` cells:
+    separate per-unit factors, as v1 stores them."""
     rank = min(reference_rank or geo.rank, geo.n, geo.d)
     models = [UnitModel(x, imp, quantize_factors(weighted_lowrank(x, imp, q=q, max_rank=rank), imp))
-              for x, imp, _ in units]
+              for x, imp in cells]
     groups = -(-rank // geo.group)
     refs = [ChunkRef(f, g, p) for g in range(groups) for f in (0, 1) for p in range(PLANES)]
     return exact_error(models, refs, geo.group)
 
 
+def shared_or_separate(cells, geo: Geometry, q: float, max_rank: int, reference_rank: int | None, tolerance: float,
+                       with_frontier: bool) -> AllocatedShard:
+    """A shard whose units share one token basis, unless that basis cannot reach v1's top quality
+    (units with little token structure in common): then one basis per unit, as without sharing."""
+    imps = [imp for _, imp in cells]
+    target = reference_target(cells, geo, reference_rank, q) * (1 + tolerance)
+    factors = shared_lowrank([x for x, _ in cells], imps, q=q, max_rank=max_rank)
+    units = [(*cell, qf) for cell, qf in zip(cells, quantize_shared(factors, imps))]
+    shard = allocated_shard(units, geo, reference_rank, tolerance, with_frontier, shared=True, target=target)
+    if shard.extra["top_error"] <= target:
+        return shard
+    units = [(x, imp, quantize_factors(weighted_lowrank(x, imp, q=q, max_rank=max_rank), imp)) for x, imp in cells]
+    return allocated_shard(units, geo, reference_rank, tolerance, with_frontier, target=target)
+
+
 def allocated_shard(units, geo: Geometry, reference_rank: int | None, tolerance: float, with_frontier: bool,
-                    q: float = 0.5) -> AllocatedShard:
-    """One shard of a v2 pack: its chunks in greedy allocation order, up to the reference quality."""
+                    shared: bool = False, target: float | None = None) -> AllocatedShard:
+    """One shard of a v2 pack: its chunks in greedy allocation order, up to the reference quality
+    (``target``: that quality's error, given; None: v1's ``(reference_rank, 8, 8)``, a prefix of these
+    per-unit factors). ``extra["top_error"]`` is the exact error of the top level."""
     # The allocation scores each unit against the mean it will be rebuilt with: the stored 8-bit one.
     mean = encode_means(np.stack([qf.mean for _, _, qf in units]))
     decoded = decode_means(mean, MEAN_U8, len(units), geo.d)
     factors = [dataclasses.replace(qf, mean=m) for (_, _, qf), m in zip(units, decoded)]
-    stored = encode_chunks(factors, geo)
+    stored = encode_chunks(factors, geo, shared)
     models = [UnitModel(x, imp, qf) for (x, imp, _), qf in zip(units, factors)]
     table, base = shard_table(models, geo.group)
-    groups = -(-min(reference_rank or geo.rank, geo.rank) // geo.group)
     order, points = greedy_order(table, base, {ref: len(b) for ref, (b, _) in stored.items()})
     # The estimate picks where to look; the exact error of the reference decides where to stop.
-    if geo.shared_basis:  # the reference is v1's separate factors, not a prefix of these
-        target = reference_target(units, geo, reference_rank, q) * (1 + tolerance)
-        guess = next((i for i, (_, e) in enumerate(points) if e <= target), len(points) - 1)
-    else:
+    if target is None:
+        groups = -(-min(reference_rank or geo.rank, geo.rank) // geo.group)
         reference = [ChunkRef(f, g, p) for g in range(groups) for f in (0, 1) for p in range(PLANES)]
         target = exact_error(models, reference, geo.group) * (1 + tolerance)
-        guess = next((i for i, (_, e) in enumerate(points) if e <= uniform_error(table, base, groups, PLANES, PLANES)),
-                     len(points) - 1)
+        estimate = uniform_error(table, base, groups, PLANES, PLANES)
+    else:
+        estimate = target
+    guess = next((i for i, (_, e) in enumerate(points) if e <= estimate), len(points) - 1)
     top = exact_stop(models, order, points, target, geo.group, guess)
     k_top = points[top][0]
     top_error = exact_error(models, order[:k_top], geo.group)
     order, points = order[:k_top], [p for p in points[:top] if p[1] > top_error] + [(k_top, top_error)]
     nbytes = np.cumsum([len(mean)] + [len(stored[ref][0]) for ref in order])
     front = thin(points, nbytes) if with_frontier else []
-    return AllocatedShard(factors, mean, [(ref, *stored[ref]) for ref in order], front)
+    return AllocatedShard(factors, mean, shared, [(ref, *stored[ref]) for ref in order], front,
+                          extra={"top_error": top_error})
 
 
 def pack_cache(path: str | Path, cache: KVCache, importance: Importance | None, *, model_id: str = "",

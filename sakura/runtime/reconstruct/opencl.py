@@ -347,7 +347,7 @@ class OpenCLReconstructor(Reconstructor):
         r = sum(sizes)
         out = []
         with self._lock:
-            for f, length, U in ((0, geo.n, geo.a_units(len(units))), (1, geo.d, len(units))):
+            for f, length, U in ((0, geo.n, info.a_units(shard)), (1, geo.d, len(units))):
                 pb = plane_bytes(length)
                 parts = [planes[f][g][0] for g in groups]  # plane-0 records, component order
                 pos = sum(map(len, parts))
