@@ -14,9 +14,10 @@ from sakura.formats.container import write_container
 from sakura.formats.bitplanes import dequantize, truncate
 from sakura.formats.pack import PackEncoding, PackReader, decode_factors
 from sakura.offline import pack_cache, quantize_factors
+from sakura.offline.compress import quantize_shared
 from sakura.offline.allocate import UnitModel, exact_error, shard_table, uniform_error
 from sakura.offline.allocate import ChunkRef
-from sakura.offline.lowrank import weighted_lowrank
+from sakura.offline.lowrank import shared_lowrank, weighted_lowrank
 from sakura.offline.synthetic import synthetic_cache
 
 
@@ -213,3 +214,76 @@ def test_packs_with_float16_means_still_decode(packs, tmp_path):
     for i, ((a, b, mean), (a2, b2, _)) in enumerate(zip(got.values(), new.values())):
         assert np.array_equal(a, a2) and np.array_equal(b, b2)
         assert np.array_equal(mean, means[0][i].astype(np.float32))
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    """A shard whose four K/V units are built on the same smooth token fields (no per-unit outliers)."""
+    cache, imp = synthetic_cache(num_steps=1, num_layers=2, heavy=0)
+    folder = tmp_path_factory.mktemp("shared")
+    v1 = pack_cache(folder / "v1.pack", cache, imp, max_rank=16, shard_size=2)
+    unit = pack_cache(folder / "unit.pack", cache, imp, max_rank=32, shard_size=2, layout="allocated", reference_rank=16)
+    sh = pack_cache(folder / "shared.pack", cache, imp, max_rank=64, shard_size=2, layout="allocated",
+                    reference_rank=16, shared_basis=True)
+    return cache, imp, folder, v1, unit, sh
+
+
+def test_shared_basis_stores_one_a_and_reaches_v1s_top_in_fewer_bytes(shared):
+    cache, imp, folder, v1, unit, sh = shared
+    assert sh.geometry.shared_basis == 1 and sh.header["shared_shards"] == [1] and sh.a_units(0) == 1
+    assert unit.header.get("shared_shards") is None and unit.a_units(0) == 4
+    top1, top_unit, top = v1.frontier(0)[-1], unit.frontier(0)[-1], sh.frontier(0)[-1]
+    assert top.error <= top1.error * 1.01
+    # the units share their token structure: one A serves all four, in well under the per-unit pack's bytes
+    assert top.bytes < 0.6 * top_unit.bytes < 0.6 * top1.bytes
+    a_plane0 = next(i for i, ref in enumerate(sh.refs(0, len(sh._refs[0])), start=1) if ref.factor == 0)
+    assert sh.stored_chunk(a_plane0)[1] == sh.geometry.group * (5 + -(-sh.geometry.n // 8))  # one unit's records
+
+
+def test_shared_basis_decodes_to_the_shared_quantised_factors(shared):
+    cache, imp, folder, _, _, sh = shared
+    reader = PackReader(folder / "shared.pack")
+    cells = [(cache.unit(s, l, k), imp[(s, l)]) for s, l, k in sh.units(0)]
+    factors = quantize_shared(shared_lowrank([x for x, _ in cells], [i for _, i in cells], max_rank=64),
+                              [i for _, i in cells])
+    for c in sh.frontier(0)[::3] + sh.frontier(0)[-1:]:
+        bits_a, bits_b = sh.allocation(0, c.k)
+        keep = np.flatnonzero(np.repeat(bits_a, 8) > 0)
+        got = list(decode_factors(sh, 0, c.k, reader.read(0, c.k)).values())
+        for qf, (a, b, _) in zip(factors, got):
+            assert np.array_equal(a, got[0][0])  # one token basis
+            want_a = [dequantize(truncate(qf.a_codes[[i]], x), qf.a_scales[[i]], x, qf.a_zero[[i]])[0]
+                      for i, x in zip(keep, np.repeat(bits_a, 8)[keep])]
+            want_b = [dequantize(truncate(qf.b_codes[[i]], x), qf.b_scales[[i]], x, qf.b_zero[[i]])[0]
+                      for i, x in zip(keep, np.repeat(bits_b, 8)[keep])]
+            assert np.array_equal(a.T, np.stack(want_a)) and np.array_equal(b, np.stack(want_b))
+        rebuilt = reader.decode(0, c.k)  # decode_shard's broadcast matmul
+        for (a, b, mean), unit in zip(got, sh.units(0)):
+            want = torch.from_numpy(a @ b + mean)
+            assert torch.allclose(rebuilt[unit[:2]][0 if unit[2] == "k" else 1], want, atol=1e-4)
+
+
+def test_units_without_common_token_structure_keep_their_own_basis(small, tmp_path):
+    # per-unit outlier rows (the default synthetic cache): one basis cannot reach v1's top quality
+    cache, imp = small
+    v1 = pack_cache(tmp_path / "v1.pack", cache, imp, max_rank=64, shard_size=2)
+    sh = pack_cache(tmp_path / "s.pack", cache, imp, max_rank=256, shard_size=2, layout="allocated",
+                    reference_rank=64, shared_basis=True)
+    assert sh.header["shared_shards"] == [0] and sh.a_units(0) == 4
+    assert sh.frontier(0)[-1].error <= v1.frontier(0)[-1].error * 1.01
+
+
+def test_hostile_shared_shards_rejected(shared, tmp_path):
+    *_, folder, _, _, sh = shared
+    raw = (folder / "shared.pack").read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    for mutate in (lambda h: h.update(shared_shards=[2]), lambda h: h.update(shared_shards=[1, 1]),
+                   lambda h: h.update(shared_shards="1"), lambda h: h.update(shared_shards=[0]),
+                   lambda h: h["geometry"].update(shared_basis=0)):
+        h = json.loads(json.dumps(header))
+        mutate(h)
+        text = json.dumps(h).encode()
+        text += b" " * (-len(text) % 8)
+        with pytest.raises(PackFormatError):
+            AllocatedPackInfo.from_bytes(len(text).to_bytes(8, "little") + text)

@@ -136,12 +136,16 @@ def test_bench_device_smoke(tmp_path):
     print_report(report)
 
 
-def test_opencl_rebuild_of_a_v2_pack_level_matches_torch(opencl, tmp_path):
-    # v2 (sakura.formats.allocated): per-group plane counts, coded chunks; one launch per bit class
-    cache, imp = synthetic_cache(num_steps=1, num_layers=1, seed=3)
+@pytest.mark.parametrize("shared", [False, True], ids=["unit-basis", "shared-basis"])
+def test_opencl_rebuild_of_a_v2_pack_level_matches_torch(opencl, tmp_path, shared):
+    # v2 (sakura.formats.allocated): per-group plane counts, coded chunks; one launch per bit class;
+    # with a shared basis one A (one launch over a single unit) serves the shard's K and V
+    cache, imp = synthetic_cache(num_steps=1, num_layers=1, seed=3, heavy=0 if shared else 24)
     path = tmp_path / "v2.pack"
-    pack_cache(path, cache, imp, max_rank=RANK, shard_size=1, layout="allocated", reference_rank=RANK // 2)
+    pack_cache(path, cache, imp, max_rank=RANK * (2 if shared else 1), shard_size=1, layout="allocated",
+               reference_rank=RANK // 2, shared_basis=shared)
     reader = PackReader(path)
+    assert reader.info.a_units(0) == (1 if shared else 2)
     for c in reader.frontier(0)[::5] + reader.frontier(0)[-1:]:
         blobs = reader.read(0, c.k)
         got, want = opencl.rebuild(reader.info, 0, c.k, blobs), reader.decode(0, c.k)
