@@ -128,8 +128,8 @@ def tradeoff_report(prepared: bench.TemplateBench, packs: Path, out: Path, shard
         if name in frontiers:
             ax.plot([f[0] / 1e3 for f in frontiers[name]], [f[1] for f in frontiers[name]], style, lw=1.4,
                     label="v1 frontier (uniform bits, raw planes)" if name == "v1" else
-                    f"v{v2[1].version} frontier (per-group bits, coded planes"
-                    + (", A gains)" if v2[1].version >= 3 else ")"))
+                    "v2 frontier (per-group bits, coded planes"
+                    + (", one token basis per shard)" if v2[1].a_units(shard) == 1 else ")"))
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("bytes of the shard (kB)")

@@ -10,6 +10,10 @@ order (MSB first) and a group only counts once both its A and B plane 0 are in t
 prefix decodes to per-group plane counts ``(b_A[g], b_B[g])`` — KVTC-style bits where they matter.
 Chunks the allocation never reached (planes below the pack's top quality) are not stored.
 
+The mean rides as 8-bit codes over each unit's range (layout kind ``0x41``; float16 ``0x40`` is still
+read). With ``geometry.shared_basis`` a shard may store one A for all its units (header
+``shared_shards``): its K/V units are factorised together and each rebuilds as ``A·B_u + μ_u``.
+
 A chunk's raw bytes are v1's records of that plane and group, with planes ``p ≥ 1`` in magnitude
 form (:mod:`sakura.formats.chunkcodec`); each is stored raw or as a zstd frame, whichever is smaller
 (a flag per chunk). Header additions: ``layout`` (base64, two bytes per chunk in file order: a kind

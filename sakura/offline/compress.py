@@ -97,19 +97,15 @@ def compress_cache(cache: KVCache, importance: Importance | None, *, q: float = 
                          for step, layer, kind in shard_units(*shard)]
                 if layout == "allocated" and shared_basis:
                     yield shared_or_separate(cells, geo, q, max_rank, reference_rank, tolerance, tradeoff is not False)
-                    if progress:
-                        progress(i + 1, len(plan))
-                    continue
-                units = [(x, imp, quantize_factors(weighted_lowrank(x, imp, q=q, max_rank=max_rank), imp))
-                         for x, imp in cells]
-                if layout == "allocated":
-                    yield allocated_shard(units, geo, reference_rank, tolerance, tradeoff is not False)
-                elif tradeoff is None:
-                    front = pareto(profile_shard(units, functools.partial(geo.config_bytes, len(units)), ranks, bits))
                 else:
-                    front = list(tradeoff.get(i, [])) if isinstance(tradeoff, Mapping) else []
-                if layout == "uniform":
-                    yield [qf for _, _, qf in units], front
+                    units = separate_units(cells, q, max_rank)
+                    if layout == "allocated":
+                        yield allocated_shard(units, geo, reference_rank, tolerance, tradeoff is not False)
+                    elif tradeoff is None:
+                        yield ([qf for _, _, qf in units],
+                               pareto(profile_shard(units, functools.partial(geo.config_bytes, len(units)), ranks, bits)))
+                    else:
+                        yield [qf for _, _, qf in units], list(tradeoff.get(i, [])) if isinstance(tradeoff, Mapping) else []
                 if progress:
                     progress(i + 1, len(plan))
 
@@ -121,12 +117,16 @@ def compress_cache(cache: KVCache, importance: Importance | None, *, q: float = 
     return PackSource(geo, shards(), cache.reuse_index, dtype, build, table, version=2 if layout == "allocated" else 1)
 
 
+def separate_units(cells, q: float, max_rank: int) -> list[tuple]:
+    """``(x, importance, quantised factors)`` per ``(x, importance)`` cell, one token basis each."""
+    return [(x, imp, quantize_factors(weighted_lowrank(x, imp, q=q, max_rank=max_rank), imp)) for x, imp in cells]
+
+
 def reference_target(cells, geo: Geometry, reference_rank: int | None, q: float) -> float:
     """The exact error of v1's top ``(reference_rank, 8, 8)`` for a shard's ``(x, importance)`` cells:
     separate per-unit factors, as v1 stores them."""
     rank = min(reference_rank or geo.rank, geo.n, geo.d)
-    models = [UnitModel(x, imp, quantize_factors(weighted_lowrank(x, imp, q=q, max_rank=rank), imp))
-              for x, imp in cells]
+    models = [UnitModel(*unit) for unit in separate_units(cells, q, rank)]
     groups = -(-rank // geo.group)
     refs = [ChunkRef(f, g, p) for g in range(groups) for f in (0, 1) for p in range(PLANES)]
     return exact_error(models, refs, geo.group)
@@ -143,8 +143,8 @@ def shared_or_separate(cells, geo: Geometry, q: float, max_rank: int, reference_
     shard = allocated_shard(units, geo, reference_rank, tolerance, with_frontier, shared=True, target=target)
     if shard.extra["top_error"] <= target:
         return shard
-    units = [(x, imp, quantize_factors(weighted_lowrank(x, imp, q=q, max_rank=max_rank), imp)) for x, imp in cells]
-    return allocated_shard(units, geo, reference_rank, tolerance, with_frontier, target=target)
+    return allocated_shard(separate_units(cells, q, max_rank), geo, reference_rank, tolerance, with_frontier,
+                           target=target)
 
 
 def allocated_shard(units, geo: Geometry, reference_rank: int | None, tolerance: float, with_frontier: bool,
