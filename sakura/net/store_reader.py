@@ -25,8 +25,8 @@ from typing import TypeVar
 
 import httpx
 
-from sakura.net.client import (FetchError, Transfer, _check_header_length, _check_ranges, _read_body, _slice,
-                               _spans, header_bytes_via_ranges, raise_for_error)
+from sakura.net.byteranges import (FetchError, Transfer, check_header_length, check_ranges, header_bytes_via_ranges,
+                                   merged_spans, raise_for_error, read_body, slice_segments)
 
 T = TypeVar("T")
 PARALLEL_RANGES = 4  # separate ranges of one fetch travel on this many connections at once
@@ -100,12 +100,12 @@ class PresignedRangeSource:
         with self._http.stream("GET", url, headers={"Range": f"bytes={start}-{end - 1}"}) as r:
             if r.status_code >= 400:
                 return r.status_code, bytearray(r.read()), 0.0, 0.0
-            body, t_first = _read_body(r)
+            body, t_first = read_body(r)
             return r.status_code, body, t_first, time.monotonic()
 
     def fetch_timed(self, fid: str, ranges: Sequence[Sequence[int]]) -> Transfer:
-        want = _check_ranges(ranges)
-        spans = _spans(want)
+        want = check_ranges(ranges)
+        spans = merged_spans(want)
         t_req = time.monotonic()
         size = self.size(fid)
         if spans and spans[-1][1] > size:
@@ -118,7 +118,7 @@ class PresignedRangeSource:
         t_first = min((g[2] for g in got), default=t_req)
         t_last = max((g[3] for g in got), default=t_req)
         wire = sum(len(g[1]) for g in got)
-        return Transfer(_slice(segments, want), sum(n for _, n in want), wire, t_req, t_first, t_last)
+        return Transfer(slice_segments(segments, want), sum(n for _, n in want), wire, t_req, t_first, t_last)
 
     def fetch(self, fid: str, ranges) -> list[bytes]:
         return self.fetch_timed(fid, ranges).parts
@@ -154,7 +154,7 @@ class ServerStoreClient(PresignedRangeSource):
 
     def header_bytes(self, fid: str) -> bytes:
         body = self._get(f"/packs/{fid}/header").content
-        _check_header_length(fid, len(body))
+        check_header_length(fid, len(body))
         return len(body).to_bytes(8, "little") + body
 
     def close(self) -> None:
