@@ -206,7 +206,8 @@ def test_a_dip_in_the_first_step_is_recomputed_and_the_rest_streams(folder, cloc
     cost every step). Waiting is allowed no slack here (bound 0), so the choice is by predicted end only."""
     tpl, runtime, req = folder
     fb = runtime.session(tpl, "sakura", Network(DEAD, "dead", 0.0, 1.0)).fallback_context()
-    dip = Trace(np.array([0.0, 0.001, 1.1 * fb.full_step_s, 600.0]), np.array([50.0, 0.0, 50.0]), "dip")
+    # 0.1 ms of link first: 625 bytes, less than any level of shard 0 (1 ms carried a shared-basis level whole)
+    dip = Trace(np.array([0.0, 0.0001, 1.1 * fb.full_step_s, 600.0]), np.array([50.0, 0.0, 50.0]), "dip")
     session = runtime.session(tpl, "sakura", Network(dip, "dip", 0.0, 1.0), timeout_s=30)
     session.fallback_bound_share = 0.0
     outcome = session.simulate(req) if clock == "sim" else session.run(req)
