@@ -2,7 +2,7 @@
 shard, interleaved in one process, against the eager execute of the same process (1 torch thread),
 best of N per shard. Each v1 configuration (r, b_A, b_B) is matched two ways: the largest v2 level
 within its bytes (equal bytes) and the smallest v2 level whose stored error is at most its error
-(equal error). Usage: rebuild_bases.py UNIT_PACKS SHARED_PACKS TEMPLATE REPEATS OUT.json"""
+(equal error); v1 itself takes its frontier level within the bytes of (r, b_A, b_B). Usage: rebuild_bases.py UNIT_PACKS SHARED_PACKS TEMPLATE REPEATS OUT.json"""
 import sys, json, time, numpy as np, torch
 torch.set_num_threads(1)
 from sakura.catalog import load_catalog
@@ -18,15 +18,21 @@ S = packs["v1"].info.num_shards
 v1 = packs["v1"].info
 
 
+def v1_key(s, c):
+    """v1's frontier level within the bytes of ``c`` (``c`` itself when it is on the frontier)."""
+    budget = v1.config_bytes(s, *c)
+    return max((f for f in v1.frontier(s) if f.bytes <= budget), key=lambda f: f.bytes).key
+
+
 def equal_error(info, s, c):
-    err = next(f.error for f in v1.frontier(s) if f.key == c)
+    err = next(f.error for f in v1.frontier(s) if f.key == v1_key(s, c))
     return min((f for f in info.frontier(s) if f.error <= err), key=lambda f: f.bytes, default=info.frontier(s)[-1]).key
 
 
 res = {}
 for c in [(128, 8, 8), (64, 4, 4), (32, 3, 2)]:
     for rule in ("equal_bytes", "equal_error"):
-        keys = {v: [c if v == "v1" else (p.info.level_for(s, *c) if rule == "equal_bytes" else equal_error(p.info, s, c))
+        keys = {v: [v1_key(s, c) if v == "v1" else (p.info.level_for(s, *c) if rule == "equal_bytes" else equal_error(p.info, s, c))
                     for s in range(S)] for v, p in packs.items()}
         blobs = {v: [p.read(s, *keys[v][s]) for s in range(S)] for v, p in packs.items()}
         best = {(v, n): [1e9] * S for v in packs for n in recs}
