@@ -223,7 +223,7 @@ def shared(tmp_path_factory):
     folder = tmp_path_factory.mktemp("shared")
     v1 = pack_cache(folder / "v1.pack", cache, imp, max_rank=16, shard_size=2)
     unit = pack_cache(folder / "unit.pack", cache, imp, max_rank=32, shard_size=2, layout="allocated", reference_rank=16)
-    sh = pack_cache(folder / "shared.pack", cache, imp, max_rank=64, shard_size=2, layout="allocated",
+    sh = pack_cache(folder / "shared.pack", cache, imp, max_rank=128, shard_size=2, layout="allocated",
                     reference_rank=16, shared_basis=True)
     return cache, imp, folder, v1, unit, sh
 
@@ -247,7 +247,7 @@ def test_shared_basis_decodes_to_the_shared_quantised_factors(shared):
     cache, imp, folder, _, _, sh = shared
     reader = PackReader(folder / "shared.pack")
     cells = [(cache.unit(s, l, k), imp[(s, l)]) for s, l, k in sh.units(0)]
-    factors = quantize_shared(shared_lowrank([x for x, _ in cells], [i for _, i in cells], max_rank=64),
+    factors = quantize_shared(shared_lowrank([x for x, _ in cells], [i for _, i in cells], max_rank=128),
                               [i for _, i in cells])
     for c in sh.frontier(0)[::3] + sh.frontier(0)[-1:]:
         bits_a, bits_b = sh.allocation(0, c.k)
