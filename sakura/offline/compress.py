@@ -27,10 +27,10 @@ from sakura.offline.allocate import UnitModel, exact_error, exact_stop, greedy_o
 
 TOLERANCE = 0.01  # an allocated pack stops within 1 % (0.04 dB) of the reference configuration's error
 # A shared-basis shard stops at this share of v1's top error instead. At equal weighted error its masked
-# PSNR fell 0.3–5.8 dB short of v1's top (24 edits on fs and mb-sd templates: the four units' residuals
-# lie in one token subspace, so the same tokens are off in K and V of both layers — structure the
-# per-unit metric does not see); at half the error it is −1.6…+3.5 dB (mean +1.2), for 13–23 % more
-# stored bytes. docs/results/issue18/shared_basis/top_psnr.txt
+# PSNR fell 0.3–5.8 dB short of v1's top (24 edits on fs and mb-sd templates) with per-unit errors like
+# v1's — likely because the units' residuals share one token subspace, so the same tokens are off in K
+# and V of both layers, which a per-unit metric does not see (not verified). At half the error it is
+# −1.6…+3.5 dB (mean +1.2) for 20–26 % more stored bytes: docs/results/issue18/shared_basis/top_psnr_targets.txt
 SHARED_TOP_SHARE = 0.5
 ALLOCATION_METRIC = "estimate of the tradeoff metric (cross terms between components dropped): see sakura.offline.allocate"
 Importance = Mapping[tuple[int, int], torch.Tensor]  # (step, layer) -> (n,) token importance
