@@ -402,7 +402,7 @@ def test_the_demo_agent_and_the_cli_put_an_edit_together_the_same_way(agent, tem
     photo, _ = random_png(5)
     (tmp_path / "photo.png").write_bytes(photo)
     enc = encoding_from_header("sakura", (device_packs / f"{file_id(TEMPLATE, 'sakura')}.pack").read_bytes())
-    for trace in ("fixed:30", "fixed:2000", "fixed:0.5"):
+    for trace in ("fixed:30", "fixed:2000", "fixed:0.1"):
         events: list[dict] = []
         res = agent.edit(job("sakura", photo=photo, reference_output=False,
                              network={"trace": trace, "start": 0, "scale": None, "regime": "none"}), events.append)
@@ -418,8 +418,9 @@ def test_the_demo_agent_and_the_cli_put_an_edit_together_the_same_way(agent, tem
             top = [u.levels[-1].label for u in enc.units]
             for levels in (cli["levels"], res["summary"]["levels"]):
                 assert sum(a != b for a, b in zip(levels, top)) <= 2, levels
-        if trace == "fixed:0.5":  # nothing fits: the smallest, on both (or a fallback instead: level ""; a
-            # recompute of step 0 leaves its later units unrequested, so the lists are not aligned by unit)
+        if trace == "fixed:0.1":  # nothing fits: the smallest, on both (or a fallback instead: level ""; a
+            # recompute of step 0 leaves its later units unrequested, so the lists are not aligned by unit).
+            # (At 0.5 Mbps a shared-basis pack's 4–7 kB levels leave room for more than the smallest.)
             least = {u.levels[0].label for u in enc.units}
             for levels in (cli["levels"], res["summary"]["levels"]):
                 assert all(lv in least or lv == "" for lv in levels), levels
