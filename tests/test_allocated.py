@@ -222,7 +222,8 @@ def shared(tmp_path_factory):
     cache, imp = synthetic_cache(num_steps=1, num_layers=2, heavy=0)
     folder = tmp_path_factory.mktemp("shared")
     v1 = pack_cache(folder / "v1.pack", cache, imp, max_rank=16, shard_size=2)
-    unit = pack_cache(folder / "unit.pack", cache, imp, max_rank=32, shard_size=2, layout="allocated", reference_rank=16)
+    unit = pack_cache(folder / "unit.pack", cache, imp, max_rank=32, shard_size=2, layout="allocated",
+                      reference_rank=16)
     sh = pack_cache(folder / "shared.pack", cache, imp, max_rank=128, shard_size=2, layout="allocated",
                     reference_rank=16, shared_basis=True)
     return cache, imp, folder, v1, unit, sh

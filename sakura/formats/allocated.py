@@ -167,8 +167,8 @@ class AllocatedPackInfo(PackInfo):
         if len(layout) != 2 * len(index):
             raise PackFormatError(f"pack v2 layout describes {len(layout) // 2} chunks, the index has {len(index)}")
         shared = header.get("shared_shards", [0] * len(plan))
-        if (not isinstance(shared, list) or len(shared) != len(plan) or any(v not in (0, 1) or type(v) is not int for v in shared)
-                or (any(shared) and not g.shared_basis)):
+        if (not isinstance(shared, list) or len(shared) != len(plan)
+                or any(type(v) is not int or v not in (0, 1) for v in shared) or (any(shared) and not g.shared_basis)):
             raise PackFormatError("pack v2 shared_shards must be one 0/1 per shard (1 only with geometry.shared_basis)")
         self._shared = [bool(v) for v in shared]
         self._coded = (layout[0::2] & CODED).astype(bool)
@@ -415,7 +415,8 @@ def write_allocated(path, source, *, model_id: str = "", template_id: str = "") 
     if len(counts) != len(geo.shards()):
         raise ValueError(f"pack source gave {len(counts)} shards, the geometry has {len(geo.shards())}")
     header = base_header(source, model_id, template_id, time.perf_counter() - t0)
-    header["dtypes"].update(mean="u8 per unit: <f4 lo, <f4 step, d codes (layout kind 0x41)", code="u8 offset-binary; planes >= 1 stored XOR NOT plane 0 (magnitude)",
+    header["dtypes"].update(mean="u8 per unit: <f4 lo, <f4 step, d codes (layout kind 0x41)",
+                            code="u8 offset-binary; planes >= 1 stored XOR NOT plane 0 (magnitude)",
                             coding="raw, or one zstd frame per chunk (layout flag 0x80)")
     header.update(shard_chunks=counts, layout=base64.b64encode(layout_bytes(refs, coded)).decode("ascii"))
     if geo.shared_basis:

@@ -105,13 +105,14 @@ def compress_cache(cache: KVCache, importance: Importance | None, *, q: float = 
                     yield shared_or_separate(cells, geo, q, max_rank, reference_rank, tolerance, tradeoff is not False)
                 else:
                     units = separate_units(cells, q, max_rank)
+                    factors = [qf for _, _, qf in units]
                     if layout == "allocated":
                         yield allocated_shard(units, geo, reference_rank, tolerance, tradeoff is not False)
                     elif tradeoff is None:
-                        yield ([qf for _, _, qf in units],
-                               pareto(profile_shard(units, functools.partial(geo.config_bytes, len(units)), ranks, bits)))
+                        cost = functools.partial(geo.config_bytes, len(units))
+                        yield factors, pareto(profile_shard(units, cost, ranks, bits))
                     else:
-                        yield [qf for _, _, qf in units], list(tradeoff.get(i, [])) if isinstance(tradeoff, Mapping) else []
+                        yield factors, list(tradeoff.get(i, [])) if isinstance(tradeoff, Mapping) else []
                 if progress:
                     progress(i + 1, len(plan))
 
