@@ -20,8 +20,8 @@ from sakura.formats.allocated import MEAN_U8, AllocatedShard, ChunkRef, decode_m
 from sakura.formats.bitplanes import PLANES, QuantizedFactors, quantize
 from sakura.formats.pack import DEFAULT_GROUP, Config, Geometry, PackInfo, PackSource, write_pack
 from sakura.kvcache import KVCache, shard_units
-from sakura.offline.lowrank import (SMALL_UNIT, Factors, normalized_importance, shared_lowrank, single_threaded,
-                                    weighted_lowrank)
+from sakura.offline.lowrank import (SMALL_UNIT, Factors, mean_importance, normalized_importance, shared_lowrank,
+                                    single_threaded, weighted_lowrank)
 from sakura.offline.tradeoff import DEFAULT_BITS, QUALITY_METRIC, pareto, profile_shard, rank_grid
 from sakura.offline.allocate import UnitModel, exact_error, exact_stop, greedy_order, shard_table, thin, uniform_error
 
@@ -49,9 +49,7 @@ def quantize_factors(f: Factors, importance=None, a: tuple | None = None) -> Qua
 def quantize_shared(factors: Sequence[Factors], importances: Sequence) -> list[QuantizedFactors]:
     """Units that share one ``A`` (:func:`shared_lowrank`): A quantised once (dead zones weighed by the
     units' mean importance), each unit's B with its own per-component scales."""
-    n = factors[0].a.shape[0]
-    s = torch.stack([normalized_importance(imp, n) for imp in importances]).mean(dim=0)
-    a = quantize(factors[0].a.T.numpy(), s.numpy())
+    a = quantize(factors[0].a.T.numpy(), mean_importance(importances, factors[0].a.shape[0]).numpy())
     return [quantize_factors(f, a=a) for f in factors]
 
 
