@@ -72,8 +72,8 @@ def compress_cache(cache: KVCache, importance: Importance | None, *, q: float = 
     up to the estimated error of v1's top configuration ``(reference_rank, 8, 8)`` (default: the stored
     rank) times ``1 + tolerance``; its frontier is the allocation's path (``bits`` unused).
     ``shared_basis`` (allocated only): each shard's units share one token basis A
-    (:func:`~sakura.offline.lowrank.shared_lowrank`); the stop quality is still that of v1's
-    separate per-unit factors.
+    (:func:`~sakura.offline.lowrank.shared_lowrank`) and stops at ``SHARED_TOP_SHARE`` of the error of
+    v1's separate per-unit factors (a shard that cannot get there keeps one basis per unit).
     """
     if layout not in ("uniform", "allocated"):
         raise ValueError(f"layout must be 'uniform' or 'allocated', got {layout!r}")
@@ -143,13 +143,12 @@ def shared_or_separate(cells, geo: Geometry, q: float, max_rank: int, reference_
     unless that basis cannot get there (units with little token structure in common): then one basis
     per unit, stopping at v1's top error as without sharing."""
     imps = [imp for _, imp in cells]
-    reference = reference_target(cells, geo, reference_rank, q)
-    target = reference * (1 + tolerance)
+    target = reference_target(cells, geo, reference_rank, q) * (1 + tolerance)
     factors = shared_lowrank([x for x, _ in cells], imps, q=q, max_rank=max_rank)
     units = [(*cell, qf) for cell, qf in zip(cells, quantize_shared(factors, imps))]
-    shard = allocated_shard(units, geo, reference_rank, tolerance, with_frontier, shared=True,
-                            target=reference * SHARED_TOP_SHARE * (1 + tolerance))
-    if shard.extra["top_error"] <= reference * SHARED_TOP_SHARE * (1 + tolerance):
+    shared_target = target * SHARED_TOP_SHARE
+    shard = allocated_shard(units, geo, reference_rank, tolerance, with_frontier, shared=True, target=shared_target)
+    if shard.extra["top_error"] <= shared_target:
         return shard
     return allocated_shard(separate_units(cells, q, max_rank), geo, reference_rank, tolerance, with_frontier,
                            target=target)
