@@ -31,6 +31,9 @@ class Level:
     nbytes: int
     error: float  # offline quality proxy, lower is better (allocators only compare within a fetch unit)
     key: tuple = ()
+    # Rebuild work in multiply-accumulates (a low-rank level's A·B product): what its rebuild time grows
+    # with, for policies that price rebuild (RebuildRate turns it into seconds); 0 = not modelled.
+    work: float = 0.0
 
 
 @dataclass(frozen=True)

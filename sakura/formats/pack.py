@@ -331,8 +331,9 @@ class PackEncoding(ShardEncoding):
         frontier = self.info.frontier(shard)
         if not frontier:
             raise PackFormatError(f"pack for {self.info.template_id} has no trade-off profile for shard {shard}")
+        g, units = self.info.geometry, len(self.info.units(shard))
         return tuple(Level(f"r{c.r}/a{c.b_a}/b{c.b_b}" + (f"/k{c.key[0]}" if len(c.key) == 1 else ""),
-                           c.bytes, c.error, c.key) for c in frontier)
+                           c.bytes, c.error, c.key, work=float(units * g.n * c.r * g.d)) for c in frontier)
 
     def ranges(self, fetch_unit, level):
         """The level's chunks ordered so that smaller frontier configurations come first (see

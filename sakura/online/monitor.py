@@ -1,4 +1,4 @@
-"""Runtime monitor (paper §4.3.1): the effective transfer rate.
+"""Runtime monitor (paper §4.3.1): the effective transfer rate, and how fast this device rebuilds.
 
 The rate is bytes over *active* receive time (the time a transfer was actually in flight), not
 wall time, so idle gaps while the buffer is full do not read as a slow link. It is the harmonic
@@ -9,6 +9,11 @@ Two estimators (``ESTIMATORS``): ``harmonic`` (the paper's) and ``robust-mpc`` (
 SIGCOMM'15, the default): the same harmonic mean divided by ``1 + e``, where ``e`` is the largest relative error
 of the last five predictions — it backs off while the link has been surprising it, and returns to the
 harmonic mean once predictions come true again.
+
+A received shard is not usable until it is rebuilt (``A·B + μ``), so a level's cost to a deadline is
+its transfer *and* its rebuild. :class:`RebuildRate` learns seconds per unit of rebuild work
+(``Level.work``, multiply-accumulates) from this edit's own rebuilds, as the rate is learnt from its
+own transfers.
 """
 
 from __future__ import annotations
@@ -34,6 +39,32 @@ DEFAULT_ESTIMATOR = "robust-mpc"
 MIN_INITIAL_BPS = 1e3
 
 
+class RebuildRate:
+    """Seconds per unit of rebuild work: total time over total work of the last ``window`` rebuilds
+    that had work. Proportional, not affine: the fixed part of a rebuild (CRC checks, launching) is
+    charged per work unit, which over-prices small levels when only those were seen — the side of
+    choosing a smaller level, when the link is poor anyway. No rebuild seen yet: ``prior`` (0 = free)."""
+
+    def __init__(self, prior_s_per_work: float = 0.0, window: int = 8):
+        self.prior = max(0.0, float(prior_s_per_work))
+        self.samples: deque[tuple[float, float]] = deque(maxlen=window)
+
+    def observe(self, work: float, seconds: float) -> None:
+        if work > 0 and seconds >= 0:
+            self.samples.append((float(work), float(seconds)))
+
+    @property
+    def s_per_work(self) -> float:
+        samples = list(self.samples)  # a copy: the rebuild thread appends while the requester reads
+        if not samples:
+            return self.prior
+        return sum(s for _, s in samples) / sum(w for w, _ in samples)
+
+    def seconds(self, work: float) -> float:
+        """Predicted rebuild time of ``work``."""
+        return self.s_per_work * work
+
+
 class RuntimeMonitor:
     def __init__(self, initial_bps: float, window: int = 4, min_active_s: float = 1e-4,
                  estimator: str = DEFAULT_ESTIMATOR):
@@ -45,6 +76,7 @@ class RuntimeMonitor:
         self.min_active_s = min_active_s
         self.estimator = estimator
         self._link_free_at = float("-inf")  # when the previous transfer's last byte arrived
+        self.rebuild = RebuildRate()
 
     def observe(self, nbytes: int, t_request: float, t_last_byte: float) -> float:
         """A completed transfer, by its timestamps. With several requests in flight a request waits

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Callable
 
 from sakura.formats import FetchUnit, Level
 from sakura.online.monitor import RuntimeMonitor
@@ -40,9 +41,11 @@ class Policy(ABC):
     def choose(self, unit: FetchUnit, now: float, deadline: float, monitor: RuntimeMonitor) -> Decision: ...
 
 
-def best_within(levels: tuple[Level, ...], budget: float) -> tuple[Level, bool]:
-    """Lowest error among levels that fit; the smallest level if none fits (stall rather than skip)."""
-    fitting = [lv for lv in levels if lv.nbytes <= budget]
+def best_within(levels: tuple[Level, ...], budget: float | Callable[[Level], float]) -> tuple[Level, bool]:
+    """Lowest error among levels that fit ``budget`` (bytes, or each level's own bytes allowance);
+    the smallest level if none fits (stall rather than skip)."""
+    allowance = budget if callable(budget) else (lambda lv: budget)
+    fitting = [lv for lv in levels if lv.nbytes <= allowance(lv)]
     if not fitting:
         return min(levels, key=lambda lv: lv.nbytes), False
     return min(fitting, key=lambda lv: (lv.error, lv.nbytes)), True
@@ -55,17 +58,27 @@ def _budget(gamma: float, now: float, deadline: float, monitor: RuntimeMonitor) 
 
 
 class SakuraPolicy(Policy):
-    """Per-shard budget = R̂ · γ(T_ovlp + H); best profiled (r, b_A, b_B) within it."""
+    """Per-shard budget = R̂ · γ(T_ovlp + H); best profiled (r, b_A, b_B) within it. With
+    ``price_rebuild`` a level must also leave time for its own rebuild: it fits when its bytes arrive
+    within the window less its predicted rebuild (``monitor.rebuild``), since a shard is needed
+    rebuilt, not received. Higher ranks cost more rebuild for the same bytes; the paper's rule
+    (``price_rebuild=False``) assumes rebuild is free."""
 
     name = "sakura"
 
-    def __init__(self, gamma: float = DEFAULT_GAMMA):
+    def __init__(self, gamma: float = DEFAULT_GAMMA, price_rebuild: bool = True):
         self.gamma = gamma
+        self.price_rebuild = price_rebuild
 
     def choose(self, unit, now, deadline, monitor):
-        window, budget = _budget(self.gamma, now, deadline, monitor)
-        level, fits = best_within(unit.levels, budget)
-        return Decision(level, monitor.rate_bps, window, budget, fits)
+        window, _ = _budget(self.gamma, now, deadline, monitor)
+
+        def allowance(lv: Level) -> float:  # the bytes that arrive in time to leave lv's rebuild room
+            rebuild_s = monitor.rebuild.seconds(lv.work) if self.price_rebuild else 0.0
+            return monitor.rate_bps / 8 * (window - rebuild_s)
+
+        level, fits = best_within(unit.levels, allowance)
+        return Decision(level, monitor.rate_bps, window, allowance(level), fits)
 
 
 class Fp16Policy(Policy):

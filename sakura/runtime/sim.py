@@ -115,6 +115,7 @@ class _SimulatedEdit:
         self.monitor = RuntimeMonitor(initial_bps=link.rate_bps_at(0.0), estimator=estimator)
         self.booked: list[_Booked] = []  # every request, in order
         self.unseen: list[_Booked] = []  # completed requests the monitor has not seen yet
+        self.unseen_rebuilds: list[tuple[float, float, float]] = []  # (done at, work, seconds), not seen yet
         self.done = 0  # requests finalized (consumed by execution), in order
         self.link_free = self.rebuild_free = self.last_request = 0.0
         self.held: list[tuple[float, float, int]] = []  # (from, to, bytes) of received / rebuilt cache
@@ -222,6 +223,7 @@ class _SimulatedEdit:
                   else self.encoding.decode_prefix(b.unit, level, ranges, blobs))
             rebuild_s = self.timer() - t0
         t_ready = self.rebuild_free = max(b.t_arr, self.rebuild_free) + rebuild_s
+        self.unseen_rebuilds.append((t_ready, level.work, rebuild_s))
         shard = b.unit.needed_by
         self.rebuild_s[shard] = self.rebuild_s.get(shard, 0.0) + rebuild_s
         self.ready[shard] = max(self.ready[shard], t_ready)
@@ -272,6 +274,10 @@ class _SimulatedEdit:
         while self.unseen and self.unseen[0].t_arr <= t:
             b = self.unseen.pop(0)
             self.monitor.observe(b.nbytes, b.t_req, b.t_arr)
+        seen = [x for x in self.unseen_rebuilds if x[0] <= t]  # the device knows a rebuild's time once done
+        for _, work, seconds in sorted(seen):
+            self.monitor.rebuild.observe(work, seconds)
+        self.unseen_rebuilds = [x for x in self.unseen_rebuilds if x[0] > t]
 
     def _drop(self, mine: list[_Booked], t: float, used_level: str = "") -> None:
         """``mine``'s transfers stop at ``t`` (what came through is wasted); later ones move up."""

@@ -343,7 +343,9 @@ class StreamedEdit:
                 t0 = time.perf_counter()
                 kv = (self.encoding.decode(unit, level, parts) if whole else
                       self.encoding.decode_prefix(unit, level, ranges, parts))
-                state.rebuild_s[j] = state.rebuild_s.get(j, 0.0) + time.perf_counter() - t0
+                took = time.perf_counter() - t0
+                state.rebuild_s[j] = state.rebuild_s.get(j, 0.0) + took
+                self.monitor.rebuild.observe(level.work, took)
                 if self.encoding.redecodable:
                     state.kept.setdefault(j, []).append((unit, level, ranges, parts, whole))
                 state.kept.pop(j - 2 * self._per_step, None)  # compressed bytes of one step back are enough

@@ -1,0 +1,99 @@
+"""SAKURA's policy prices a level's rebuild as well as its transfer; the simulated device learns its
+rebuild speed only from rebuilds that have finished."""
+
+import pytest
+
+from sakura.formats import FetchUnit, Level, StreamEncoding
+from sakura.net.traces import Trace
+from sakura.online.monitor import RebuildRate, RuntimeMonitor
+from sakura.online.policies import SakuraPolicy
+from sakura.runtime.compute import ComputeProfile
+from sakura.runtime.sim import LinkModel, simulate
+
+# Three levels of one shard: more bytes buy lower error; the best one is a high-rank level whose
+# rebuild is 20× the middle one's (what a shared token basis at top rank looks like).
+LEVELS = (Level("small", 1_000, 0.5, ("s",), work=1e7),
+          Level("mid", 8_000, 0.2, ("m",), work=1e8),
+          Level("top", 9_000, 0.1, ("t",), work=2e9))
+
+
+def test_rebuild_rate_learns_seconds_per_work():
+    rate = RebuildRate(prior_s_per_work=1e-9, window=2)
+    assert rate.seconds(1e6) == pytest.approx(1e-3)  # nothing seen: the prior
+    rate.observe(0.0, 5.0)  # a level with no modelled work teaches nothing
+    assert rate.seconds(1e6) == pytest.approx(1e-3)
+    rate.observe(1e8, 0.1)
+    rate.observe(3e8, 0.2)
+    assert rate.seconds(4e8) == pytest.approx(0.3)  # total time over total work
+    rate.observe(1e8, 1.0)  # the window forgets the oldest
+    assert rate.s_per_work == pytest.approx(1.2 / 4e8)
+
+
+def test_a_level_whose_rebuild_would_miss_the_deadline_does_not_fit():
+    unit = FetchUnit(0, 0, "shard 0", LEVELS)
+    monitor = RuntimeMonitor(initial_bps=8 * 100_000)  # 100 kB/s
+    # window γ·(deadline − now) = 0.8 · 0.125 s = 0.1 s: 10 kB, so every level's bytes fit
+    assert SakuraPolicy().choose(unit, 0.0, 0.125, monitor).level.label == "top"  # no rebuild seen: free
+    monitor.rebuild.observe(1e8, 0.005)  # 5e-11 s per MAC: top rebuilds in 0.1 s, mid in 5 ms
+    d = SakuraPolicy().choose(unit, 0.0, 0.125, monitor)
+    assert d.level.label == "mid" and d.fits
+    assert d.budget_bytes == pytest.approx(100_000 * (0.1 - 0.005))  # the window less mid's rebuild
+    assert SakuraPolicy(price_rebuild=False).choose(unit, 0.0, 0.125, monitor).level.label == "top"
+
+
+class _Synthetic(StreamEncoding):
+    """``shards`` fetch units with LEVELS, laid out back to back; nothing to decode (a rebuild model
+    gives the times)."""
+
+    name = "synthetic"
+
+    def __init__(self, shards: int):
+        self._units = [FetchUnit(i, i, f"shard {i}", LEVELS) for i in range(shards)]
+
+    @property
+    def units(self):
+        return self._units
+
+    def ranges(self, fetch_unit, level):
+        return [(fetch_unit.index * 20_000, level.nbytes)]
+
+    def decode(self, fetch_unit, level, blobs):
+        return {}
+
+
+def simulated(policy: SakuraPolicy, s_per_work: float, shards: int = 8, slower_from: int | None = None):
+    """One edit on the simulated clock; rebuilds cost ``s_per_work`` (3× that from shard ``slower_from``)."""
+    compute = ComputeProfile([(0, 2 * i, 2 * i + 2) for i in range(shards)], [0.05] * shards, 0.02, 1.0)
+    link = LinkModel(Trace.constant(8.0), 0.0, request_overhead_s=0.0)  # 1 MB/s: every level's bytes fit
+    seen: list[float] = []
+
+    class Watching(type(policy)):  # what the policy knew at each request
+        def choose(self, unit, now, deadline, monitor):
+            seen.append(monitor.rebuild.s_per_work)
+            return super().choose(unit, now, deadline, monitor)
+
+    policy.__class__ = Watching
+    tl, _ = simulate(_Synthetic(shards), policy, compute, link, None, keep=False,
+                     rebuild_model=lambda unit, level: level.work * s_per_work * (
+                         3 if slower_from is not None and unit.index >= slower_from else 1))
+    return tl, seen
+
+
+def test_pricing_the_rebuild_keeps_a_slow_rebuild_from_stalling_execution():
+    slow = 1e-10  # top rebuilds in 0.2 s against 0.05 s of compute per shard
+    free, _ = simulated(SakuraPolicy(price_rebuild=False), slow)
+    priced, seen = simulated(SakuraPolicy(), slow)
+    assert {u.level for u in free.units} == {"top"}
+    assert seen[0] == 0.0 and seen[-1] == pytest.approx(slow)  # learnt on the way, never before a rebuild
+    assert "mid" in {u.level for u in priced.units}
+    assert priced.stall_s < free.stall_s / 2 and priced.latency_s < free.latency_s
+
+
+def test_the_simulated_device_knows_a_rebuild_time_only_once_that_rebuild_is_done():
+    # The first `ahead` (2) requests go out at t = 0 (nothing rebuilt: top, 0.2 s each, one after the
+    # other) and the third when shard 0 starts (t ≈ 0.2 s), when shard 1's rebuild (3× slower) is still
+    # running: the device knows shard 0's rate only. Seeing shard 1's too would read 2.5e-10.
+    _, seen = simulated(SakuraPolicy(), 1e-10, shards=4, slower_from=1)
+    assert seen[:2] == [0.0, 0.0]
+    assert seen[2] == pytest.approx(1e-10)
+    assert seen[3] > 1e-10  # by then shard 1's rebuild is done
