@@ -158,8 +158,9 @@ def build(
                                       "a cluster address (auto, HOST:6379, ray://HOST:10001)."),
     ray_workers: Optional[int] = typer.Option(None, "--ray-workers", help="With --ray local: CPUs (parallel tasks)."),
     force: bool = typer.Option(False, "--force", help="Rebuild templates whose packs are already published."),
-    basis: str = typer.Option("shard", "--basis", help="SAKURA pack: one token basis per shard, shared by its K/V "
-                              "units (shard), or one per unit (unit)."),
+    basis: str = typer.Option("auto", "--basis", help="SAKURA pack: one token basis per shard, shared by its K/V "
+                              "units (shard), one per unit (unit), or per template the first of shard at 0.5, unit, "
+                              "shard at 0.35 / 0.25 of v1's top error whose top matches v1's masked PSNR (auto)."),
 ):
     """Offline: capture, profile importance, write the progressive pack and the baselines' files."""
     from sakura.catalog import load_catalog
@@ -231,7 +232,7 @@ def bench(
                                                      "both (both sweeps and the sim-vs-real table)."),
     quick: bool = typer.Option(False, "--quick", help="10 offsets, the fs workload only: minutes."),
     packs: str = typer.Option("packs", "--packs", help="Pack folder or s3://bucket/prefix (missing packs are built)."),
-    figure: Optional[str] = typer.Option(None, "--figure", help="Regenerate one figure: 11,12,13,15,16,17,18,19,20,21,table2,estimators,tails,packs (v2 vs v1 pack), or all."),
+    figure: Optional[str] = typer.Option(None, "--figure", help="Regenerate one figure: 11,12,13,15,16,17,18,19,20,21,table2,estimators,tails,packs (v2 vs v1 pack), rebuild-pricing, or all."),
     project: Optional[str] = typer.Option(None, "--project", help="Paper-scale projection, e.g. flux2-klein-4b."),
     seed: int = typer.Option(0, "--seed"),
     append: bool = typer.Option(False, "--append", help="Keep other workloads already in OUT/summary.json."),

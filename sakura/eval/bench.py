@@ -101,18 +101,20 @@ class TemplateBench:
 
 
 def current_pack(path: Path) -> bool:
-    """Whether a built pack exists in the layout the builder writes now: a pack of an older version
-    (or an unreadable one) is rebuilt, never streamed as if it were current."""
+    """Whether a built pack exists in the layout the builder writes now: a pack of an older version, one
+    built without the ``auto`` basis check (its build report says which basis it kept) or an unreadable
+    one is rebuilt, never streamed as if it were current."""
     from sakura.formats.pack import PackInfo
     from sakura.offline.builder import DEFAULT_BASIS, DEFAULT_LAYOUT
 
     try:
         info = PackInfo.open(path)[1]
-    except (OSError, PackFormatError):
+        report = json.loads(path.with_name(f"{info.template_id}.build.json").read_text())
+    except (OSError, ValueError, PackFormatError):
         return False
     if DEFAULT_LAYOUT != "allocated":
         return info.version == 1
-    return info.version == 2 and info.geometry.shared_basis == (DEFAULT_BASIS == "shard")
+    return info.version == 2 and (DEFAULT_BASIS != "auto" or report.get("top_basis") is not None)
 
 
 def prepare_template(tpl, packs: Path, max_rank: int = 128, q: float = 0.5, say: Callable[[str], None] = print,

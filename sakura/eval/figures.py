@@ -319,6 +319,10 @@ def run(cfg: bench.BenchConfig, out: Path, *, figure: str | None = None, project
         from sakura.eval.estimators import fig_estimators
 
         return fig_estimators(cfg, out, cache, progress, say)
+    if figure == "rebuild-pricing":
+        from sakura.eval.rebuild_pricing import fig_rebuild_pricing
+
+        return fig_rebuild_pricing(cfg, out, cache, progress, say)
     if figure == "tails":
         from sakura.eval.tails import fig_tails
 

@@ -275,7 +275,9 @@ class CacheGenEncoding(StreamEncoding):
 
     def _levels(self, shard: int) -> tuple[Level, ...]:
         n = self.info.num_levels
-        return tuple(Level(f"L{lv}", self.info.shard_range(shard, lv)[1], float(n - lv), (lv,)) for lv in range(n))
+        # (work: an entropy decoder's time grows with the bytes it decodes)
+        return tuple(Level(f"L{lv}", nbytes, float(n - lv), (lv,), work=float(nbytes))
+                     for lv in range(n) for nbytes in [self.info.shard_range(shard, lv)[1]])
 
     @classmethod
     def from_header(cls, header: bytes) -> "CacheGenEncoding":
@@ -291,7 +293,7 @@ class CacheGenEncoding(StreamEncoding):
     def priced(self, fetch_unit):
         """Each level's bytes as requested now: a level whose tables are not yet asked for carries them."""
         levels = tuple(lv if lv.key[0] in self._requested else
-                       Level(lv.label, lv.nbytes + self.info.table_range(lv.key[0])[1], lv.error, lv.key)
+                       Level(lv.label, lv.nbytes + self.info.table_range(lv.key[0])[1], lv.error, lv.key, lv.work)
                        for lv in fetch_unit.levels)
         return FetchUnit(fetch_unit.index, fetch_unit.needed_by, fetch_unit.label, levels)
 

@@ -26,11 +26,13 @@ from sakura.offline.tradeoff import DEFAULT_BITS, QUALITY_METRIC, pareto, profil
 from sakura.offline.allocate import UnitModel, exact_error, exact_stop, greedy_order, shard_table, thin, uniform_error
 
 TOLERANCE = 0.01  # an allocated pack stops within 1 % (0.04 dB) of the reference configuration's error
-# A shared-basis shard stops at this share of v1's top error instead. At equal weighted error its masked
-# PSNR fell 0.3–5.8 dB short of v1's top (24 edits on fs and mb-sd templates) with per-unit errors like
-# v1's — likely because the units' residuals share one token subspace, so the same tokens are off in K
-# and V of both layers, which a per-unit metric does not see (not verified). At half the error it is
-# −1.6…+3.5 dB (mean +1.2) for 20–26 % more stored bytes: docs/results/issue18/shared_basis/top_psnr_targets.txt
+# A shared-basis shard stops at this share of v1's top error instead (by default; an ``auto`` build tries
+# deeper shares, or one basis per unit, while its top's masked PSNR is below v1's: builder.TOP_CANDIDATES).
+# At equal weighted error its masked PSNR fell 0.3–5.8 dB short of v1's top (24 edits on fs and mb-sd
+# templates) with per-unit errors like v1's — likely because the units' residuals share one token
+# subspace, so the same tokens are off in K and V of both layers, which a per-unit metric does not see
+# (not verified). At half the error it is −1.6…+3.5 dB (mean +1.2) for 20–26 % more stored bytes:
+# docs/results/issue18/shared_basis/top_psnr_targets.txt
 SHARED_TOP_SHARE = 0.5
 ALLOCATION_METRIC = "estimate of the tradeoff metric (cross terms between components dropped): see sakura.offline.allocate"
 Importance = Mapping[tuple[int, int], torch.Tensor]  # (step, layer) -> (n,) token importance
@@ -58,7 +60,7 @@ def compress_cache(cache: KVCache, importance: Importance | None, *, q: float = 
                    group: int = DEFAULT_GROUP, bits: Sequence[int] = DEFAULT_BITS,
                    progress: Callable[[int, int], None] | None = None, layout: str = "uniform",
                    reference_rank: int | None = None, tolerance: float = TOLERANCE,
-                   shared_basis: bool = False) -> PackSource:
+                   shared_basis: bool = False, top_share: float = SHARED_TOP_SHARE) -> PackSource:
     """Factorise and quantise every cache unit, shard by shard, and profile each shard's frontier.
 
     ``importance[(step, layer)]`` is the (n,) token importance for both K and V of that layer
@@ -72,8 +74,8 @@ def compress_cache(cache: KVCache, importance: Importance | None, *, q: float = 
     up to the estimated error of v1's top configuration ``(reference_rank, 8, 8)`` (default: the stored
     rank) times ``1 + tolerance``; its frontier is the allocation's path (``bits`` unused).
     ``shared_basis`` (allocated only): each shard's units share one token basis A
-    (:func:`~sakura.offline.lowrank.shared_lowrank`) and stops at ``SHARED_TOP_SHARE`` of the error of
-    v1's separate per-unit factors (a shard that cannot get there keeps one basis per unit).
+    (:func:`~sakura.offline.lowrank.shared_lowrank`) and stops at ``top_share`` of the error of v1's
+    separate per-unit factors (a shard that cannot get there keeps one basis per unit).
     """
     if layout not in ("uniform", "allocated"):
         raise ValueError(f"layout must be 'uniform' or 'allocated', got {layout!r}")
@@ -100,7 +102,8 @@ def compress_cache(cache: KVCache, importance: Importance | None, *, q: float = 
                 cells = [(cache.unit(step, layer, kind), importance.get((step, layer)))
                          for step, layer, kind in shard_units(*shard)]
                 if layout == "allocated" and shared_basis:
-                    yield shared_or_separate(cells, geo, q, max_rank, reference_rank, tolerance, tradeoff is not False)
+                    yield shared_or_separate(cells, geo, q, max_rank, reference_rank, tolerance, tradeoff is not False,
+                                             top_share)
                 else:
                     units = separate_units(cells, q, max_rank)
                     factors = [qf for _, _, qf in units]
@@ -119,6 +122,8 @@ def compress_cache(cache: KVCache, importance: Importance | None, *, q: float = 
     if layout == "allocated":
         table = None if tradeoff is False else {"metric": ALLOCATION_METRIC}
         build.update(reference_rank=min(reference_rank or geo.rank, geo.rank), tolerance=tolerance)
+        if shared_basis:
+            build["top_share"] = top_share
     return PackSource(geo, shards(), cache.reuse_index, dtype, build, table, version=2 if layout == "allocated" else 1)
 
 
@@ -138,15 +143,15 @@ def reference_target(cells, geo: Geometry, reference_rank: int | None, q: float)
 
 
 def shared_or_separate(cells, geo: Geometry, q: float, max_rank: int, reference_rank: int | None, tolerance: float,
-                       with_frontier: bool) -> AllocatedShard:
-    """A shard whose units share one token basis, stopping at ``SHARED_TOP_SHARE`` of v1's top error;
+                       with_frontier: bool, top_share: float = SHARED_TOP_SHARE) -> AllocatedShard:
+    """A shard whose units share one token basis, stopping at ``top_share`` of v1's top error;
     unless that basis cannot get there (units with little token structure in common): then one basis
     per unit, stopping at v1's top error as without sharing."""
     imps = [imp for _, imp in cells]
     target = reference_target(cells, geo, reference_rank, q) * (1 + tolerance)
     factors = shared_lowrank([x for x, _ in cells], imps, q=q, max_rank=max_rank)
     units = [(*cell, qf) for cell, qf in zip(cells, quantize_shared(factors, imps))]
-    shared_target = target * SHARED_TOP_SHARE
+    shared_target = target * top_share
     shard = allocated_shard(units, geo, reference_rank, tolerance, with_frontier, shared=True, target=shared_target)
     if shard.extra["top_error"] <= shared_target:
         return shard

@@ -57,16 +57,12 @@ def _budget(gamma: float, now: float, deadline: float, monitor: RuntimeMonitor) 
     return window, monitor.rate_bps / 8 * window
 
 
-class SakuraPolicy(Policy):
-    """Per-shard budget = R̂ · γ(T_ovlp + H); best profiled (r, b_A, b_B) within it. With
-    ``price_rebuild`` a level must also leave time for its own rebuild: it fits when its bytes arrive
-    within the window less its predicted rebuild (``monitor.rebuild``), since a shard is needed
-    rebuilt, not received. Higher ranks cost more rebuild for the same bytes; the paper's rule
-    (``price_rebuild=False``) assumes rebuild is free."""
+class WindowPolicy(Policy):
+    """The best level whose bytes arrive within the transfer window γ·(deadline − now) at R̂; with
+    ``price_rebuild``, within the window less the level's own predicted rebuild (``monitor.rebuild``,
+    learnt from this edit's rebuilds), since a shard is needed rebuilt, not received."""
 
-    name = "sakura"
-
-    def __init__(self, gamma: float = DEFAULT_GAMMA, price_rebuild: bool = True):
+    def __init__(self, gamma: float = DEFAULT_GAMMA, price_rebuild: bool = False):
         self.gamma = gamma
         self.price_rebuild = price_rebuild
 
@@ -79,6 +75,17 @@ class SakuraPolicy(Policy):
 
         level, fits = best_within(unit.levels, allowance)
         return Decision(level, monitor.rate_bps, window, allowance(level), fits)
+
+
+class SakuraPolicy(WindowPolicy):
+    """Per-shard budget = R̂ · γ(T_ovlp + H); best profiled (r, b_A, b_B) within it, less the level's
+    rebuild: higher ranks cost more rebuild for the same bytes (``Level.work``). The paper's rule takes
+    rebuild as free (``price_rebuild=False``)."""
+
+    name = "sakura"
+
+    def __init__(self, gamma: float = DEFAULT_GAMMA, price_rebuild: bool = True):
+        super().__init__(gamma, price_rebuild)
 
 
 class Fp16Policy(Policy):
@@ -114,23 +121,16 @@ class IntQPolicy(Policy):
         return Decision(level, monitor.rate_bps, deadline - now, float("inf"), True)
 
 
-class CacheGenPolicy(Policy):
+class CacheGenPolicy(WindowPolicy):
     """CacheGen's adaptation: pick each unit's stored level from the measured throughput so
     that it arrives before it is needed. CacheGen decides per token chunk of an LLM prefix; a DiT edit
     consumes its cache shard by shard, so here the unit is a shard (the same one SAKURA fetches) and
     the rule is SAKURA's: the best stored level within R̂ · γ · (deadline − now), same monitor, γ and
     look-ahead. Level sizes are as priced by the encoding, so a level whose tables this edit has not
-    fetched yet carries their bytes."""
+    fetched yet carries their bytes. Its decode is not priced by default (CacheGen's own rule;
+    ``price_rebuild=True`` prices it by bytes: ``sakura bench --figure rebuild-pricing``)."""
 
     name = "cachegen"
-
-    def __init__(self, gamma: float = DEFAULT_GAMMA):
-        self.gamma = gamma
-
-    def choose(self, unit, now, deadline, monitor):
-        window, budget = _budget(self.gamma, now, deadline, monitor)
-        level, fits = best_within(unit.levels, budget)
-        return Decision(level, monitor.rate_bps, window, budget, fits)
 
 
 POLICIES: dict[str, type[Policy]] = {cls.name: cls for cls in (SakuraPolicy, Fp16Policy, IntQPolicy, CacheGenPolicy)}
