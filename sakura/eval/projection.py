@@ -20,6 +20,7 @@ from sakura.eval.bench import WORKLOADS, BenchConfig, TemplateBench, workload_be
 from sakura.eval.plots import COLORS, NAMES, plt
 from sakura.formats import FetchUnit, Level, StreamEncoding
 from sakura.kvcache import shard_plan
+from sakura.model.geometry import GEOMETRIES
 from sakura.net.traces import Trace, load_trace, paper_regime_scale
 from sakura.online.policies import get_policy
 from sakura.runtime.compute import ComputeProfile
@@ -42,7 +43,9 @@ class PaperSetting:
     paper_speedup_vs_local: float  # p50 (paper: 3.27×)
 
 
-SETTINGS = {"flux2-klein-4b": PaperSetting("flux2-klein-4b", 24, 128, 25, 4, 1024, 5, 13.0, 2.26, 1.82, 3.27)}
+_KLEIN = GEOMETRIES["flux2-klein-4b"]  # the model's dims live in one registry (sakura.model.geometry)
+SETTINGS = {_KLEIN.name: PaperSetting(_KLEIN.name, _KLEIN.heads, _KLEIN.head_dim, _KLEIN.num_layers,
+                                      _KLEIN.codec.num_steps, _KLEIN.codec.num_tokens, 5, 13.0, 2.26, 1.82, 3.27)}
 
 
 class ProjectedEncoding(StreamEncoding):

@@ -12,15 +12,22 @@ pack's configs are its levels at the v1 config's bytes, ``PackInfo.level_for``),
 * how far the ExecuTorch image is from the eager one.
 JSON + a rich table. Numbers are this host's (CPU-only; "GPU" and "NPU" share its cores): the
 pipelined measurement is a lower bound on what separate engines give.
+
+The model is the template's own, a model folder (``--model``), or a seeded random-weight model of a
+named geometry built in memory (``--geometry flux2-klein-4b --geometry-layers 1,3``,
+:mod:`sakura.model.geometry`): a real model's block dimensions and token count with fewer blocks, for
+times at its size only. The report's ``geometry`` block records d, heads, layers and token counts.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import tempfile
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -112,20 +119,46 @@ def bench_device(template_id: str, *, catalog: str | Path | None = None, shard_s
                  configs: Sequence[str] = DEFAULT_CONFIGS, executors: Sequence[str] = ("eager", "executorch"),
                  reconstructors: Sequence[str] = ("torch", "opencl"), repeats: int = 3, mbps: float = 50.0,
                  pack: str | Path | None = None, importance: bool = False, model_path: str | Path | None = None,
-                 random_cache: bool = False, log: Callable[[str], None] = print) -> dict:
-    """Run the benchmark and return its report (see module doc)."""
+                 random_cache: bool = False, geometry=None, geometry_layers: tuple[int, int] | str | None = None,
+                 threads: int | None = None, log: Callable[[str], None] = print) -> dict:
+    """Run the benchmark and return its report (see module doc).
+
+    ``model_path``: a model folder instead of the template's model. ``geometry``: a name of
+    :data:`sakura.model.geometry.GEOMETRIES` (or a ``Flux2Geometry``): time a seeded random-weight model of that
+    geometry with ``geometry_layers = (double, single)`` blocks, built in memory (times only; use with
+    ``random_cache``). ``threads``: torch intra-op threads for the run (None: leave torch's setting)."""
     import torch
 
     from sakura.catalog import load_catalog
     from sakura.editing import edit_request, model_for
+    from sakura.model import ModelLoadError
+    from sakura.model.geometry import geometry_model, geometry_record, get_geometry
+    from sakura.runtime.calibration import machine_fingerprint
 
+    if geometry is not None and model_path:
+        raise ModelLoadError("give a model folder or a geometry, not both")
+    if geometry is None and geometry_layers is not None:
+        raise ModelLoadError("geometry layers need a geometry")
     tpl = load_catalog(catalog).get(template_id)
-    model = model_for(tpl, model_path)
+    geo_spec = get_geometry(geometry) if geometry is not None else None
+    if geo_spec is not None:
+        t0 = time.perf_counter()
+        model = geometry_model(geo_spec, geometry_layers)
+        log(f"built {model.model_id} (geometry of {geo_spec.title}, random weights) "
+            f"in {time.perf_counter() - t0:.1f} s")
+    else:
+        model = model_for(tpl, model_path)
     req_template = tpl.eval_requests[0] if tpl.eval_requests else None
     req = edit_request(tpl, req_template, resolution=model.codec.resolution, ref_size=model.codec.ref_size)
     report: dict = {"template": tpl.id, "model": model.model_id, "shard_size": shard_size, "repeats": repeats,
-                    "mbps": mbps, "torch_threads": torch.get_num_threads()}
-    with tempfile.TemporaryDirectory(prefix="sakura-bench-device-") as tmp:
+                    "mbps": mbps, "torch_threads": threads or torch.get_num_threads(),
+                    "geometry": {**geometry_record(model, geo_spec), **_token_counts(model, req)}}
+    if geo_spec is not None:
+        report["note"] = f"geometry of {geo_spec.title}, random weights: times only"
+    with _threads(threads, "executorch" in executors) as et_threads, \
+            tempfile.TemporaryDirectory(prefix="sakura-bench-device-") as tmp:
+        report["host"] = {**machine_fingerprint(), "executorch_threads": et_threads,
+                          "load_avg_at_start": list(os.getloadavg())}
         reader, report["pack"] = _open_pack(pack, tpl, model, req, Path(tmp), max_rank=max_rank,
                                             shard_size=shard_size, importance=importance, random_cache=random_cache)
         info = reader.info
@@ -167,7 +200,33 @@ def bench_device(template_id: str, *, catalog: str | Path | None = None, shard_s
                 summary["pipelined"][f"{rn}/{en}"] = {"wall_ms": 1e3 * wall, "stall_ms": 1e3 * stall,
                                                       "serial_ms": 1e3 * serial}
         report["summary"] = summary
+        report["host"]["load_avg_at_end"] = list(os.getloadavg())
         return report
+
+
+@contextmanager
+def _threads(n: int | None, executorch: bool):
+    """torch's intra-op threads (and ExecuTorch's thread pool, when it runs) set to ``n`` for the block
+    (None: unchanged), then put back. Yields ExecuTorch's pool size (None when it does not run)."""
+    import torch
+
+    pool = None
+    if executorch:
+        try:
+            from executorch.extension.pybindings import portable_lib as pool
+        except ImportError:  # the executor reports the backend unavailable
+            pool = None
+    before = torch.get_num_threads(), pool._threadpool_get_thread_count() if pool else None
+    if n:
+        torch.set_num_threads(n)
+        if pool:
+            pool._unsafe_reset_threadpool(n)  # no program is running yet
+    try:
+        yield pool._threadpool_get_thread_count() if pool else None
+    finally:
+        torch.set_num_threads(before[0])
+        if pool and n:
+            pool._unsafe_reset_threadpool(before[1])
 
 
 def _open_pack(pack: str | Path | None, tpl, model, req, tmp: Path, *, max_rank: int, shard_size: int,
@@ -204,6 +263,8 @@ class _Rebuilds:
 
 
 def _measure_rebuild(names: Sequence[str], info, cfgs, key, blobs, repeats: int, log) -> _Rebuilds:
+    import torch
+
     from sakura.runtime.executors import BackendUnavailable
     from sakura.runtime.reconstruct import get_reconstructor
 
@@ -216,7 +277,9 @@ def _measure_rebuild(names: Sequence[str], info, cfgs, key, blobs, repeats: int,
             log(f"reconstructor {name}: unavailable ({e})")
             continue
         out.recs[name] = rec
-        out.devices[name] = getattr(rec, "device_name", "cpu (numpy + torch)")
+        dev = getattr(rec, "device_name", f"cpu (numpy + torch, {torch.get_num_threads()} threads)")
+        units = getattr(getattr(rec, "device", None), "max_compute_units", None)  # OpenCL: its own thread pool
+        out.devices[name] = f"{dev}, {units} compute units" if units else dev
         for c in cfgs:  # warm-up: kernel builds, first allocations
             rec.rebuild(info, 0, *key[(0, c)], blobs[(0, c)])
         out.ms[name], out.min_ms[name] = {}, {}
@@ -286,7 +349,8 @@ def _summary(rebuild: _Rebuilds, execute: _Executions, main_key: str) -> dict:
     summary: dict = {"rebuild_ms_mean": {n: {k: statistics.mean(v) for k, v in per.items()}
                                          for n, per in rebuild.ms.items()},
                      "execute_ms_mean": {n: statistics.mean(v) for n, v in execute.ms.items()},
-                     "rebuild_over_execute": {}, "hidden_share": {}, "pipelined": {},
+                     "rebuild_over_execute": {}, "rebuild_over_execute_by_config": {}, "hidden_share": {},
+                     "pipelined": {},
                      # best-of-repeats per shard, averaged: an estimate of the uncontended times
                      "rebuild_ms_min_mean": {n: {k: statistics.mean(v) for k, v in per.items()}
                                              for n, per in rebuild.min_ms.items()},
@@ -295,8 +359,20 @@ def _summary(rebuild: _Rebuilds, execute: _Executions, main_key: str) -> dict:
         for en, ev in execute.ms.items():
             rb = per[main_key]
             summary["rebuild_over_execute"][f"{rn}/{en}"] = sum(rb) / sum(ev)
+            summary["rebuild_over_execute_by_config"][f"{rn}/{en}"] = {k: sum(v) / sum(ev) for k, v in per.items()}
             summary["hidden_share"][f"{rn}/{en}"] = _hidden_share(rb, ev)
     return summary
+
+
+def _token_counts(model, req) -> dict:
+    """Tokens of the request: masked image tokens (computed), reused ones (cached), reference and text
+    tokens (computed with the masked ones in every block)."""
+    masked = int(model.token_mask(req.mask).sum())
+    ref = model.reference_tokens(req)
+    text_cfg = getattr(model.text_encoder, "cfg", None)
+    return {"masked_tokens": masked, "reused_tokens": model.codec.num_tokens - masked,
+            "reference_tokens": 0 if ref is None else int(ref.shape[0]),
+            "text_tokens": getattr(text_cfg, "max_tokens", None)}
 
 
 def _random_cache(model, req):
@@ -329,6 +405,14 @@ def print_report(report: dict, console=None) -> None:
     main = "r{}-a{}-b{}".format(*report["main_config"])
     recs = list(report["summary"]["rebuild_ms_mean"])
     exes = list(report["summary"]["execute_ms_mean"])
+    if "note" in report:
+        console.print(f"[bold]{report['note']}[/bold]")
+    g = report.get("geometry")
+    if g:
+        console.print(f"d = {g['d']} ({g['heads']} heads × {g['head_dim']}), {g['layers']} layers, {g['steps']} steps, "
+                      f"{g['image_tokens']} image tokens: {g['masked_tokens']} masked + {g['reference_tokens']} "
+                      f"reference + {g['text_tokens']} text computed, {g['reused_tokens']} reused; "
+                      f"torch threads {report['torch_threads']}")
     t = Table(title=f"bench-device: {report['template']} ({report['model']}), shard size {report['shard_size']}, "
                     f"config {tuple(report['main_config'])}, ms")
     t.add_column("shard")
@@ -360,6 +444,19 @@ def print_report(report: dict, console=None) -> None:
                    f"{pl.get('wall_ms', float('nan')):.0f} ms", f"{pl.get('serial_ms', float('nan')):.0f} ms",
                    f"{pl.get('stall_ms', float('nan')):.1f} ms")
     console.print(t2)
+    by_config = s.get("rebuild_over_execute_by_config", {})
+    if by_config:
+        t3 = Table(title="rebuild ÷ execute per configuration (mean ms per shard)")
+        t3.add_column("config")
+        for r in recs:
+            t3.add_column(f"rebuild {r}", justify="right")
+        for pair in by_config:
+            t3.add_column(pair, justify="right")
+        for k in s["rebuild_ms_mean"][recs[0]]:
+            t3.add_row(k, *[f"{s['rebuild_ms_mean'][r][k]:.2f}" for r in recs],
+                       *[f"{100 * by_config[pair][k]:.1f}%" for pair in by_config])
+        console.print(t3)
+        console.print("execute ms per shard: " + ", ".join(f"{e} {v:.1f}" for e, v in s["execute_ms_mean"].items()))
     for name, dev in report.get("reconstructors", {}).items():
         console.print(f"[dim]{name}: {dev}[/dim]")
     if "image_max_abs_executorch_vs_eager" in report:
@@ -386,13 +483,23 @@ def bench_device_cmd(
     random_cache: bool = typer.Option(False, "--random-cache", help="Seeded random K/V instead of capturing the "
                                       "template (times do not depend on values; skips the capture run)."),
     catalog: Optional[Path] = typer.Option(None, "--catalog", help="Catalog manifest (TOML); default: the embedded one."),
+    model: Optional[Path] = typer.Option(None, "--model", help="A model folder (sakura.json + transformer/ + "
+                                         "text_encoder/) instead of the template's model."),
+    geometry: Optional[str] = typer.Option(None, "--geometry", help="Time a seeded random-weight model of this "
+                                           "geometry (flux2-klein-4b), built in memory: times only. Use with "
+                                           "--random-cache."),
+    geometry_layers: Optional[str] = typer.Option(None, "--geometry-layers", help="D,S: double and single blocks "
+                                                  "of the --geometry model (default: the real model's counts)."),
+    threads: Optional[int] = typer.Option(None, "--threads", min=1, help="torch intra-op threads (default: "
+                                          "torch's own setting)."),
     out: Path = typer.Option(Path("bench-device.json"), "--out", "-o", help="JSON report."),
 ):
     """Per shard: rebuild (torch vs OpenCL) vs execute (eager vs ExecuTorch), and how much rebuild hides."""
     report = bench_device(template, catalog=catalog, shard_size=shard_size, max_rank=max_rank,
                           configs=config or DEFAULT_CONFIGS, executors=executor or ("eager", "executorch"),
                           reconstructors=reconstructor or ("torch", "opencl"), repeats=repeats, mbps=mbps,
-                          pack=pack, importance=importance, random_cache=random_cache,
+                          pack=pack, importance=importance, random_cache=random_cache, model_path=model,
+                          geometry=geometry, geometry_layers=geometry_layers, threads=threads,
                           log=lambda m: typer.echo(m, err=True))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1))
