@@ -74,6 +74,48 @@ def test_bench_device_runs_at_the_geometry_and_reports_it(small, tmp_path):
 def test_bench_device_model_options_fail_in_one_line(small, tmp_path):
     for args in (["--geometry", "nope"], ["--geometry", "test-small", "--geometry-layers", "0,0"],
                  ["--geometry", "test-small", "--model", str(tmp_path)], ["--geometry-layers", "1,1"],
-                 ["--model", str(tmp_path / "missing")]):
+                 ["--model", str(tmp_path / "missing")], ["--layout", "v3"], ["--basis", "auto"],
+                 ["--pack", str(tmp_path / "p.pack"), "--layout", "allocated"]):
         r = bench_device("--random-cache", "-e", "eager", "-r", "torch", "-o", str(tmp_path / "x.json"), *args)
         assert r.exit_code == 2 and r.stderr.startswith("error: ") and r.stderr.count("\n") == 1, (args, r.output)
+
+
+@pytest.mark.parametrize("basis", ["shard", "unit"])
+def test_bench_device_builds_a_v2_pack_and_reports_its_levels(small, tmp_path, basis):
+    out = tmp_path / "bench.json"
+    # the captured cache (not --random-cache): random K/V have no token subspace in common, so a shared basis
+    # would not reach its target there and every shard would fall back to one basis per unit
+    r = bench_device("-t", "fs-astronaut", "--geometry", "test-small", "--geometry-layers", "1,2", "--shard-size", "2",
+                     "--max-rank", "8", "--layout", "allocated", "--basis", basis, "-c", "R,8,8",
+                     "-c", "8,4,4", "-e", "eager", "-r", "torch", "--repeats", "1", "--threads", "1", "-o", str(out))
+    assert r.exit_code == 0, r.output
+    rep = json.loads(out.read_text())
+    pk = rep["pack"]
+    # built as `sakura build` writes v2 (builder.pack_options): a shared basis factorises to 4 × 8, one per unit to 2 × 8
+    assert (pk["version"], pk["layout"], pk["basis"], pk["shared_basis"]) == (2, "allocated", basis, basis == "shard")
+    assert pk["options"]["max_rank"] == (32 if basis == "shard" else 16) and pk["options"]["reference_rank"] == 8
+    if basis == "shard":
+        assert pk["shared_shards"] >= 1
+    else:
+        assert pk["shared_shards"] == 0
+    # every config read a v2 level (a chunk count), whose rank and bytes the report carries
+    assert set(rep["levels"]) == {f"r{pk['rank']}-a8-b8", "r8-a4-b4"}
+    for name, lv in rep["levels"].items():
+        assert len(lv["shards"]) == pk["shards"] == 4
+        for s, row in enumerate(lv["shards"]):
+            assert len(row["key"]) == 1 and 0 < row["r"] <= pk["rank"]
+            assert row["bytes"] == rep["shards"][s]["bytes"][name] > 0
+    top, low = rep["levels"][f"r{pk['rank']}-a8-b8"], rep["levels"]["r8-a4-b4"]
+    assert top["kib_mean"] > low["kib_mean"] and top["rank_mean"] >= low["rank_mean"]
+    assert "pack v2" in r.stdout and "level rank" in r.stdout
+
+
+def test_bench_device_v1_pack_levels_are_its_configs(small, tmp_path):
+    out = tmp_path / "bench.json"
+    r = bench_device("-t", "fs-astronaut", "--geometry", "test-small", "--geometry-layers", "1,2", "--random-cache",
+                     "--max-rank", "8", "-c", "R,4,4", "-c", "8,2,2", "-e", "eager", "-r", "torch", "--repeats", "1",
+                     "--threads", "1", "-o", str(out))
+    assert r.exit_code == 0, r.output
+    rep = json.loads(out.read_text())
+    assert (rep["pack"]["version"], rep["pack"]["layout"], rep["pack"]["shared_shards"]) == (1, "uniform", 0)
+    assert [row["r"] for row in rep["levels"]["r8-a2-b2"]["shards"]] == [8] * 4

@@ -1,7 +1,10 @@
 """``sakura bench-device``: per shard, rebuild (torch vs OpenCL) against execute (eager vs ExecuTorch).
 
-For one catalog template: capture its cache, write a real progressive pack (or use a built one: a v2
-pack's configs are its levels at the v1 config's bytes, ``PackInfo.level_for``), then per shard measure
+For one catalog template: capture its cache, write a real progressive pack — v1 (``layout="uniform"``, the
+default) or v2 as the builder writes it (``layout="allocated"``, ``basis`` shard / unit:
+:func:`sakura.offline.builder.pack_options`) — or use a built one. A v2 pack's configs are its levels at
+the v1 config's bytes (``PackInfo.level_for``); the report's ``levels`` say which level (chunks, rank,
+mean planes, bytes) each config read on each shard. Then per shard measure
 
 * bytes of each configuration and the receive time at ``--mbps``;
 * rebuild time of each reconstructor (median of ``repeats``) for each configuration;
@@ -33,6 +36,8 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 DEFAULT_CONFIGS = ("R,8,8", "64,4,4", "32,3,2")
+LAYOUTS = ("uniform", "allocated")  # the pack bench-device builds: v1, or v2 as `sakura build` writes it
+BENCH_BASES = ("shard", "unit")  # v2's token basis: one per shard (shared by its K/V units) or one per unit
 
 
 def parse_configs(specs: Sequence[str], rank: int, group: int) -> list[tuple[int, int, int]]:
@@ -120,16 +125,21 @@ def bench_device(template_id: str, *, catalog: str | Path | None = None, shard_s
                  reconstructors: Sequence[str] = ("torch", "opencl"), repeats: int = 3, mbps: float = 50.0,
                  pack: str | Path | None = None, importance: bool = False, model_path: str | Path | None = None,
                  random_cache: bool = False, geometry=None, geometry_layers: tuple[int, int] | str | None = None,
-                 threads: int | None = None, log: Callable[[str], None] = print) -> dict:
+                 threads: int | None = None, layout: str = "uniform", basis: str = "shard",
+                 log: Callable[[str], None] = print) -> dict:
     """Run the benchmark and return its report (see module doc).
 
     ``model_path``: a model folder instead of the template's model. ``geometry``: a name of
     :data:`sakura.model.geometry.GEOMETRIES` (or a ``Flux2Geometry``): time a seeded random-weight model of that
     geometry with ``geometry_layers = (double, single)`` blocks, built in memory (times only; use with
-    ``random_cache``). ``threads``: torch intra-op threads for the run (None: leave torch's setting)."""
+    ``random_cache``). ``threads``: torch intra-op threads for the run (None: leave torch's setting).
+    ``layout`` / ``basis``: the pack built when ``pack`` is not given: ``uniform`` = v1 of rank ``max_rank``;
+    ``allocated`` = v2 with the builder's options for top quality ``(max_rank, 8, 8)`` (``pack_options``; a
+    shared basis factorises to 4 × ``max_rank``), its per-shard frontier kept (``level_for`` reads it)."""
     import torch
 
     from sakura.catalog import load_catalog
+    from sakura.cli_errors import UserError
     from sakura.editing import edit_request, model_for
     from sakura.model import ModelLoadError
     from sakura.model.geometry import geometry_model, geometry_record, get_geometry
@@ -139,6 +149,12 @@ def bench_device(template_id: str, *, catalog: str | Path | None = None, shard_s
         raise ModelLoadError("give a model folder or a geometry, not both")
     if geometry is None and geometry_layers is not None:
         raise ModelLoadError("geometry layers need a geometry")
+    if layout not in LAYOUTS:
+        raise UserError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+    if basis not in BENCH_BASES:
+        raise UserError(f"basis must be one of {', '.join(BENCH_BASES)}, got {basis!r}")
+    if pack and (layout, basis) != ("uniform", "shard"):
+        raise UserError("--layout / --basis choose the pack bench-device builds: not with --pack")
     tpl = load_catalog(catalog).get(template_id)
     geo_spec = get_geometry(geometry) if geometry is not None else None
     if geo_spec is not None:
@@ -160,7 +176,8 @@ def bench_device(template_id: str, *, catalog: str | Path | None = None, shard_s
         report["host"] = {**machine_fingerprint(), "executorch_threads": et_threads,
                           "load_avg_at_start": list(os.getloadavg())}
         reader, report["pack"] = _open_pack(pack, tpl, model, req, Path(tmp), max_rank=max_rank,
-                                            shard_size=shard_size, importance=importance, random_cache=random_cache)
+                                            shard_size=shard_size, importance=importance, random_cache=random_cache,
+                                            layout=layout, basis=basis)
         info = reader.info
         geo = info.geometry
         if geo.shard_size != shard_size:
@@ -168,10 +185,17 @@ def bench_device(template_id: str, *, catalog: str | Path | None = None, shard_s
             shard_size = report["shard_size"] = geo.shard_size
         cfgs = parse_configs(configs, geo.rank, geo.group)
         report["pack"].update({"bytes": info.file_size, "rank": geo.rank, "n": geo.n, "d": geo.d,
-                               "shards": info.num_shards})
+                               "shards": info.num_shards, "version": info.version,
+                               "shared_basis": bool(geo.shared_basis),
+                               "shared_shards": sum(getattr(info, "a_units", lambda s: 2)(s) == 1
+                                                    for s in range(info.num_shards))})
         report["configs"] = [list(c) for c in cfgs]
         key = {(s, c): info.level_for(s, *c) for s in range(info.num_shards) for c in cfgs}
         blobs = {(s, c): reader.read(s, *key[(s, c)]) for s in range(info.num_shards) for c in cfgs}
+        report["levels"] = _levels(info, cfgs, key, blobs)
+        for k, lv in report["levels"].items():
+            log(f"config {k}: level rank {lv['rank_mean']:.0f} ({lv['rank_min']}–{lv['rank_max']}), "
+                f"{lv['kib_mean']:.0f} KiB per shard")
         rebuild = _measure_rebuild(reconstructors, info, cfgs, key, blobs, repeats, log)
         report["reconstructors"] = rebuild.devices
 
@@ -230,15 +254,16 @@ def _threads(n: int | None, executorch: bool):
 
 
 def _open_pack(pack: str | Path | None, tpl, model, req, tmp: Path, *, max_rank: int, shard_size: int,
-               importance: bool, random_cache: bool):
-    """A reader of the given pack, or of a real pack built into ``tmp`` now; and its report entry."""
+               importance: bool, random_cache: bool, layout: str = "uniform", basis: str = "shard"):
+    """A reader of the given pack, or of a real pack built into ``tmp`` now (v1, or v2 with the builder's
+    ``pack_options``); and its report entry."""
     import torch
 
     from sakura.formats.pack import PackReader
 
     if pack:
         return PackReader(pack), {"path": str(pack), "built": False}
-    from sakura.offline.builder import capture_request, profile_importance
+    from sakura.offline.builder import capture_request, pack_options, profile_importance
     from sakura.offline.compress import pack_cache
 
     t0 = time.perf_counter()
@@ -248,10 +273,33 @@ def _open_pack(pack: str | Path | None, tpl, model, req, tmp: Path, *, max_rank:
         cache = model.capture(capture_request(tpl, model)).to(torch.float16)
         imp = profile_importance(model, tpl, cache) if importance else None
     path = tmp / f"{tpl.id}.pack"
-    pack_cache(path, cache, imp, max_rank=max_rank, shard_size=shard_size, model_id=model.model_id,
-               template_id=tpl.id, tradeoff=False)
+    options = pack_options(max_rank, layout, basis)
+    # v1: no frontier (every config is its own level); v2: its frontier is what level_for reads
+    pack_cache(path, cache, imp, shard_size=shard_size, model_id=model.model_id, template_id=tpl.id,
+               **options, **({"tradeoff": False} if layout == "uniform" else {}))
     return PackReader(path), {"built": True, "build_s": round(time.perf_counter() - t0, 2),
-                              "importance": bool(imp), "random_cache": random_cache}
+                              "importance": bool(imp), "random_cache": random_cache, "layout": layout,
+                              **({"basis": basis} if layout == "allocated" else {}), "options": options}
+
+
+def _levels(info, cfgs, key, blobs) -> dict:
+    """Per config: the level read on each shard (v2: its chunk count ``k``, the rank it decodes to, mean
+    planes of A and B per component, bytes; v1: the config itself) and the means over shards."""
+    out = {}
+    for c in cfgs:
+        rows = []
+        for s in range(info.num_shards):
+            nbytes = sum(map(len, blobs[(s, c)].values()))
+            lv = next((f for f in info.frontier(s) if f.key == key[(s, c)]), None) if info.version >= 2 else None
+            row = {"key": list(key[(s, c)]), "bytes": nbytes}
+            row.update({"r": lv.r, "b_a": lv.b_a, "b_b": lv.b_b} if lv is not None else
+                       {"r": c[0], "b_a": c[1], "b_b": c[2]} if info.version < 2 else {"r": None})
+            rows.append(row)
+        ranks = [r["r"] for r in rows if r["r"] is not None]
+        out[_key(c)] = {"shards": rows, "kib_mean": statistics.mean(r["bytes"] for r in rows) / 1024,
+                        "rank_mean": statistics.mean(ranks) if ranks else float("nan"),
+                        "rank_min": min(ranks, default=None), "rank_max": max(ranks, default=None)}
+    return out
 
 
 @dataclass
@@ -446,14 +494,23 @@ def print_report(report: dict, console=None) -> None:
     console.print(t2)
     by_config = s.get("rebuild_over_execute_by_config", {})
     if by_config:
-        t3 = Table(title="rebuild ÷ execute per configuration (mean ms per shard)")
+        levels = report.get("levels", {})
+        pk = report["pack"]
+        t3 = Table(title=f"rebuild ÷ execute per configuration (mean ms per shard; pack v{pk.get('version', 1)}"
+                         f"{', shared basis' if pk.get('shared_shards') else ''})")
         t3.add_column("config")
+        t3.add_column("level rank", justify="right")
+        t3.add_column("KiB", justify="right")
         for r in recs:
             t3.add_column(f"rebuild {r}", justify="right")
         for pair in by_config:
             t3.add_column(pair, justify="right")
         for k in s["rebuild_ms_mean"][recs[0]]:
-            t3.add_row(k, *[f"{s['rebuild_ms_mean'][r][k]:.2f}" for r in recs],
+            lv = levels.get(k, {})
+            rank = (f"{lv['rank_min']}" if lv.get("rank_min") == lv.get("rank_max") else
+                    f"{lv.get('rank_min')}–{lv.get('rank_max')}") if lv else ""
+            t3.add_row(k, rank, f"{lv['kib_mean']:.0f}" if lv else "",
+                       *[f"{s['rebuild_ms_mean'][r][k]:.2f}" for r in recs],
                        *[f"{100 * by_config[pair][k]:.1f}%" for pair in by_config])
         console.print(t3)
         console.print("execute ms per shard: " + ", ".join(f"{e} {v:.1f}" for e, v in s["execute_ms_mean"].items()))
@@ -492,6 +549,10 @@ def bench_device_cmd(
                                                   "of the --geometry model (default: the real model's counts)."),
     threads: Optional[int] = typer.Option(None, "--threads", min=1, help="torch intra-op threads (default: "
                                           "torch's own setting)."),
+    layout: str = typer.Option("uniform", "--layout", help="Pack to build: uniform (v1, rank --max-rank) or "
+                               "allocated (v2 as `sakura build` writes it for top quality (--max-rank, 8, 8))."),
+    basis: str = typer.Option("shard", "--basis", help="v2 token basis: shard (one A shared by a shard's K/V units, "
+                              "factorised to 4 × --max-rank) or unit (one per unit, 2 × --max-rank)."),
     out: Path = typer.Option(Path("bench-device.json"), "--out", "-o", help="JSON report."),
 ):
     """Per shard: rebuild (torch vs OpenCL) vs execute (eager vs ExecuTorch), and how much rebuild hides."""
@@ -499,8 +560,8 @@ def bench_device_cmd(
                           configs=config or DEFAULT_CONFIGS, executors=executor or ("eager", "executorch"),
                           reconstructors=reconstructor or ("torch", "opencl"), repeats=repeats, mbps=mbps,
                           pack=pack, importance=importance, random_cache=random_cache, model_path=model,
-                          geometry=geometry, geometry_layers=geometry_layers, threads=threads,
-                          log=lambda m: typer.echo(m, err=True))
+                          geometry=geometry, geometry_layers=geometry_layers, threads=threads, layout=layout,
+                          basis=basis, log=lambda m: typer.echo(m, err=True))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1))
     print_report(report)
