@@ -107,7 +107,7 @@ def test_bench_device_builds_a_v2_pack_and_reports_its_levels(small, tmp_path, b
             assert row["bytes"] == rep["shards"][s]["bytes"][name] > 0
     top, low = rep["levels"][f"r{pk['rank']}-a8-b8"], rep["levels"]["r8-a4-b4"]
     assert top["kib_mean"] > low["kib_mean"] and top["rank_mean"] >= low["rank_mean"]
-    assert "pack v2" in r.stdout and "level rank" in r.stdout
+    assert f"config r8-a4-b4: level rank {low['rank_mean']:.0f}" in r.stderr and "level rank" in r.stdout
 
 
 def test_bench_device_v1_pack_levels_are_its_configs(small, tmp_path):
