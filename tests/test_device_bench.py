@@ -91,7 +91,7 @@ def test_bench_device_builds_a_v2_pack_and_reports_its_levels(small, tmp_path, b
     assert r.exit_code == 0, r.output
     rep = json.loads(out.read_text())
     pk = rep["pack"]
-    # built as `sakura build` writes v2 (builder.pack_options): a shared basis factorises to 4 × 8, one per unit to 2 × 8
+    # built as `sakura build` writes v2 (builder.pack_options): a shared basis factorises to 4 × 8, one per unit 2 × 8
     assert (pk["version"], pk["layout"], pk["basis"], pk["shared_basis"]) == (2, "allocated", basis, basis == "shard")
     assert pk["options"]["max_rank"] == (32 if basis == "shard" else 16) and pk["options"]["reference_rank"] == 8
     if basis == "shard":
