@@ -1,9 +1,9 @@
 """The demo app in a real browser: Debian's chromium driven by playwright, against the whole stack
 (template server process with an access log → device agent subprocess via device_bridge → app).
 
-Packs: fs-astronaut (every format, max rank 32) and a quick mb-coffee (SAKURA + FP16 only, plain
-SVD, rank 8) for the text edit; built once and kept in pytest's cache folder, keyed by the sources
-that shape them. Screenshots go to artifacts/screenshots/; set SAKURA_UPDATE_SCREENSHOTS=1 to also
+Packs: fs-astronaut (every format, max rank 32: a copy of the session's ``fs_packs``) and a quick
+mb-coffee (SAKURA + FP16 only, plain SVD, rank 8) for the text edit; built once and kept in pytest's
+cache folder, keyed by the sources that shape them. Screenshots go to artifacts/screenshots/; set SAKURA_UPDATE_SCREENSHOTS=1 to also
 refresh docs/screenshots/edit-page.png (the README's mid-run picture).
 """
 
@@ -51,18 +51,20 @@ def _source_key() -> str:
     return h.hexdigest()[:16]
 
 
-def _build(out: Path) -> None:
+def _build(out: Path, fs_packs: Path) -> None:
     import torch
 
     from sakura.catalog import load_catalog
     from sakura.editing import model_for
     from sakura.formats import file_id
     from sakura.formats.fp16 import write_fp16
-    from sakura.offline.builder import build_template, capture_request
+    from sakura.offline.builder import capture_request
     from sakura.offline.compress import pack_cache
 
     cat = load_catalog()
-    build_template(cat.get(FS), out, max_rank=32)
+    out.mkdir(parents=True)
+    for f in fs_packs.glob(f"{FS}.*"):  # the session's build of fs-astronaut (conftest: every format, max rank 32)
+        shutil.copy2(f, out / f.name)
     mb = cat.get(MB)
     model = model_for(mb)
     cache = model.capture(capture_request(mb, model)).to(torch.float16)
@@ -82,7 +84,7 @@ def app_packs(request, tmp_path_factory) -> Path:
         for old in root.iterdir():  # packs of older sources
             shutil.rmtree(old, ignore_errors=True)
         tmp = root / f"tmp-{uuid.uuid4().hex[:8]}"
-        _build(tmp)
+        _build(tmp, request.getfixturevalue("fs_packs")[0])
         (tmp / "complete").write_text("ok")
         tmp.rename(out)
     return out

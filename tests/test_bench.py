@@ -9,8 +9,11 @@ from sakura.eval.projection import project_paper
 
 def test_bench_summary_contract_and_figures(fs_packs, tmp_path):
     packs, _ = fs_packs
+    # one calibration file for both runs below (the projection reads what the sweep measured), two masked runs
+    # per template: the regime and the summary are computed from whatever was measured
+    calibration = {"calibration_file": tmp_path / "calibration.json", "repeats": 2}
     cfg = bench.BenchConfig(workloads=("fs",), systems=("sakura", "intq", "cachegen", "fp16", "local", "oracle"),
-                        starts=2, packs=packs, max_rank=32)
+                            starts=2, packs=packs, max_rank=32, **calibration)
     cache: dict = {}
     written = figures.run(cfg, tmp_path, figure="12", progress=None, say=lambda s: None)
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -37,7 +40,8 @@ def test_bench_summary_contract_and_figures(fs_packs, tmp_path):
     assert "| SAKURA |" in (tmp_path / "summary.md").read_text()
     # the paper-scale projection reuses the prepared templates and labels itself as one
     paths = project_paper(bench.BenchConfig(workloads=("fs",), systems=("sakura", "local"), starts=2, packs=packs,
-                                        max_rank=32), tmp_path, "flux2-klein-4b", cache, None, lambda s: None)
+                                            max_rank=32, **calibration), tmp_path, "flux2-klein-4b", cache, None,
+                          lambda s: None)
     proj = json.loads(paths[0].read_text())
     assert proj["label"].startswith("PROJECTION")
     assert proj["workloads"]["fs"]["systems"]["local"]["latency_p50_s"] == 13.0

@@ -1,7 +1,7 @@
 """Device agent + bridge: back-to-back edits, disconnects, bad inputs, privacy, transports.
 
-One fs template's packs (sakura + fp16, rank ≤ 32, one profiling request) are built once per
-session; the template server runs in its own process with an access log; the link is a fast
+One fs template's packs (sakura + fp16, rank ≤ 32: the session's ``fs_packs`` build) are copied into a
+folder of their own; the template server runs in its own process with an access log; the link is a fast
 fixed one so the tests measure plumbing, not bandwidth. Set ``SAKURA_TEST_DEVICE_PACKS`` to a
 folder that already holds ``fs-astronaut.pack`` and ``fs-astronaut.fp16.pack`` to skip the build.
 """
@@ -13,10 +13,10 @@ import io
 import json
 import os
 import secrets
+import shutil
 import stat
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -33,17 +33,17 @@ REPO = Path(__file__).resolve().parent.parent
 
 # ------------------------------------------------------------------------------------- fixtures
 @pytest.fixture(scope="session")
-def device_packs(tmp_path_factory) -> Path:
+def device_packs(request, tmp_path_factory) -> Path:
     pre = os.environ.get("SAKURA_TEST_DEVICE_PACKS")
     if pre and (Path(pre) / f"{TEMPLATE}.pack").is_file() and (Path(pre) / f"{TEMPLATE}.fp16.pack").is_file():
         return Path(pre)
-    from sakura.catalog import load_catalog
-    from sakura.offline.builder import build_template
-
+    # the session's build of the template (conftest's fs_packs), its SAKURA and FP16 files only, in a folder of
+    # their own: no other template's packs (fs_packs' folder may gain some), no other format
+    packs = request.getfixturevalue("fs_packs")[0]
     out = tmp_path_factory.mktemp("device-packs")
-    tpl = load_catalog().get(TEMPLATE)
-    tpl = replace(tpl, profile_requests=tpl.profile_requests[:1])
-    build_template(tpl, out, max_rank=32, encodings=("sakura", "fp16"))
+    for name in (f"{file_id(TEMPLATE, 'sakura')}.pack", f"{file_id(TEMPLATE, 'fp16')}.pack",
+                 f"{TEMPLATE}.build.json", f"{TEMPLATE}.importance.safetensors"):
+        shutil.copy2(packs / name, out / name)
     return out
 
 
