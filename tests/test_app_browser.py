@@ -3,8 +3,8 @@
 
 Packs: fs-astronaut (every format, max rank 32: a copy of the session's ``fs_packs``) and a quick
 mb-coffee (SAKURA + FP16 only, plain SVD, rank 8) for the text edit; built once and kept in pytest's
-cache folder, keyed by the sources that shape them. Screenshots go to artifacts/screenshots/; set SAKURA_UPDATE_SCREENSHOTS=1 to also
-refresh docs/screenshots/edit-page.png (the README's mid-run picture).
+cache folder, keyed by the sources that shape them. Screenshots go to artifacts/screenshots/; set
+SAKURA_UPDATE_SCREENSHOTS=1 to also refresh docs/screenshots/edit-page.png (the README's mid-run picture).
 """
 
 from __future__ import annotations
