@@ -350,7 +350,7 @@ def _register_runtime_commands() -> None:
     """Commands whose bodies live with their subsystem (light modules: no torch at import)."""
     from sakura.eval.loadtest import loadtest_cmd
     from sakura.net.store_cli import store_app
-    from sakura.runtime.device_bench import bench_device_cmd
+    from sakura.runtime.device_bench_cli import bench_device_cmd
     from sakura.runtime.executors.cli import export_cmd
 
     app.command("export")(friendly(export_cmd))

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from sakura.cli_errors import friendly
 from sakura.model.base import CodecConfig
 from sakura.model.geometry import GEOMETRIES, Flux2Geometry, geometry_model, get_geometry
-from sakura.runtime.device_bench import bench_device_cmd
+from sakura.runtime.device_bench_cli import bench_device_cmd
 
 # Nothing like the template's own model (sakura-tiny: 4 × 64 heads, 8 layers, 256² at patch 8 → 1024 tokens):
 # were --geometry ignored, every dim below would come out different.

@@ -51,12 +51,6 @@ def best_within(levels: tuple[Level, ...], budget: float | Callable[[Level], flo
     return min(fitting, key=lambda lv: (lv.error, lv.nbytes)), True
 
 
-def _budget(gamma: float, now: float, deadline: float, monitor: RuntimeMonitor) -> tuple[float, float]:
-    """Transfer window γ·(deadline − now) and the bytes R̂ delivers in it."""
-    window = gamma * max(0.0, deadline - now)
-    return window, monitor.rate_bps / 8 * window
-
-
 class WindowPolicy(Policy):
     """The best level whose bytes arrive within the transfer window γ·(deadline − now) at R̂; with
     ``price_rebuild``, within the window less the level's own predicted rebuild (``monitor.rebuild``,
@@ -67,7 +61,7 @@ class WindowPolicy(Policy):
         self.price_rebuild = price_rebuild
 
     def choose(self, unit, now, deadline, monitor):
-        window, _ = _budget(self.gamma, now, deadline, monitor)
+        window = self.gamma * max(0.0, deadline - now)  # the transfer window γ·(deadline − now)
 
         def allowance(lv: Level) -> float:  # the bytes that arrive in time to leave lv's rebuild room
             rebuild_s = monitor.rebuild.seconds(lv.work) if self.price_rebuild else 0.0
