@@ -25,6 +25,17 @@ def folder(fs_packs):
     return tpl, runtime, req
 
 
+def test_the_session_knows_each_shards_smallest_prefix_and_step_error(folder):
+    tpl, runtime, _ = folder
+    for system, knows in (("sakura", True), ("cachegen", False), ("fp16", False)):
+        session = runtime.session(tpl, system, Network(DEAD, "dead", 0.0, 1.0))
+        ctx, units = session.fallback_context(), session.encoding.units
+        steps = [ctx.shard_step[u.needed_by] for u in units]
+        assert [e is not None for e in ctx.step_error] == [knows and s > 0 for s in steps], system
+        smallest = [min(u.levels, key=lambda lv: lv.nbytes) for u in units]
+        assert list(ctx.least_error) == [lv.error for lv in smallest]
+
+
 def dip(session) -> Trace:
     """Fast for the first third of the masked run, then nothing: shards of later steps cannot come."""
     return Trace(np.array([0.0, 0.35 * session.compute.masked_s, 600.0]), np.array([50.0, 0.0]), "dip")
@@ -59,6 +70,25 @@ def test_the_choice_waits_within_the_bound_and_then_takes_the_cheapest_way():
     back = [InFlight(10_000, 1000.0, 2.0, 1000.0, 0.1)]  # silent for most of 2 s, flowing again lately
     assert observed_rate_bps(8e6, back) == pytest.approx(80e3)
     assert predict_ready(0.0, [InFlight(10_000, 0.0, 0.001)], 8e6, 0.0) == pytest.approx(0.01)  # too early to tell
+
+
+def test_a_wait_for_a_prefix_no_better_than_a_reuse_is_not_free():
+    compute = ComputeProfile([(s, 2 * j, 2 * j + 2) for s in range(2) for j in range(2)], [0.05] * 4, 0.05, 2.0)
+    # step 1's smallest prefixes have error 0.7 (shard 2) and 0.05 (shard 3); their layers' step-0 K/V are
+    # 0.1 away from their own, so a reuse of bytes kept at error e leaves 0.1 + e
+    ctx = FallbackContext.for_edit(compute, num_steps=2, least_error=[0.7, 0.7, 0.7, 0.05],
+                                   step_error=[None, None, 0.1, 0.1])
+    assert ctx.reuse_error(2, 0.05) == pytest.approx(0.15) and ctx.reuse_error(0, 0.05) is None
+    # the wait ends within the bound (1.1 s), but a reuse ends sooner and is as good or better: it wins
+    assert choose_fallback(ctx, 2, 0.5, ready_s=1.0, reuse_s=0.01, kept_error=0.05)[0] == "reuse"
+    assert choose_fallback(ctx, 2, 0.5, ready_s=1.0, reuse_s=0.01, kept_error=0.65)[0] == "reuse"  # 0.7 vs 0.75
+    # a prefix at least twice as good as the reuse is worth its stall; so is one nothing is known against
+    assert choose_fallback(ctx, 3, 0.5, ready_s=1.0, reuse_s=0.01, kept_error=0.05)[0] == "wait"  # 0.05 vs 0.15
+    assert choose_fallback(ctx, 2, 0.5, ready_s=1.0, reuse_s=0.01, kept_error=None)[0] == "wait"
+    # a wait that is not free still wins on its expected end (it arrives before the reuse's rebuild ends)
+    assert choose_fallback(ctx, 2, 0.5, ready_s=0.505, reuse_s=0.01, kept_error=0.05)[0] == "wait"
+    # without the pack's step errors the rule is the paper-era one: waiting within the bound is free
+    assert choose_fallback(FallbackContext.for_edit(compute, 2), 2, 0.5, 1.0, 0.01, kept_error=0.05)[0] == "wait"
 
 
 @pytest.mark.parametrize("seed", range(4))

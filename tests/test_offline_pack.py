@@ -250,3 +250,20 @@ def test_storage_ratio_and_build_time(tmp_path):
     assert time.process_time() - t0 < 60
     assert cache.nbytes() / info.file_size >= 4.0
     assert info.file_size - info.index.data_start < cache.nbytes() / 4
+
+
+def test_the_pack_records_what_reusing_the_previous_step_costs(small, pack):
+    """Per shard, the reuse fallback's error before compression (its layers' K/V of one step earlier
+    in place of their own, in the frontier's metric), so the device can weigh a reuse against a wait."""
+    from sakura.offline.lowrank import normalized_importance
+
+    cache, imp = small
+    info = PackReader(pack).info
+    errors = info.header["build"]["step_error"]
+    assert [s for s, _, _ in info.shards] == [0, 0, 1, 1] and errors[:2] == [None, None]
+    for shard in (2, 3):
+        step, l0, l1 = info.shards[shard]
+        earlier = {(step, layer): (cache.k[(step - 1, layer)], cache.v[(step - 1, layer)]) for layer in range(l0, l1)}
+        weights = {key: normalized_importance(imp[key], cache.num_reused) for key in earlier}
+        assert errors[shard] == pytest.approx(rel_err(earlier, cache, weights), rel=1e-3)
+        assert 0 < errors[shard] < 10

@@ -64,6 +64,11 @@ class StreamEncoding(ABC):
     @abstractmethod
     def ranges(self, fetch_unit: FetchUnit, level: Level) -> list[Range]: ...
 
+    def step_error(self, fetch_unit: FetchUnit) -> float | None:
+        """How far its layers' K/V of one step earlier are from its own, in the metric of its levels'
+        ``error`` (what the reuse fallback adds); None: not known (step 0, or a format without it)."""
+        return None
+
     @abstractmethod
     def decode(self, fetch_unit: FetchUnit, level: Level, blobs: list[bytes]) -> KV:
         """K/V of every (step, layer) this fetch unit completes (maybe none yet, for partial chunks)."""

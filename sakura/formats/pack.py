@@ -327,6 +327,10 @@ class PackEncoding(ShardEncoding):
         super().__init__(info)
         self._chains: dict = {}
 
+    def step_error(self, fetch_unit):
+        errors = self.info.header.get("build", {}).get("step_error")  # (packs built before session 9 lack it)
+        return errors[fetch_unit.index] if errors else None
+
     def _levels(self, shard):
         frontier = self.info.frontier(shard)
         if not frontier:

@@ -22,7 +22,7 @@ from sakura.formats.pack import DEFAULT_GROUP, Config, Geometry, PackInfo, PackS
 from sakura.kvcache import KVCache, shard_units
 from sakura.offline.lowrank import (SMALL_UNIT, Factors, mean_importance, normalized_importance, shared_lowrank,
                                     single_threaded, weighted_lowrank)
-from sakura.offline.tradeoff import DEFAULT_BITS, QUALITY_METRIC, pareto, profile_shard, rank_grid
+from sakura.offline.tradeoff import DEFAULT_BITS, QUALITY_METRIC, pareto, profile_shard, rank_grid, step_errors
 from sakura.offline.allocate import UnitModel, exact_error, exact_stop, greedy_order, shard_table, thin, uniform_error
 
 TOLERANCE = 0.01  # an allocated pack stops within 1 % (0.04 dB) of the reference configuration's error
@@ -118,7 +118,7 @@ def compress_cache(cache: KVCache, importance: Importance | None, *, q: float = 
                     progress(i + 1, len(plan))
 
     dtype = str(next(iter(cache.k.values())).dtype).removeprefix("torch.")
-    build = {"q": q, "importance": bool(importance)}
+    build = {"q": q, "importance": bool(importance), "step_error": step_errors(cache, importance, geo.shards())}
     if layout == "allocated":
         table = None if tradeoff is False else {"metric": ALLOCATION_METRIC}
         build.update(reference_rank=min(reference_rank or geo.rank, geo.rank), tolerance=tolerance)

@@ -108,3 +108,22 @@ def best_config(front: Sequence[Config], byte_budget: float) -> Config | None:
         if c.bytes <= byte_budget and (best is None or c.error < best.error):
             best = c
     return best
+
+
+def step_errors(cache, importance, plan: Sequence[tuple[int, int, int]]) -> list[float | None]:
+    """Per shard ``(step, first layer, end layer)`` of ``plan``: the metric above for its units' K/V of
+    one step earlier standing in for their own (what the reuse fallback costs, before compression);
+    None at step 0. Stored with the pack so the device can weigh a reuse against a wait."""
+    out: list[float | None] = []
+    for step, l0, l1 in plan:
+        if step == 0:
+            out.append(None)
+            continue
+        errs = []
+        for layer in range(l0, l1):
+            w = normalized_importance(importance.get((step, layer)), cache.num_reused).double()[:, None]
+            for kind in ("k", "v"):
+                x, prev = cache.unit(step, layer, kind).double(), cache.unit(step - 1, layer, kind).double()
+                errs.append(float((w * (x - prev) ** 2).sum() / max(float((w * (x - x.mean(0)) ** 2).sum()), 1e-30)))
+        out.append(round(float(np.mean(errs)), 5))
+    return out

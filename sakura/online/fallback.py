@@ -29,8 +29,13 @@ goes local only when none is. So an edit whose link dies ends within ``HARD_SHAR
 generation (up to compute-time prediction error), an edit whose link still moves is not thrown to local
 for a short stall, and a link that comes back within the slack is still used (going local is final,
 and dead links in the traces often come back within a second). Among the open options, those without a
-quality cost (``wait``, ``recompute``: exact K/V) win when they are expected to end within ``bound_s``;
+quality cost (``recompute``: exact K/V; ``wait``) win when they are expected to end within ``bound_s``;
 past it, the earliest expected end wins (the better worst case on a tie: a dead link expects nothing).
+A wait is only as good as the prefix it waits for: where the pack says how good that is and how far
+the previous step's K/V are from this step's (``step_error``, recorded at build in the levels' metric),
+a wait for a prefix not ``WAIT_GAIN`` × better than the reuse has no claim to be quality-free and is
+taken only by its expected end — a long stall for a smallest prefix no better than the previous step's
+K/V buys nothing (it made one fs edit on the 5G trace 1.1 s slower than the reuse next to it).
 The wait is predicted from what the device sees: the bytes of the transfer delivered so far and the
 monitor's rate, capped by the rate this transfer itself has shown over its last ``OBSERVE_WINDOW_S``
 once it has run for ``MIN_OBSERVED_S`` (a link that has gone silent reads as silent, not as its past
@@ -48,6 +53,7 @@ OBSERVE_WINDOW_S = 0.1  # ... measured over its last this-many seconds
 BOUND_SHARE = 0.9  # wait while the edit is predicted to end within this share of local generation's time
 HARD_SHARE = 1.1  # no option whose worst case ends later than this share of local generation's time
 MIN_RATE_BPS = 1.0  # a rate is never zero in a division
+WAIT_GAIN = 2.0  # a wait is free when its prefix's error is at most half a reuse's (3 dB in the pack's metric)
 
 
 @dataclass(frozen=True)
@@ -82,6 +88,11 @@ def observed_rate_bps(monitor_bps: float, transfers: list[InFlight]) -> float:
     return rate
 
 
+def mean_or_none(errors) -> float | None:
+    """The error of a shard from its units' errors (None: none known)."""
+    return sum(errors) / len(errors) if errors else None
+
+
 def predict_ready(now: float, transfers: list[InFlight], monitor_bps: float, rebuild_s: float) -> float:
     """When the waiting shard's cache is predicted to be rebuilt (transfers share the link in order)."""
     rate = observed_rate_bps(monitor_bps, transfers)
@@ -102,14 +113,33 @@ class FallbackContext:
     allow_local: bool = True  # the executor can run the model on every token (eager model runs)
     allow_recompute: bool = True  # ... and step 0's units can be dropped (the encoding keeps no edit state)
     least_bytes: tuple[float, ...] = ()  # per shard: bytes of its units' smallest levels still to fetch
+    # Per shard, in the pack's tradeoff metric (None: not known): the error of its smallest levels (what a
+    # wait gets) and of its layers' K/V one step earlier against its own (what a reuse adds).
+    least_error: tuple[float | None, ...] = ()
+    step_error: tuple[float | None, ...] = ()
 
     @classmethod
     def for_edit(cls, compute, num_steps: int, allow_local: bool = True, allow_recompute: bool = True,
-                 least_bytes=(), bound_share: float = BOUND_SHARE, hard_share: float = HARD_SHARE) -> "FallbackContext":
+                 least_bytes=(), bound_share: float = BOUND_SHARE, hard_share: float = HARD_SHARE,
+                 least_error=(), step_error=()) -> "FallbackContext":
         return cls(list(compute.shard_s), [s for s, _, _ in compute.shards], num_steps,
                    compute.local_full_s / max(1, num_steps), bound_share * compute.local_full_s,
                    hard_share * compute.local_full_s, allow_local, allow_local and allow_recompute,
-                   tuple(least_bytes))
+                   tuple(least_bytes), tuple(least_error), tuple(step_error))
+
+    def reuse_error(self, shard: int, kept_error: float | None) -> float | None:
+        """The error of running ``shard`` on its layers' K/V of one step earlier, rebuilt at
+        ``kept_error``: the two add (the step's change and the compression are unrelated)."""
+        step = self.step_error[shard] if shard < len(self.step_error) else None
+        return None if step is None or kept_error is None else step + kept_error
+
+    def wait_is_free(self, shard: int, kept_error: float | None) -> bool:
+        """A wait counts as quality-free when what it waits for (the smallest prefix) is known to be
+        ``WAIT_GAIN`` × better than a reuse, or nothing is known; otherwise it is one more option, taken
+        by its expected end (a stall for a prefix no better than the previous step's K/V buys nothing)."""
+        least = self.least_error[shard] if shard < len(self.least_error) else None
+        reuse = self.reuse_error(shard, kept_error)
+        return least is None or reuse is None or WAIT_GAIN * least <= reuse
 
     def later_bytes(self, shard: int, first_step: int = 0) -> float:
         """The smallest bytes shards after ``shard`` (from step ``first_step`` on) still need."""
@@ -121,11 +151,12 @@ class FallbackContext:
 
 
 def choose_fallback(ctx: FallbackContext, shard: int, now: float, ready_s: float, reuse_s: float | None,
-                    rate_bps: float = float("inf")) -> tuple[str, dict[str, float]]:
+                    rate_bps: float = float("inf"), kept_error: float | None = None) -> tuple[str, dict[str, float]]:
     """``wait``, ``reuse``, ``recompute`` or ``local`` for ``shard`` waited on at ``now``, and each
     option's expected end of the edit. ``ready_s``: predicted time its cache is rebuilt; ``reuse_s``:
     the rebuild time of the previous step's kept bytes for the same layers (None: the device holds none);
-    ``rate_bps``: the rate the link shows now (what later shards' bytes are expected to take)."""
+    ``rate_bps``: the rate the link shows now (what later shards' bytes are expected to take);
+    ``kept_error``: the error those kept K/V were rebuilt at (None: not known)."""
     rest, step, n_rest = sum(ctx.shard_s[shard:]), ctx.shard_step[shard], len(ctx.shard_s) - shard
     last = ctx.shard_s[-1]
 
@@ -152,7 +183,8 @@ def choose_fallback(ctx: FallbackContext, shard: int, now: float, ready_s: float
         open_ = list(ends)
     if not open_:
         return "local", ends
-    free = [k for k in ("wait", "recompute") if k in open_]
+    free = [k for k in ("wait", "recompute") if k in open_
+            and (k != "wait" or reuse_s is None or ctx.wait_is_free(shard, kept_error))]
     if free and min(ends[k] for k in free) <= ctx.bound_s:
         return min(free, key=ends.get), ends
     return min(open_, key=lambda k: (ends[k], worst.get(k, ends[k]))), ends

@@ -298,14 +298,18 @@ class EditSession:
         eager model (an exported executor runs fixed masked programs)."""
         if not self.fallbacks:
             return None
-        least = [0.0] * len(self.compute.shards)
+        n = len(self.compute.shards)
+        least, least_error, step_error = [0.0] * n, [None] * n, [None] * n
         held = self.prefetched.units if self.prefetched else {}
         for u in (self.encoding.units if self.encoding else []):
-            if u.index not in held:  # (a prefetched unit needs no transfer)
-                least[u.needed_by] += min(lv.nbytes for lv in u.levels)
+            smallest = held[u.index].level if u.index in held else min(u.levels, key=lambda lv: lv.nbytes)
+            if u.index not in held:  # (a prefetched unit needs no transfer: a wait gets at least its level)
+                least[u.needed_by] += smallest.nbytes
+            least_error[u.needed_by], step_error[u.needed_by] = smallest.error, self.encoding.step_error(u)
         return FallbackContext.for_edit(self.compute, self.model.num_steps, allow_local=self.executor is None,
                                         allow_recompute=self.encoding is None or self.encoding.redecodable,
-                                        least_bytes=least, bound_share=self.fallback_bound_share)
+                                        least_bytes=least, bound_share=self.fallback_bound_share,
+                                        least_error=least_error, step_error=step_error)
 
     def run(self, req: EditRequest) -> Outcome:
         """The edit on the real clock: bytes read from the source, paced along the scaled trace."""

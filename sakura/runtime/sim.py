@@ -20,8 +20,8 @@ from sakura.formats import KV, FetchUnit, Level, StreamEncoding
 from sakura.net.paced import DEFAULT_INFLIGHT, DEFAULT_REQUEST_OVERHEAD_S, cut_point
 from sakura.net.traces import Trace
 from sakura.online.deadline import predict_need
-from sakura.online.fallback import (CHECK_EVERY_S, FallbackContext, choose_fallback, in_flight, observed_rate_bps,
-                                   predict_ready)
+from sakura.online.fallback import (CHECK_EVERY_S, FallbackContext, choose_fallback, in_flight, mean_or_none,
+                                   observed_rate_bps, predict_ready)
 from sakura.online.monitor import DEFAULT_ESTIMATOR, RuntimeMonitor
 from sakura.online.policies import Policy
 from sakura.runtime.compute import ComputeProfile
@@ -122,6 +122,7 @@ class _SimulatedEdit:
         self.rebuilt: dict[int, list[tuple[float, int]]] = {}  # per shard: (ready at, K/V bytes), held until it ends
         self.rebuild_s: dict[int, float] = {}  # per shard with data: its rebuild time (what a reuse of it costs)
         self.kv_bytes: dict[int, int] = {}  # per shard: rebuilt K/V bytes
+        self.kv_error: dict[int, list[float]] = {}  # per shard: its units' level errors (what a reuse of it keeps)
         self.local_at: tuple[int, float] | None = None  # (shard, time) of a local fallback
         self.recomputed: set[int] = set()  # shards whose cache the device computed (recompute fallback)
 
@@ -234,6 +235,7 @@ class _SimulatedEdit:
         self.held.append((b.t_req, t_ready, b.nbytes))
         kv_bytes = sum(x.nbytes + y.nbytes for x, y in kv.values())
         self.kv_bytes[shard] = self.kv_bytes.get(shard, 0) + kv_bytes
+        self.kv_error.setdefault(shard, []).append(level.error)
         self.rebuilt.setdefault(shard, []).append((t_ready, kv_bytes))
 
     def _fall_back(self, k: int, need: float, mine: list[_Booked]) -> bool:
@@ -245,13 +247,15 @@ class _SimulatedEdit:
         reuse_s = (self.rebuild_s.get(prev) if prev >= 0 and prev in self.rebuild_s and self.encoding.redecodable
                    else None)
         rebuild_est = sum(self.rebuild_s.values()) / max(1, len(self.rebuild_s))
+        kept_error = mean_or_none(self.kv_error.get(prev))
         t = need + CHECK_EVERY_S  # the executor's first look, as on the real clock
         while t < until:
             self._observe_until(t)
             flights = [in_flight(self.link.trace, start + b.begin, start + t, b.nbytes, b.nbytes)
                        for b in mine if b.t_arr > t]
             ready = predict_ready(t, flights, self.monitor.rate_bps, rebuild_est)
-            kind, ends = choose_fallback(fb, k, t, ready, reuse_s, observed_rate_bps(self.monitor.rate_bps, flights))
+            kind, ends = choose_fallback(fb, k, t, ready, reuse_s, observed_rate_bps(self.monitor.rate_bps, flights),
+                                         kept_error)
             if kind != "wait":
                 self._drop([b for b in mine if not b.from_device], t)
                 self.tl.fallback(kind, k, t, ends)
@@ -306,6 +310,8 @@ class _SimulatedEdit:
         self.rebuild_s[k] = self.rebuild_s[prev]
         self.rebuilt.setdefault(k, []).append((ready, self.kv_bytes.get(prev, 0)))
         self.kv_bytes[k] = self.kv_bytes.get(prev, 0)
+        reused = self.fallback.reuse_error(k, mean_or_none(self.kv_error.get(prev)))
+        self.kv_error[k] = [] if reused is None else [reused]
         step = self.compute.shards[k][0]
         for (s, layer), kv in list(self.cache.items()):
             if s == step - 1 and self.compute.shards[prev][1] <= layer < self.compute.shards[prev][2]:
@@ -323,6 +329,7 @@ class _SimulatedEdit:
             part = {key: pair for key, pair in kv.items() if l0 <= key[1] < l1}
             self.cache.update(part)
             self.ready[j] = ready
+            self.kv_error[j] = [0.0]  # exact K/V
             self.rebuilt.setdefault(j, []).append((ready, sum(x.nbytes + y.nbytes for x, y in part.values())))
 
     def _local_end(self) -> float:

@@ -24,7 +24,8 @@ from sakura.kvcache import shard_of_layers
 from sakura.model import DiTAdapter, EditRequest, EditResult, LocalSwitch
 from sakura.net.paced import DEFAULT_INFLIGHT
 from sakura.online.deadline import predict_need
-from sakura.online.fallback import CHECK_EVERY_S, FallbackContext, choose_fallback, observed_rate_bps, predict_ready
+from sakura.online.fallback import (CHECK_EVERY_S, FallbackContext, choose_fallback, mean_or_none, observed_rate_bps,
+                                   predict_ready)
 from sakura.online.monitor import DEFAULT_ESTIMATOR, RuntimeMonitor
 from sakura.online.policies import Policy
 from sakura.runtime.compute import ComputeProfile
@@ -58,6 +59,7 @@ class StreamState:
     flights: dict = field(default_factory=dict)  # per shard: [(pending transfer, bytes of its smallest prefix)]
     kept: dict = field(default_factory=dict)  # per shard: the compressed bytes it was rebuilt from (one step kept)
     rebuild_s: dict = field(default_factory=dict)  # per shard: its measured rebuild time
+    kv_error: dict = field(default_factory=dict)  # per shard: the error its K/V were rebuilt at (None: unknown)
     error: BaseException | None = None
     held_bytes: int = 0
     peak_bytes: int = 0
@@ -175,11 +177,13 @@ class StreamedEdit:
             if state.error is not None or now - asked > self.timeout_s:
                 return state.ready[j].is_set()
             flights = [self.link.progress(p, need) for p, need in state.flights.get(j, [])]
+            if not any(f.delivered < f.need_bytes for f in flights):
+                continue  # its bytes are here (or on the device): only a rebuild is left, as the sim clock has it
             times = list(state.rebuild_s.values())
             ready = predict_ready(now, flights, self.monitor.rate_bps, sum(times) / max(1, len(times)))
             kept = state.kept.get(prev) if prev >= 0 else None
             kind, ends = choose_fallback(fb, j, now, ready, state.rebuild_s.get(prev) if kept else None,
-                                         observed_rate_bps(self.monitor.rate_bps, flights))
+                                         observed_rate_bps(self.monitor.rate_bps, flights), state.kv_error.get(prev))
             if kind == "wait":
                 continue
             state.drop[j].set()
@@ -212,6 +216,7 @@ class StreamedEdit:
                 k, v = kv[(0, layer)]
                 state.kv[(0, layer)] = (k, v)
                 state.hold(k.nbytes + v.nbytes)
+            state.kv_error[i] = 0.0  # exact K/V
             state.ready[i].set()
 
     def _reuse(self, state: StreamState, j: int, prev: int, kept: list) -> None:
@@ -225,6 +230,7 @@ class StreamedEdit:
                 state.kv[(step, layer)] = pair
                 state.hold(pair[0].nbytes + pair[1].nbytes)
         state.kept[j], state.rebuild_s[j] = kept, time.perf_counter() - t0
+        state.kv_error[j] = self.fallback.reuse_error(j, state.kv_error.get(prev))
 
     # -- receiver: a requester that decides and sends, a collector that waits for the bytes ----------
     def _request(self, state: StreamState, timeline: Timeline, sent: queue.Queue, slots: threading.Semaphore) -> None:
@@ -348,6 +354,7 @@ class StreamedEdit:
                 self.monitor.rebuild.observe(level.work, took)
                 if self.encoding.redecodable:
                     state.kept.setdefault(j, []).append((unit, level, ranges, parts, whole))
+                    state.kv_error[j] = mean_or_none([lv.error for _, lv, *_ in state.kept[j]])
                 state.kept.pop(j - 2 * self._per_step, None)  # compressed bytes of one step back are enough
             except Exception as e:  # noqa: BLE001 - malformed bytes: the executor raises it
                 state.fail(StreamError(f"rebuilding fetch unit {unit.index} failed: {e}"))
