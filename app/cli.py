@@ -15,20 +15,17 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
-import uvicorn
-from fastapi import FastAPI
 
-from app.server import create_app
-from device_bridge import BridgeError, connect
-from sakura.catalog import CatalogError, load_catalog
-from sakura.eval.explorer import Explorer
-from sakura.net.listen import bind_socket, serve_in_thread, url_of
-from sakura.net.stores import is_store_url, open_store
-from sakura.offline.build_queue import BuildQueue
-from sakura.server.run import start_server
+# `sakura` registers the `demo` command from this module in every process (`sakura --help` included): what the
+# demo runs on (gradio, the device agent's torch and diffusers, uvicorn) is imported where it is used.
+if TYPE_CHECKING:
+    import uvicorn
+    from fastapi import FastAPI
+
+    from sakura.offline.build_queue import BuildQueue
 
 
 class RunningApp:
@@ -48,6 +45,10 @@ class RunningApp:
 
 def start_app(app: FastAPI, host: str = "127.0.0.1", port: int = 0, timeout: float = 60.0) -> RunningApp:
     """Serve ``app`` from a background thread (tests, embedding); port 0 = a free port."""
+    import uvicorn
+
+    from sakura.net.listen import bind_socket, serve_in_thread, url_of
+
     sock = bind_socket(host, port)
     server, thread = serve_in_thread(uvicorn.Config(app, log_level="warning", lifespan="on"), sock, name="sakura-app",
                                      what=f"the app on {url_of(host, sock)}", timeout=timeout)
@@ -57,6 +58,8 @@ def start_app(app: FastAPI, host: str = "127.0.0.1", port: int = 0, timeout: flo
 def connect_device(device: str, server_url: str):
     """A bridge to the device agent: ``subprocess`` / ``inprocess`` use our template server; a remote
     agent (``tcp://…``, ``ws://…``, ``adb``) already knows its own."""
+    from device_bridge import connect
+
     if device in ("subprocess", "inprocess"):
         return connect(device, server_url=server_url)
     return connect(device)
@@ -64,6 +67,16 @@ def connect_device(device: str, server_url: str):
 
 def run_demo(host: str = "127.0.0.1", port: int = 7860, packs: str | Path = "packs", device: str = "subprocess",
              templates: list[str] | None = None, data: Path = Path("runs/app"), echo=typer.echo) -> None:
+    import uvicorn
+
+    from app.server import create_app
+    from sakura.catalog import load_catalog
+    from sakura.eval.explorer import Explorer
+    from sakura.net.listen import bind_socket, url_of
+    from sakura.net.stores import is_store_url, open_store
+    from sakura.offline.build_queue import BuildQueue
+    from sakura.server.run import start_server
+
     catalog = load_catalog()
     data = Path(data)
     data.mkdir(parents=True, exist_ok=True)
@@ -127,6 +140,9 @@ def demo(
     data: Path = typer.Option(Path("runs/app"), "--data", help="App data: study votes, explorer cache, logs."),
 ):
     """Run the demo: template server, a device agent, and the app (missing packs build behind it)."""
+    from device_bridge import BridgeError
+    from sakura.catalog import CatalogError
+
     ids = [t.strip() for t in templates.split(",") if t.strip()] if templates else None
     try:
         run_demo(host, port, packs, device, ids, data)

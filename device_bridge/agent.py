@@ -24,8 +24,8 @@ import httpx
 from device_bridge.links import AuditedLink, EditCancelled
 from device_bridge.media import mask_overlay, png_b64
 from device_bridge.prefetcher import DEFAULT_THINK_S, Prefetcher
-from device_bridge.protocol import (PROTOCOL_VERSION, EditFailed, EditRejected, Job, event, jsonable, one_line,
-                                    parse_job, parse_network)
+from device_bridge.protocol import (DEFAULT_TIMEOUT_S, PROTOCOL_VERSION, EditFailed, EditRejected, Job, event, jsonable,
+                                    one_line, parse_job, parse_network)
 from device_bridge.slot import EditSlot
 from sakura.catalog import TASK_NAMES, Catalog, CatalogError, load_catalog
 from sakura.formats import PackFormatError, file_id
@@ -43,7 +43,6 @@ from sakura.systems import SYSTEMS
 
 log = logging.getLogger("device_bridge")
 
-DEFAULT_TIMEOUT_S = 60.0  # a shard that has not arrived by then fails the edit (bandwidth collapse)
 DEFAULT_BUSY_WAIT_S = 600.0  # a second client waits this long for the agent, then gets "busy"
 EventCallback = Callable[[dict], None]
 

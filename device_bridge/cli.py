@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from device_bridge.agent import DEFAULT_TIMEOUT_S
+from device_bridge.protocol import DEFAULT_TIMEOUT_S
 
 
 def run_agent(listen: str = "127.0.0.1:8700", server: str | None = None, packs: str | Path | None = None, *,

@@ -30,6 +30,9 @@ __all__ = ["COMPRESSED", "EditFailed", "EditProgress", "EditRejected", "Job", "N
 PROTOCOL_VERSION = 1
 REGIMES = ("paper", "none")
 MAX_PROMPT_CHARS = 2000
+# The agent's default: a shard that has not arrived by then fails the edit (bandwidth collapse). Here, not in
+# agent.py, so that `sakura device` (device_bridge.cli) gets its option default without importing the agent.
+DEFAULT_TIMEOUT_S = 60.0
 
 
 # --------------------------------------------------------------------------------------- the job

@@ -347,11 +347,12 @@ def train_tiny(ctx: typer.Context):
 
 
 def _register_runtime_commands() -> None:
-    """Commands whose bodies live with their subsystem (light modules: no torch at import)."""
+    """Commands whose bodies live with their subsystem. Every ``sakura`` process imports these modules, so
+    they must stay light: no torch, diffusers or gradio at import (tests/test_cli_startup.py checks)."""
     from sakura.eval.loadtest import loadtest_cmd
     from sakura.net.store_cli import store_app
     from sakura.runtime.device_bench_cli import bench_device_cmd
-    from sakura.runtime.executors.cli import export_cmd
+    from sakura.runtime.export_cli import export_cmd
 
     app.command("export")(friendly(export_cmd))
     app.command("bench-device")(friendly(bench_device_cmd))
@@ -360,7 +361,8 @@ def _register_runtime_commands() -> None:
 
 
 def _register_plugins() -> None:
-    """Subcommands other packages declare under the ``sakura.commands`` entry-point group."""
+    """Subcommands other packages declare under the ``sakura.commands`` entry-point group (their modules are
+    imported by every ``sakura`` process too: keep them as light as the runtime commands above)."""
     from importlib.metadata import entry_points
 
     for ep in entry_points(group="sakura.commands"):

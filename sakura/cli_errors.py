@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import functools
+import sys
 from pathlib import Path
 
 import typer
@@ -18,25 +19,30 @@ class UserError(Exception):
 MAX_IMAGE_SIDE = 4096
 
 
+# Expected errors of other modules, each named by the module that defines it. They are looked up among the
+# modules already imported, never imported here: an exception's class is defined by the time it is raised, and
+# importing these modules to classify one error (sakura.model: torch and diffusers; ray_build: Ray) would make a
+# one-line refusal cost seconds. tests/test_cli_startup.py checks that every entry names its class's module.
+EXPECTED_ELSEWHERE = (
+    ("sakura.catalog.errors", "CatalogError"), ("sakura.model.base", "ModelInputError"),
+    ("sakura.model.embedded", "ModelLoadError"), ("sakura.formats.container", "PackFormatError"),
+    ("sakura.net.traces", "TraceError"), ("sakura.runtime.executors.errors", "BackendUnavailable"),
+    ("sakura.runtime.errors", "StreamError"), ("sakura.runtime.errors", "TemplateUnavailable"),
+    ("sakura.net.byteranges", "FetchError"), ("sakura.net.stores", "StoreError"),
+    ("sakura.net.seaweed", "StoreStartError"), ("sakura.offline.ray_build", "RayUnavailable"),
+    ("sakura.runtime.executors.base", "ShardExecutionError"),
+    ("httpx", "TransportError"), ("websockets.exceptions", "WebSocketException"),
+    ("PIL.Image", "DecompressionBombError"),
+)
+
+
 def _expected_errors() -> tuple[type[BaseException], ...]:
     errors: list[type[BaseException]] = [UserError, FileNotFoundError, PermissionError, IsADirectoryError,
-                                          ConnectionError, TimeoutError]
-    from sakura.catalog import CatalogError
-    from sakura.model import ModelInputError, ModelLoadError
-
-    errors += [CatalogError, ModelInputError, ModelLoadError, KeyError]
-    for mod, name in [("sakura.formats", "PackFormatError"), ("sakura.net.traces", "TraceError"),
-                      ("sakura.runtime.executors.errors", "BackendUnavailable"),
-                      ("sakura.runtime.errors", "StreamError"), ("sakura.runtime.errors", "TemplateUnavailable"),
-                      ("sakura.net.client", "FetchError"), ("sakura.net.stores", "StoreError"),
-                      ("sakura.net.seaweed", "StoreStartError"), ("sakura.offline.ray_build", "RayUnavailable"),
-                      ("sakura.runtime.executors.base", "ShardExecutionError"),
-                      ("httpx", "TransportError"), ("websockets.exceptions", "WebSocketException"),
-                      ("PIL.Image", "DecompressionBombError")]:
-        try:
-            errors.append(getattr(__import__(mod, fromlist=[name]), name))
-        except (ImportError, AttributeError):
-            pass
+                                          ConnectionError, TimeoutError, KeyError]
+    for mod, name in EXPECTED_ELSEWHERE:
+        cls = getattr(sys.modules.get(mod), name, None)  # module not imported: none of its errors was raised
+        if cls is not None:
+            errors.append(cls)
     return tuple(errors)
 
 

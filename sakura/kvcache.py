@@ -15,14 +15,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
-import torch
-from safetensors.torch import load_file, save_file
+if TYPE_CHECKING:
+    # torch is imported where tensors are made (KVCache.save / load, the formats' decoders), not here: the
+    # format registry imports this module, and the template server and `sakura pack-info` only read headers
+    # and bytes — torch's import (~2 s) would be most of their start-up.
+    import torch
 
 LayerKey = tuple[int, int]  # (step, layer)
 CacheUnit = tuple[int, int, str]  # (step, layer, "k" | "v")
-KV = dict[LayerKey, tuple[torch.Tensor, torch.Tensor]]  # (step, layer) -> (K, V), each (n, d)
+KV = dict[LayerKey, tuple["torch.Tensor", "torch.Tensor"]]  # (step, layer) -> (K, V), each (n, d)
 KINDS = ("k", "v")
 
 
@@ -76,6 +79,8 @@ class KVCache:
         )
 
     def save(self, path: str | Path) -> None:
+        from safetensors.torch import save_file  # imports torch: see the top of the module
+
         tensors = {"reuse_index": self.reuse_index.contiguous()}
         for (s, l), t in self.k.items():
             tensors[f"k.{s}.{l}"] = t.contiguous()
@@ -88,6 +93,7 @@ class KVCache:
     @classmethod
     def load(cls, path: str | Path) -> "KVCache":
         from safetensors import safe_open
+        from safetensors.torch import load_file  # imports torch: see the top of the module
 
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata()

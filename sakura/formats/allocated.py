@@ -29,10 +29,9 @@ from __future__ import annotations
 import base64
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
-import torch
 
 from sakura.formats import chunkcodec
 from sakura.formats.groupdequant import dequantize_groups
@@ -40,6 +39,9 @@ from sakura.formats.bitplanes import HEAD_BYTES, QuantizedFactors, plane_bytes, 
 from sakura.formats.container import Blobs, PackFormatError, StoredInfo, coalesce
 from sakura.formats.pack import Config, Geometry, PackInfo, _geometry
 from sakura.kvcache import shard_plan
+
+if TYPE_CHECKING:
+    import torch  # imported inside the functions that make tensors, not here: see sakura.kvcache
 
 VERSION = 2
 CODED, MEAN, FACTOR_B = 0x80, 0x40, 0x10
@@ -310,12 +312,16 @@ def decode_factors(info: AllocatedPackInfo, shard: int, k: int, blobs: Blobs, *,
 def low_rank(means: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``A·B + μ`` for every unit: ``means (U, d)``, ``a (U or 1, n, r)`` (1: a shared token basis),
     ``b (U, r, d)`` → ``(U, n, d)``, one batched matmul."""
+    import torch
+
     return torch.baddbmm(means[:, None, :], a.expand(len(b), -1, -1), b)
 
 
 def decode_shard(info: AllocatedPackInfo, shard: int, k: int, blobs: Blobs, *, verify: bool = True):
     """``(units, K/V (U, n, d) float32 tensor)`` of level ``k``: the factors dequantised in one pass per
     factor and ``A·B + μ`` as one batched matmul (A used transposed in place)."""
+    import torch
+
     geo = info.geometry
     units, means, planes, groups = received_planes(info, shard, k, blobs, verify=verify)
     m = torch.from_numpy(means)

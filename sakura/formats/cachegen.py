@@ -33,16 +33,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from sakura.formats import cachegen_codec as codec
 from sakura.formats.base import KV, FetchUnit, Level, Range, StreamEncoding, shard_label
 from sakura.formats.container import (Blobs, PackFormatError, StoredInfo, checked_plan, geometry_ints,
                                       write_container)
 from sakura.kvcache import KVCache, kv_pairs, shard_plan, shard_units
+
+if TYPE_CHECKING:
+    import torch  # imported inside the functions that make tensors, not here: see sakura.kvcache
 
 FORMAT = "sakura-cachegen"
 VERSION = 2  # 2: shard → level → token chunk layout, per-level lzma tables, ANS
@@ -227,6 +229,8 @@ class LevelModels:
 
 def decode_shard(info: CacheGenInfo, shard: int, models: LevelModels, blobs: Blobs, *, verify: bool = True) -> KV:
     """K, V (n, d) float32 of every (step, layer) of a shard at the level of ``models``, from received bytes."""
+    import torch
+
     geo = info.geometry
     units = shard_units(*info.shards[shard])
     data = info.index.gather(info.chunk_ids(shard, models.level), blobs, verify=verify)

@@ -7,10 +7,9 @@ Same container as every other format; one chunk per shard: for each cache unit o
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from sakura.formats.base import KV, Level, Range, ShardEncoding
 from sakura.formats.container import Blobs, StoredInfo, check_lengths, checked_plan, geometry_ints, write_container
@@ -19,6 +18,9 @@ from sakura.kvcache import KVCache, kv_pairs, shard_plan, shard_units
 FORMAT = "sakura-fp16"
 VERSION = 1
 SUFFIX = ".fp16"
+
+if TYPE_CHECKING:
+    import torch  # imported inside the functions that make tensors, not here: see sakura.kvcache
 
 
 class Fp16Info(StoredInfo):
@@ -41,6 +43,8 @@ class Fp16Info(StoredInfo):
 
 def write_fp16(path: str | Path, cache: KVCache, *, shard_size: int = 1, model_id: str = "",
                template_id: str = "") -> Fp16Info:
+    import torch
+
     plan = shard_plan(cache.num_steps, cache.num_layers, shard_size)
     chunks = []
     for shard in plan:
@@ -54,8 +58,11 @@ def write_fp16(path: str | Path, cache: KVCache, *, shard_size: int = 1, model_i
     return Fp16Info.open(path)[1]
 
 
-def decode(info: Fp16Info, shard: int, blobs: Blobs, dtype: torch.dtype = torch.float32) -> KV:
-    """K, V (n, d) of every (step, layer) of a shard, from the bytes of its one range."""
+def decode(info: Fp16Info, shard: int, blobs: Blobs, dtype: torch.dtype | None = None) -> KV:
+    """K, V (n, d) of every (step, layer) of a shard, from the bytes of its one range (``dtype``: float32 when None)."""
+    import torch
+
+    dtype = torch.float32 if dtype is None else dtype
     [data] = info.index.gather([shard], blobs)
     units = shard_units(*info.shards[shard])
     values = np.frombuffer(data, dtype="<f2").reshape(len(units), info.n, info.d)

@@ -17,10 +17,9 @@ Fetch unit = shard; every stored width is a level.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
-import torch
 
 from sakura.formats.base import KV, Level, Range, ShardEncoding
 from sakura.formats.container import (Blobs, PackFormatError, StoredInfo, check_lengths, checked_plan,
@@ -31,6 +30,9 @@ FORMAT = "sakura-intq"
 VERSION = 1
 SUFFIX = ".intq"
 DEFAULT_BITS = (2, 3, 4, 8)
+
+if TYPE_CHECKING:
+    import torch  # imported inside the functions that make tensors, not here: see sakura.kvcache
 
 
 def unit_bytes(n: int, d: int, bits: int) -> int:
@@ -55,6 +57,8 @@ def encode_unit(x: torch.Tensor, bits: int) -> bytes:
 
 def decode_unit(buf: bytes, n: int, d: int, bits: int) -> torch.Tensor:
     """Inverse of :func:`encode_unit` → float32 (n, d)."""
+    import torch
+
     if len(buf) != unit_bytes(n, d, bits):
         raise PackFormatError(f"IntQ unit: {len(buf)} bytes, expected {unit_bytes(n, d, bits)}")
     raw = np.frombuffer(buf, dtype=np.uint8)

@@ -17,10 +17,9 @@ import time
 import zlib
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import numpy as np
-import torch
 
 from sakura.formats import anytime
 from sakura.formats.base import KV, Level, Range, ShardEncoding
@@ -29,6 +28,9 @@ from sakura.formats.container import (Blobs, PackFormatError, StoredInfo, check_
                                       geometry_ints, write_container)
 from sakura.formats.packgeometry import Config, Geometry
 from sakura.kvcache import CacheUnit, kv_pairs, shard_plan, shard_units
+
+if TYPE_CHECKING:
+    import torch  # imported inside the functions that make tensors, not here: see sakura.kvcache
 
 FORMAT = "sakura-pack"
 VERSION = 1  # the uniform layout of this module; version 2 (per-group bits, coded planes): allocated.py
@@ -199,6 +201,8 @@ def write_pack(path: str | Path, source: PackSource, *, model_id: str = "", temp
 
 def base_header(source: PackSource, model_id: str, template_id: str, seconds: float) -> dict[str, Any]:
     """The header fields every pack version has (the version's own fields are added by its writer)."""
+    import torch
+
     return {
         "format": FORMAT, "version": source.version, "model_id": model_id, "template_id": template_id,
         "geometry": asdict(source.geometry),
@@ -296,13 +300,17 @@ def decode_factors(info: PackInfo, shard: int, *key_blobs, verify: bool = True
     return {u: (np.ascontiguousarray(a[k].T), b[k], means[k]) for k, u in enumerate(units)}
 
 
-def decode_shard(info: PackInfo, shard: int, *key_blobs, dtype: torch.dtype = torch.float32,
+def decode_shard(info: PackInfo, shard: int, *key_blobs, dtype: torch.dtype | None = None,
                  device: str | torch.device = "cpu", verify: bool = True) -> KV:
     """Rebuild K, V (n, d) for every (step, layer) of a shard from the bytes of its ranges only.
 
     Called ``decode_shard(info, shard, *level_key, blobs)``. ``blobs`` maps ``(offset, length)`` → bytes as received; any blob covering a chunk will do, so
-    ranges merged across shards work too. Each chunk is CRC-checked unless ``verify=False``.
+    ranges merged across shards work too. Each chunk is CRC-checked unless ``verify=False``. ``dtype``:
+    float32 when None.
     """
+    import torch
+
+    dtype = torch.float32 if dtype is None else dtype
     if info.version == 2:
         from sakura.formats.allocated import decode_shard as decode_allocated
 

@@ -1,50 +1,5 @@
-"""``sakura export``: export a template's shards to ExecuTorch programs (typer command body).
+"""``sakura export``'s command, now :mod:`sakura.runtime.export_cli` (kept importable under this name)."""
 
-Wire it in ``sakura/cli.py`` with ``app.command("export")(friendly(export_cmd))``; add
-``BackendUnavailable`` (``sakura.runtime.executors.errors``) to the expected errors so a missing
-SDK prints one line and exits 2.
-"""
+from sakura.runtime.export_cli import export_cmd
 
-from __future__ import annotations
-
-import json
-from pathlib import Path
-from typing import Optional
-
-import typer
-
-
-def export_cmd(
-    template: str = typer.Option(..., "--template", "-t", help="Template id (see `sakura catalog list`)."),
-    backend: str = typer.Option("xnnpack", "--backend", "-b", help="xnnpack (CPU, runs here) or qnn (Snapdragon HTP; "
-                                "needs QNN_SDK_ROOT)."),
-    shard_size: int = typer.Option(2, "--shard-size", help="Layers per shard (the cache shard grouping)."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Folder for the .pte files (default: "
-                                       "$SAKURA_PTE_CACHE or ~/.cache/sakura/pte, the runtime's cache)."),
-    soc: str = typer.Option("SM8650", "--soc", help="qnn only: target Snapdragon SoC (QcomChipset name)."),
-    catalog: Optional[Path] = typer.Option(None, "--catalog", help="Catalog manifest (TOML); default: the embedded one."),
-    model_path: Optional[Path] = typer.Option(None, "--model-path", help="Local model folder instead of the embedded model."),
-    as_json: bool = typer.Option(False, "--json", help="Print the export metadata as JSON."),
-):
-    """Export every shard of a template's masked run (static token counts) to a .pte program."""
-    from sakura.catalog import load_catalog
-    from sakura.editing import edit_request, model_for
-    from sakura.runtime.executors.errors import BackendUnavailable
-    from sakura.runtime.executors.executorch_backend import BACKENDS, check_qnn_sdk, export_shards
-
-    if backend not in BACKENDS:
-        raise BackendUnavailable(f"--backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
-    if backend == "qnn":
-        check_qnn_sdk()  # before loading anything: say what is missing first
-    tpl = load_catalog(catalog).get(template)
-    model = model_for(tpl, model_path)
-    first = tpl.eval_requests[0] if tpl.eval_requests else None  # geometry only: mask, task, text length
-    req = edit_request(tpl, first, resolution=model.codec.resolution, ref_size=model.codec.ref_size)
-    log = (lambda m: None) if as_json else (lambda m: typer.echo(m, err=True))
-    rows = export_shards(model, req, shard_size, backend=backend, out_dir=out, soc=soc, log=log)
-    if as_json:
-        typer.echo(json.dumps(rows, indent=1))
-        return
-    for r in rows:
-        how = "cached" if r.get("cached") else f"exported in {r.get('export_s', 0):.1f} s"
-        typer.echo(f"layers {r['layers'][0]}-{r['layers'][1]}: {r['path']} ({r.get('bytes', 0) / 1e6:.1f} MB, {how})")
+__all__ = ["export_cmd"]
