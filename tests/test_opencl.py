@@ -7,6 +7,8 @@ import pytest
 import torch
 
 from sakura.formats import PackFormatError
+from sakura.formats.allocated import received_planes
+from sakura.formats.groupdequant import group_codes
 from sakura.formats.pack import PackReader, decode_factors, decode_shard, shard_bytes
 from sakura.offline.compress import pack_cache
 from sakura.offline.synthetic import synthetic_cache
@@ -146,7 +148,9 @@ def test_opencl_rebuild_of_a_v2_pack_level_matches_torch(opencl, tmp_path, share
     pack_cache(path, cache, imp, max_rank=RANK * (2 if shared else 1), shard_size=1, layout="allocated",
                reference_rank=RANK // 2, shared_basis=shared)
     reader = PackReader(path)
-    assert reader.info.a_units(0) == (1 if shared else 2)
+    geo = reader.info.geometry
+    assert reader.info.a_units(0) == (1 if shared else 2) and geo.n % 8  # rows end in a partial byte
+    dead = 0
     for c in reader.frontier(0)[::5] + reader.frontier(0)[-1:]:
         blobs = reader.read(0, c.k)
         got, want = opencl.rebuild(reader.info, 0, c.k, blobs), reader.decode(0, c.k)
@@ -154,3 +158,14 @@ def test_opencl_rebuild_of_a_v2_pack_level_matches_torch(opencl, tmp_path, share
         for key in want:
             for x, y in zip(got[key], want[key]):
                 assert (x - y).abs().max().item() < TOL
+        # the factors bit for bit (the float8 kernel: dead zones, each row's partial last byte, n = 903);
+        # a shared A is dequantised once, as one (1, n, r) factor
+        units, a, b, means = opencl.factors(reader.info, 0, c.k, blobs)
+        assert a.shape[0] == reader.info.a_units(0)
+        for i, (wa, wb, wm) in enumerate(decode_factors(reader.info, 0, c.k, blobs).values()):
+            assert np.array_equal(a[i % len(a)], wa) and np.array_equal(b[i], wb) and np.array_equal(means[i], wm)
+        _, _, planes, groups = received_planes(reader.info, 0, c.k, blobs)
+        for f, (length, n_units) in enumerate(((geo.n, reader.info.a_units(0)), (geo.d, len(units)))):
+            _, nbits, _, zero = group_codes(planes[f], groups, geo, length, n_units)
+            dead += int(((zero >> (nbits - 1)[:, None].astype(np.uint8)) & 1).sum())
+    assert dead  # some components' dead zones were decoded

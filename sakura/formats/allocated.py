@@ -19,8 +19,8 @@ form (:mod:`sakura.formats.chunkcodec`); each is stored raw or as a zstd frame, 
 (a flag per chunk). Header additions: ``layout`` (base64, two bytes per chunk in file order: a kind
 byte ``0x80`` coded, ``0x40`` mean, ``0x10`` factor B, low nibble the plane; then the group) and
 ``shard_chunks`` (chunks per shard); ``tradeoff.frontiers[s]`` rows are ``[k, bytes, error]``.
-Decoding unpacks every plane 8 values per table lookup and dequantises through per-(unit,
-component) value tables (:func:`dequantize_groups`), then one batched matmul (:func:`decode_shard`).
+Decoding unpacks every plane 8 values per table lookup and dequantises in place with each component's
+step and scale (:func:`dequantize_groups`), then one batched matmul (:func:`decode_shard`).
 See docs/pack-format.md §8.
 """
 

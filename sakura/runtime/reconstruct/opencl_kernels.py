@@ -45,9 +45,12 @@ __kernel void dequant(__global const uchar *raw, const int bits, const int R, co
 // Version-2 packs: each component j at its own plane count nbits[j]. raw: plane 0 of every component as
 // (R, U, HEAD + pb) records, then the other planes anywhere: plane p >= 1 of component j is the (U, pb)
 // block at raw + off[j * 8 + p], stored XOR NOT(plane 0) (magnitude form, docs/pack-format.md §8).
+// out: (U, R, L) rows of L contiguous values (strides su, sj). One work-item per packed byte; its 8 values
+// are computed as one uint8 / float8 and stored with one vstore8 (contiguous, 2x faster here than 8 scalar
+// stores, which a CPU device vectorises across work-items into strided scatters).
 __kernel void dequant_groups(__global const uchar *raw, __global const int *off, __global const int *nbits,
                              const int U, const int L, const int pb, __global float *out,
-                             const int su, const int si, const int sj)
+                             const int su, const int sj)
 {
     const int byte = get_global_id(0);
     const int j = get_global_id(1);
@@ -59,22 +62,26 @@ __kernel void dequant_groups(__global const uchar *raw, __global const int *off,
     const float scale = as_float(sbits);
     const uint dead = (p0[4] >> (bits - 1)) & 1u;
     const uint sign = p0[HEAD + byte];
-    uint lo = 0, hi = 0;
-    for (int p = 0; p < bits; ++p) {
-        const uint b = p == 0 ? sign : (raw[(size_t)off[j * 8 + p] + (size_t)u * pb + byte] ^ (~sign & 0xffu));
-        lo = (lo << 1) | (((b >> 7) & 1u) | ((b >> 6) & 1u) << 8 | ((b >> 5) & 1u) << 16 | ((b >> 4) & 1u) << 24);
-        hi = (hi << 1) | (((b >> 3) & 1u) | ((b >> 2) & 1u) << 8 | ((b >> 1) & 1u) << 16 | (b & 1u) << 24);
+    uint8 code = (uint8)(sign >> 7, sign >> 6, sign >> 5, sign >> 4, sign >> 3, sign >> 2, sign >> 1, sign) & 1u;
+    for (int p = 1; p < bits; ++p) {
+        const uint b = raw[(size_t)off[j * 8 + p] + (size_t)u * pb + byte] ^ (~sign & 0xffu);
+        code = (code << 1) | ((uint8)(b >> 7, b >> 6, b >> 5, b >> 4, b >> 3, b >> 2, b >> 1, b) & 1u);
     }
-    const float step = (float)(1u << (8 - bits)) * (1.0f / 128.0f);
-    const uint mid = 1u << (bits - 1);
-    const int i0 = byte * 8;
+    const float step = (float)(1u << (8 - bits)) * (1.0f / 128.0f);  // 2^(1-bits), exact
+    const uint mid = 1u << (bits - 1);                                // dead zone: the two cells at 0
+    float8 centre = (convert_float8(code) + 0.5f) * step - 1.0f;      // exact: few significant bits
+    if (dead)
+        centre = select(centre, (float8)0.0f, (code == mid) | (code == mid - 1u));
+    const float8 v = centre * scale;
     __global float *o = out + (size_t)u * su + (size_t)j * sj;
-    for (int k = 0; k < 8 && i0 + k < L; ++k) {
-        const uint code = ((k < 4 ? lo : hi) >> (8 * (k & 3))) & 0xffu;
-        float centre = ((float)code + 0.5f) * step - 1.0f;
-        if (dead && (code == mid || code == mid - 1u))
-            centre = 0.0f;
-        o[(size_t)(i0 + k) * si] = centre * scale;
+    const int i0 = byte * 8;
+    if (i0 + 8 <= L) {
+        vstore8(v, 0, o + i0);
+    } else {  // the row's last, partial byte
+        float tail[8];
+        vstore8(v, 0, tail);
+        for (int k = 0; k < L - i0; ++k)
+            o[i0 + k] = tail[k];
     }
 }
 
