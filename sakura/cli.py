@@ -161,6 +161,9 @@ def build(
     basis: str = typer.Option("auto", "--basis", help="SAKURA pack: one token basis per shard, shared by its K/V "
                               "units (shard), one per unit (unit), or per template the first of shard at 0.5, unit, "
                               "shard at 0.35 / 0.25 of v1's top error whose top matches v1's masked PSNR (auto)."),
+    rebuild_rank: Optional[int] = typer.Option(None, "--rebuild-rank", min=1, help="Cap every level's decoded "
+                                               "rank (rebuild work grows with it): the target device's "
+                                               "`rank_at_budget` from `sakura bench-device` (default: no cap)."),
 ):
     """Offline: capture, profile importance, write the progressive pack and the baselines' files."""
     from sakura.catalog import load_catalog
@@ -172,12 +175,12 @@ def build(
         from sakura.offline.builder import build_with_progress
 
         build_with_progress(chosen, Path(out), q=q, max_rank=max_rank, shard_size=shard_size, model_path=model_path,
-                            basis=basis)
+                            basis=basis, rebuild_rank=rebuild_rank)
         return
     from sakura.offline.store_cli import build_to_store
 
     build_to_store(chosen, out, q=q, max_rank=max_rank, shard_size=shard_size, model_path=model_path, ray=ray,
-                   ray_workers=ray_workers, catalog=catalog, force=force, basis=basis)
+                   ray_workers=ray_workers, catalog=catalog, force=force, basis=basis, rebuild_rank=rebuild_rank)
 
 
 @app.command("pack-info")

@@ -312,3 +312,31 @@ def test_an_auto_build_keeps_the_first_candidate_whose_top_is_as_good_as_v1s(tmp
     info = PackReader(tmp_path / "fs-astronaut.pack").info
     assert info.geometry.shared_basis == 1 and info.header["build"]["top_share"] == pytest.approx(report.top_share)
     assert report.storage["sakura"] == (tmp_path / "fs-astronaut.pack").stat().st_size
+
+
+def test_a_rebuild_rank_caps_every_level_of_both_layouts(shared):
+    """``sakura build --rebuild-rank``: rebuild work grows with the decoded rank, so no level of a capped pack
+    decodes to more components; a shared basis that cannot reach its target under the cap gives way to one
+    basis per unit, which still reaches v1's top quality when the cap is at least v1's rank."""
+    from sakura.offline.builder import pack_options
+
+    cache, imp, folder, v1, _, sh = shared
+    free_rank = max(c.r for c in sh.frontier(0))
+    cap = 24
+    assert 16 <= cap < free_rank  # binds on the shared basis (16: v1's rank)
+    opts = pack_options(16, "allocated", "shard", rebuild_rank=cap)
+    assert opts["max_rank"] == cap and opts["reference_rank"] == 16
+    assert pack_options(16, "uniform", rebuild_rank=8) == {"layout": "uniform", "max_rank": 8}
+    assert pack_options(16, "allocated", "unit", rebuild_rank=1000)["max_rank"] == 32  # a loose cap changes nothing
+    with pytest.raises(ValueError, match="rebuild rank"):
+        pack_options(16, rebuild_rank=0)
+    capped = pack_cache(folder / "capped.pack", cache, imp, shard_size=2, **opts)
+    assert capped.geometry.rank <= cap and max(c.r for c in capped.frontier(0)) <= cap
+    top = capped.frontier(0)[-1]
+    if capped.a_units(0) == 1:  # still shared: then at its own target
+        assert top.error <= SHARED_TOP_SHARE * v1.frontier(0)[-1].error * 1.01
+    else:
+        assert top.error <= v1.frontier(0)[-1].error * 1.01
+    reader = PackReader(folder / "capped.pack")
+    a, b, _ = next(iter(decode_factors(capped, 0, top.k, reader.read(0, top.k)).values()))
+    assert a.shape[1] == b.shape[0] <= cap

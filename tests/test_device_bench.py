@@ -80,6 +80,18 @@ def test_bench_device_model_options_fail_in_one_line(small, tmp_path):
         assert r.exit_code == 2 and r.stderr.startswith("error: ") and r.stderr.count("\n") == 1, (args, r.output)
 
 
+def test_rank_at_budget_is_where_the_fitted_rebuild_line_meets_the_budget():
+    from sakura.runtime.device_bench import rank_at_budget
+
+    # rebuild = 2 ms + 0.05 ms per rank; execute 100 ms → 10 ms at rank 160
+    assert rank_at_budget([32, 64, 128], [3.6, 5.2, 8.4], 100.0) == 160
+    assert rank_at_budget([32, 64, 128], [3.6, 5.2, 8.4], 100.0, budget=0.05) == 60
+    assert rank_at_budget([32, 64, 128], [30.0, 40.0, 50.0], 100.0) == 0  # even rank 0 is over
+    assert rank_at_budget([64, 64], [5.0, 6.0], 100.0) is None  # one rank: no slope
+    assert rank_at_budget([32, float("nan"), None], [3.0, 4.0, 5.0], 100.0) is None
+    assert rank_at_budget([32, 64], [5.0, 4.0], 100.0) is None  # not growing with rank
+
+
 @pytest.mark.parametrize("basis", ["shard", "unit"])
 def test_bench_device_builds_a_v2_pack_and_reports_its_levels(small, tmp_path, basis):
     out = tmp_path / "bench.json"
@@ -108,6 +120,21 @@ def test_bench_device_builds_a_v2_pack_and_reports_its_levels(small, tmp_path, b
     top, low = rep["levels"][f"r{pk['rank']}-a8-b8"], rep["levels"]["r8-a4-b4"]
     assert top["kib_mean"] > low["kib_mean"] and top["rank_mean"] >= low["rank_mean"]
     assert f"config r8-a4-b4: level rank {low['rank_mean']:.0f}" in r.stderr and "level rank" in r.stdout
+    assert set(rep["summary"]["rank_at_budget"]) == {"torch/eager"}
+
+
+def test_bench_device_caps_the_built_packs_rank(small, tmp_path):
+    out = tmp_path / "bench.json"
+    r = bench_device("-t", "fs-astronaut", "--geometry", "test-small", "--geometry-layers", "1,2", "--shard-size", "2",
+                     "--max-rank", "8", "--layout", "allocated", "--basis", "shard", "--rebuild-rank", "12",
+                     "-c", "R,8,8", "-c", "8,4,4", "-e", "eager", "-r", "torch", "--repeats", "1", "--threads", "1",
+                     "-o", str(out))
+    assert r.exit_code == 0, r.output
+    rep = json.loads(out.read_text())
+    assert rep["pack"]["options"]["max_rank"] == 12 and rep["pack"]["rank"] <= 12
+    assert all(row["r"] <= 12 for lv in rep["levels"].values() for row in lv["shards"])
+    r = bench_device("--pack", str(out), "--rebuild-rank", "12", "-o", str(tmp_path / "x.json"))
+    assert r.exit_code == 2 and "not with --pack" in r.stderr
 
 
 def test_bench_device_v1_pack_levels_are_its_configs(small, tmp_path):

@@ -44,18 +44,27 @@ TOP_CANDIDATES: tuple[tuple[str, float], ...] = (("shard", 0.5), ("unit", 1.0), 
 
 
 def pack_options(max_rank: int, layout: str = DEFAULT_LAYOUT, basis: str = DEFAULT_BASIS,
-                 top_share: float = SHARED_TOP_SHARE) -> dict:
+                 top_share: float = SHARED_TOP_SHARE, rebuild_rank: int | None = None) -> dict:
     """compress_cache options for a pack of top quality ``(max_rank, 8, 8)``: v1 stores exactly that;
     v2 factorises to twice the rank and its allocation stops at that quality (often cheaper with more,
     coarser components than with 8-bit ones: KVTC's finding), or with one token basis per shard
-    (``auto``'s first candidate) at ``top_share`` of it."""
+    (``auto``'s first candidate) at ``top_share`` of it.
+
+    ``rebuild_rank``: no level decodes to more components than this (v1 and v2). A level's rebuild work
+    is ``n · rank · d`` per unit, so this is how a build keeps every level's rebuild within a share of the
+    target device's execute time: ``sakura bench-device`` reports the rank at which rebuild reaches 10 % of
+    execute there (``rank_at_budget``). A shared-basis shard that cannot reach its target within it keeps
+    one basis per unit; one that cannot reach v1's top quality stops at the cap (None: no cap)."""
     if basis not in BASES:
         raise ValueError(f"basis must be one of {', '.join(BASES)}, got {basis!r}")
+    if rebuild_rank is not None and rebuild_rank < 1:
+        raise ValueError(f"rebuild rank must be at least 1, got {rebuild_rank}")
     if layout == "allocated":  # a shared basis serves 2·shard_size units: give it room for their components
         shared = basis != "unit"
-        return {"layout": layout, "max_rank": (4 if shared else 2) * max_rank, "reference_rank": max_rank,
+        rank = (4 if shared else 2) * max_rank
+        return {"layout": layout, "max_rank": min(rank, rebuild_rank or rank), "reference_rank": max_rank,
                 "shared_basis": shared, **({"top_share": top_share} if shared else {})}
-    return {"layout": layout, "max_rank": max_rank}
+    return {"layout": layout, "max_rank": min(max_rank, rebuild_rank or max_rank)}
 
 
 @dataclass
@@ -75,6 +84,7 @@ class BuildReport:
     top_share: float | None = None
     top_psnr_gap_db: float | None = None
     top_tried: list | None = None
+    rebuild_rank: int | None = None  # the cap on every level's decoded rank (pack_options), None: none
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
@@ -146,11 +156,13 @@ def build_template(template, out_dir: str | Path, *, q: float = 0.5, max_rank: i
                    shard_size: int = DEFAULT_SHARD_SIZE, model_path: str | Path | None = None,
                    encodings: tuple[str, ...] = tuple(FORMATS), layout: str = DEFAULT_LAYOUT,
                    basis: str = DEFAULT_BASIS, progress: Callable[[str], None] | None = None,
-                   top_candidates: tuple[tuple[str, float], ...] = TOP_CANDIDATES) -> BuildReport:
+                   top_candidates: tuple[tuple[str, float], ...] = TOP_CANDIDATES,
+                   rebuild_rank: int | None = None) -> BuildReport:
     """Capture the template's cache, profile its importance and write each format named in ``encodings``.
     With ``basis="auto"`` (and v1 built beside it) the SAKURA pack is the first of ``top_candidates``
-    whose top level is as good as v1's in masked PSNR (see ``TOP_CANDIDATES``)."""
-    pack_options(max_rank, layout, basis)  # a bad basis fails before any work
+    whose top level is as good as v1's in masked PSNR (see ``TOP_CANDIDATES``). ``rebuild_rank``: a cap on
+    every level's decoded rank (:func:`pack_options`)."""
+    pack_options(max_rank, layout, basis, rebuild_rank=rebuild_rank)  # bad options fail before any work
     say = progress or (lambda msg: None)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -176,7 +188,7 @@ def build_template(template, out_dir: str | Path, *, q: float = 0.5, max_rank: i
     def write(fmt, candidate: tuple[str, float] = first) -> Path:
         path = out / f"{fmt.file_id(template.id)}.pack"
         if fmt.from_factors:  # the format stores what the offline compression computes, not the cache
-            options = pack_options(max_rank, fmt.layout or layout, *candidate)
+            options = pack_options(max_rank, fmt.layout or layout, *candidate, rebuild_rank=rebuild_rank)
             fmt.write(path, compress_cache(cache, importance, q=q, shard_size=shard_size, **options), **ids)
         else:
             fmt.write(path, cache, shard_size=shard_size, **ids)
@@ -197,7 +209,8 @@ def build_template(template, out_dir: str | Path, *, q: float = 0.5, max_rank: i
         storage["sakura"] = (out / f"{FORMATS['sakura'].file_id(template.id)}.pack").stat().st_size
         seconds["top_check"] = time.perf_counter() - t0
     report = BuildReport(template.id, model.model_id, q, max_rank, shard_size, cache.nbytes(), storage,
-                         {k: round(v, 3) for k, v in seconds.items()}, cache.num_reused, *kept, tried or None)
+                         {k: round(v, 3) for k, v in seconds.items()}, cache.num_reused, *kept, tried or None,
+                         rebuild_rank)
     (out / f"{template.id}.build.json").write_text(report.to_json())
     return report
 

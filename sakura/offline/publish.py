@@ -27,13 +27,17 @@ class BuildSettings:
     shard_size: int = DEFAULT_SHARD_SIZE
     model_path: str | None = None
     basis: str = DEFAULT_BASIS
+    rebuild_rank: int | None = None  # pack_options' cap on decoded rank
 
     def builder_kw(self) -> dict:
         return {"q": self.q, "max_rank": self.max_rank, "shard_size": self.shard_size, "model_path": self.model_path,
-                "basis": self.basis}
+                "basis": self.basis, "rebuild_rank": self.rebuild_rank}
 
     def key(self, template) -> str:
-        return build_key(template, str(self.model_path or template.model), asdict(self))
+        settings = asdict(self)
+        if self.rebuild_rank is None:  # builds published before the cap existed keep their key
+            del settings["rebuild_rank"]
+        return build_key(template, str(self.model_path or template.model), settings)
 
 
 @dataclass

@@ -20,10 +20,10 @@ def _say(result: Published) -> None:
 
 def build_to_store(templates, out: str, *, q: float, max_rank: int, shard_size: int, model_path: Path | None,
                    ray: str | None, ray_workers: int | None, catalog: Path | None, force: bool,
-                   basis: str = DEFAULT_BASIS) -> dict:
+                   basis: str = DEFAULT_BASIS, rebuild_rank: int | None = None) -> dict:
     """Build each template (skipping those already published with the same build key) into the store at
     ``out``, in this process or as Ray tasks; prints one line per template and the throughput."""
-    settings = BuildSettings(q, max_rank, shard_size, str(model_path) if model_path else None, basis)
+    settings = BuildSettings(q, max_rank, shard_size, str(model_path) if model_path else None, basis, rebuild_rank)
     store = open_store(out, create=True)  # fail here, not in a worker, on a bad URL or credentials
     t0 = time.perf_counter()
     if ray is None:

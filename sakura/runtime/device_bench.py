@@ -12,6 +12,9 @@ mean planes, bytes) each config read on each shard. Then per shard measure
 * the rebuild / execute ratio (target ≤ 10 %) and the share of rebuild hidden behind execution
   when rebuilding shard p+1 overlaps executing shard p (the paper's GPU ∥ NPU pipeline), both as
   computed from the per-shard times and as *measured* with a rebuild thread beside the executor;
+* the decoded rank at which rebuild would reach the budget (``rank_at_budget``: a line fitted to the
+  configs' rebuild times against their levels' ranks) — what ``sakura build --rebuild-rank`` caps a
+  pack at so that every level stays within it on this device;
 * how far the ExecuTorch image is from the eager one. JSON (tables and command: ``device_bench_cli``; the pack: ``device_bench_pack``). Numbers are this
 host's (CPU-only; "GPU" and "NPU" share its cores): pipelined runs bound separate engines from below.
 
@@ -38,6 +41,7 @@ from sakura.runtime.device_bench_pack import open_pack
 DEFAULT_CONFIGS = ("R,8,8", "64,4,4", "32,3,2")
 LAYOUTS = ("uniform", "allocated")  # the pack bench-device builds: v1, or v2 as `sakura build` writes it
 BENCH_BASES = ("shard", "unit")  # v2's token basis: one per shard (shared by its K/V units) or one per unit
+REBUILD_BUDGET = 0.1  # issue #18: a shard's rebuild within 10 % of its execute time
 
 
 def parse_configs(specs: Sequence[str], rank: int, group: int) -> list[tuple[int, int, int]]:
@@ -54,6 +58,23 @@ def parse_configs(specs: Sequence[str], rank: int, group: int) -> list[tuple[int
         if cfg not in out:
             out.append(cfg)
     return out
+
+
+def rank_at_budget(ranks: Sequence[float], rebuild_ms: Sequence[float], execute_ms: float,
+                   budget: float = REBUILD_BUDGET) -> int | None:
+    """The decoded rank at which a shard's rebuild reaches ``budget`` of its execute time, from a least-squares
+    line through (level rank, rebuild ms) of the measured configs: rebuild work is ``n · rank · d`` per unit
+    plus a part that does not grow with rank (means, dispatch). 0: not even rank 0 fits; None: fewer than
+    two distinct ranks, or times that do not grow with rank (nothing to extrapolate from)."""
+    import numpy as np
+
+    points = [(r, ms) for r, ms in zip(ranks, rebuild_ms) if r is not None and r == r]  # drop unknown (nan) ranks
+    if len({r for r, _ in points}) < 2:
+        return None
+    slope, intercept = np.polyfit(*zip(*points), 1)
+    if slope <= 0:
+        return None
+    return max(0, int((budget * execute_ms - intercept) / slope + 1e-6))  # + 1e-6: a fit exact but for rounding
 
 
 def _median_ms(xs: Sequence[float]) -> float:
@@ -126,7 +147,7 @@ def bench_device(template_id: str, *, catalog: str | Path | None = None, shard_s
                  pack: str | Path | None = None, importance: bool = False, model_path: str | Path | None = None,
                  random_cache: bool = False, geometry=None, geometry_layers: tuple[int, int] | str | None = None,
                  threads: int | None = None, layout: str = "uniform", basis: str = "shard",
-                 log: Callable[[str], None] = print) -> dict:
+                 rebuild_rank: int | None = None, log: Callable[[str], None] = print) -> dict:
     """Run the benchmark and return its report (see module doc).
 
     ``model_path``: a model folder instead of the template's model. ``geometry``: a name of
@@ -135,7 +156,8 @@ def bench_device(template_id: str, *, catalog: str | Path | None = None, shard_s
     ``random_cache``). ``threads``: torch intra-op threads for the run (None: leave torch's setting).
     ``layout`` / ``basis``: the pack built when ``pack`` is not given: ``uniform`` = v1 of rank ``max_rank``;
     ``allocated`` = v2 with the builder's options for top quality ``(max_rank, 8, 8)`` (``pack_options``; a
-    shared basis factorises to 4 × ``max_rank``), its per-shard frontier kept (``level_for`` reads it)."""
+    shared basis factorises to 4 × ``max_rank``), its per-shard frontier kept (``level_for`` reads it);
+    ``rebuild_rank`` caps its decoded rank as ``sakura build --rebuild-rank`` does."""
     import torch
 
     from sakura.catalog import load_catalog
@@ -153,8 +175,8 @@ def bench_device(template_id: str, *, catalog: str | Path | None = None, shard_s
         raise UserError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
     if basis not in BENCH_BASES:
         raise UserError(f"basis must be one of {', '.join(BENCH_BASES)}, got {basis!r}")
-    if pack and (layout, basis) != ("uniform", "shard"):
-        raise UserError("--layout / --basis choose the pack bench-device builds: not with --pack")
+    if pack and ((layout, basis) != ("uniform", "shard") or rebuild_rank is not None):
+        raise UserError("--layout / --basis / --rebuild-rank choose the pack bench-device builds: not with --pack")
     tpl = load_catalog(catalog).get(template_id)
     geo_spec = get_geometry(geometry) if geometry is not None else None
     if geo_spec is not None:
@@ -177,7 +199,7 @@ def bench_device(template_id: str, *, catalog: str | Path | None = None, shard_s
                           "load_avg_at_start": list(os.getloadavg())}
         reader, report["pack"] = open_pack(pack, tpl, model, req, Path(tmp), max_rank=max_rank,
                                             shard_size=shard_size, importance=importance, random_cache=random_cache,
-                                            layout=layout, basis=basis)
+                                            layout=layout, basis=basis, rebuild_rank=rebuild_rank)
         info = reader.info
         geo = info.geometry
         if geo.shard_size != shard_size:
@@ -213,7 +235,7 @@ def bench_device(template_id: str, *, catalog: str | Path | None = None, shard_s
             diff = execute.images["executorch"] - execute.images["eager"]
             report["image_max_abs_executorch_vs_eager"] = float(abs(diff).max())
         report["shards"] = _shard_rows(info, cfgs, blobs, mbps, rebuild.ms, execute.ms)
-        summary = _summary(rebuild, execute, _key(main))
+        summary = _summary(rebuild, execute, _key(main), {k: lv["rank_mean"] for k, lv in report["levels"].items()})
         # measured: a rebuild thread beside the executor on this host's shared cores
         for rn, rec in rebuild.recs.items():
             for en, (ex, ranges) in execute.runs.items():
@@ -363,13 +385,14 @@ def _shard_rows(info, cfgs, blobs, mbps: float, rebuild_ms: dict, execute_ms: di
             for s, (step, l0, l1) in enumerate(info.shards)]
 
 
-def _summary(rebuild: _Rebuilds, execute: _Executions, main_key: str) -> dict:
-    """Means, rebuild / execute ratios and hidden shares (``pipelined`` is filled by the caller)."""
+def _summary(rebuild: _Rebuilds, execute: _Executions, main_key: str, ranks: dict) -> dict:
+    """Means, rebuild / execute ratios, hidden shares and the rank at the budget, per reconstructor /
+    executor pair (``ranks``: config key -> its levels' mean rank; ``pipelined`` is filled by the caller)."""
     summary: dict = {"rebuild_ms_mean": {n: {k: statistics.mean(v) for k, v in per.items()}
                                          for n, per in rebuild.ms.items()},
                      "execute_ms_mean": {n: statistics.mean(v) for n, v in execute.ms.items()},
                      "rebuild_over_execute": {}, "rebuild_over_execute_by_config": {}, "hidden_share": {},
-                     "pipelined": {},
+                     "pipelined": {}, "rebuild_budget": REBUILD_BUDGET, "rank_at_budget": {},
                      # best-of-repeats per shard, averaged: an estimate of the uncontended times
                      "rebuild_ms_min_mean": {n: {k: statistics.mean(v) for k, v in per.items()}
                                              for n, per in rebuild.min_ms.items()},
@@ -380,6 +403,9 @@ def _summary(rebuild: _Rebuilds, execute: _Executions, main_key: str) -> dict:
             summary["rebuild_over_execute"][f"{rn}/{en}"] = sum(rb) / sum(ev)
             summary["rebuild_over_execute_by_config"][f"{rn}/{en}"] = {k: sum(v) / sum(ev) for k, v in per.items()}
             summary["hidden_share"][f"{rn}/{en}"] = _hidden_share(rb, ev)
+            keys = list(per)
+            summary["rank_at_budget"][f"{rn}/{en}"] = rank_at_budget(
+                [ranks.get(k) for k in keys], [statistics.mean(per[k]) for k in keys], statistics.mean(ev))
     return summary
 
 

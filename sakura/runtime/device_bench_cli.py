@@ -79,6 +79,11 @@ def print_report(report: dict, console=None) -> None:
                        *[f"{100 * by_config[pair][k]:.1f}%" for pair in by_config])
         console.print(t3)
         console.print("execute ms per shard: " + ", ".join(f"{e} {v:.1f}" for e, v in s["execute_ms_mean"].items()))
+    at_budget = {pair: r for pair, r in s.get("rank_at_budget", {}).items() if r is not None}
+    if at_budget:
+        console.print(f"decoded rank at which rebuild reaches {100 * s['rebuild_budget']:.0f} % of execute (line fit): "
+                      + ", ".join(f"{pair} {r}" for pair, r in at_budget.items())
+                      + f" → `sakura build --rebuild-rank {min(at_budget.values())}` keeps every level within it")
     for name, dev in report.get("reconstructors", {}).items():
         console.print(f"[dim]{name}: {dev}[/dim]")
     if "image_max_abs_executorch_vs_eager" in report:
@@ -118,6 +123,8 @@ def bench_device_cmd(
                                "allocated (v2 as `sakura build` writes it for top quality (--max-rank, 8, 8))."),
     basis: str = typer.Option("shard", "--basis", help="v2 token basis: shard (one A shared by a shard's K/V units, "
                               "factorised to 4 × --max-rank) or unit (one per unit, 2 × --max-rank)."),
+    rebuild_rank: Optional[int] = typer.Option(None, "--rebuild-rank", min=1, help="Cap the built pack's decoded "
+                                               "rank, as `sakura build --rebuild-rank` does."),
     out: Path = typer.Option(Path("bench-device.json"), "--out", "-o", help="JSON report."),
 ):
     """Per shard: rebuild (torch vs OpenCL) vs execute (eager vs ExecuTorch), and how much rebuild hides."""
@@ -126,7 +133,7 @@ def bench_device_cmd(
                           reconstructors=reconstructor or ("torch", "opencl"), repeats=repeats, mbps=mbps,
                           pack=pack, importance=importance, random_cache=random_cache, model_path=model,
                           geometry=geometry, geometry_layers=geometry_layers, threads=threads, layout=layout,
-                          basis=basis, log=lambda m: typer.echo(m, err=True))
+                          basis=basis, rebuild_rank=rebuild_rank, log=lambda m: typer.echo(m, err=True))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1))
     print_report(report)

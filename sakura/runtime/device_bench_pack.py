@@ -8,9 +8,10 @@ from pathlib import Path
 
 
 def open_pack(pack: str | Path | None, tpl, model, req, tmp: Path, *, max_rank: int, shard_size: int,
-               importance: bool, random_cache: bool, layout: str = "uniform", basis: str = "shard"):
+               importance: bool, random_cache: bool, layout: str = "uniform", basis: str = "shard",
+              rebuild_rank: int | None = None):
     """A reader of the given pack, or of a real pack built into ``tmp`` now (v1, or v2 with the builder's
-    ``pack_options``); and its report entry."""
+    ``pack_options``, decoded rank capped at ``rebuild_rank``); and its report entry."""
     import torch
 
     from sakura.formats.pack import PackReader
@@ -27,7 +28,7 @@ def open_pack(pack: str | Path | None, tpl, model, req, tmp: Path, *, max_rank: 
         cache = model.capture(capture_request(tpl, model)).to(torch.float16)
         imp = profile_importance(model, tpl, cache) if importance else None
     path = tmp / f"{tpl.id}.pack"
-    options = pack_options(max_rank, layout, basis)
+    options = pack_options(max_rank, layout, basis, rebuild_rank=rebuild_rank)
     # v1: no frontier (every config is its own level); v2: its frontier is what level_for reads
     pack_cache(path, cache, imp, shard_size=shard_size, model_id=model.model_id, template_id=tpl.id,
                **options, **({"tradeoff": False} if layout == "uniform" else {}))
