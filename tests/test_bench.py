@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from sakura.eval import bench
 from sakura.eval import figures
 from sakura.eval.projection import project_paper
@@ -45,3 +47,21 @@ def test_bench_summary_contract_and_figures(fs_packs, tmp_path):
     proj = json.loads(paths[0].read_text())
     assert proj["label"].startswith("PROJECTION")
     assert proj["workloads"]["fs"]["systems"]["local"]["latency_p50_s"] == 13.0
+
+
+def test_pack_versions_pairs_each_edit_with_its_v1_twin():
+    from sakura.eval.pack_versions import paired
+
+    def row(system, start, latency, psnr):
+        return {"template": "t", "request": 0, "system": system, "start_s": start, "latency_s": latency,
+                "psnr_masked": psnr, "bytes": 1, "fallbacks": {}}
+
+    rows = [row("sakura", 1.0, 0.50, 60), row("sakura-v1", 1.0, 0.60, 55),  # sooner
+            row("sakura", 2.0, 0.9004, 61), row("sakura-v1", 2.0, 0.9, 56),  # the same, within 1 ms
+            row("sakura-v1", 3.0, 1.0, 50), row("sakura", 3.0, 1.25, 49),  # later, rows in either order
+            row("sakura", 4.0, 9.0, 1)]  # no twin: left out
+    p = paired(rows)
+    assert (p["faster"], p["same"], p["slower"]) == (1, 1, 1) and len(p["edits"]) == 3
+    assert p["latency_delta_max_s"] == pytest.approx(0.25) and p["latency_delta_min_s"] == pytest.approx(-0.1)
+    assert p["psnr_masked_delta_median_db"] == 5
+    assert p["edits"][2]["latency_s"] == [1.25, 1.0]

@@ -4,7 +4,8 @@ Same runtime, policy, trace offsets and regime scale (the scale depends on the F
 only difference is the stored file the edit streams: ``<id>.pack`` (v2: per-group bits, coded planes)
 or ``<id>.v1.pack`` (uniform bits, raw planes; the ``sakura-v1`` format). Reports per workload the
 latency p50 / p90, stall, bytes sent and quality (masked PSNR / SSIM vs the FP16-cache output), plus
-each file's storage. ``sakura bench --figure packs``.
+each file's storage, and edit by edit (the same offset and request on both packs) how many the v2 pack
+ends sooner, at the same time or later, by how much. ``sakura bench --figure packs``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import numpy as np
 from sakura.eval import bench
 
 VERSIONS = ("sakura", "sakura-v1")  # row name → stored format streamed (SAKURA's own policy for both)
+SAME_S = 1e-3  # latencies this close count as equal (rebuilds are timed, so they jitter by about this)
 
 
 def _stats(rows: list[dict]) -> dict:
@@ -27,6 +29,25 @@ def _stats(rows: list[dict]) -> dict:
             "psnr_masked_mean": float(np.mean([r["psnr_masked"] for r in rows])),
             "ssim_masked_mean": float(np.mean([r["ssim_masked"] for r in rows])),
             "psnr_mean": float(np.mean([r["psnr"] for r in rows]))}
+
+
+def paired(rows: list[dict]) -> dict:
+    """Edit by edit, v2 against v1 at the same template, request and offset: how many end sooner / the
+    same / later (within ``SAME_S``), the median and extreme differences, and each pair."""
+    by_edit = {}
+    for r in rows:
+        by_edit.setdefault((r["template"], r["request"], r["start_s"]), {})[r["system"]] = r
+    pairs = [(e["sakura"], e["sakura-v1"]) for e in by_edit.values() if set(VERSIONS) <= set(e)]
+    delta = np.array([a["latency_s"] - b["latency_s"] for a, b in pairs])
+    dpsnr = np.array([a["psnr_masked"] - b["psnr_masked"] for a, b in pairs])
+    return {"faster": int((delta < -SAME_S).sum()), "same": int((abs(delta) <= SAME_S).sum()),
+            "slower": int((delta > SAME_S).sum()), "latency_delta_median_s": float(np.median(delta)),
+            "latency_delta_max_s": float(delta.max()), "latency_delta_min_s": float(delta.min()),
+            "psnr_masked_delta_median_db": float(np.median(dpsnr)),
+            "edits": [{"template": a["template"], "request": a["request"], "start_s": a["start_s"],
+                       "latency_s": [a["latency_s"], b["latency_s"]], "psnr_masked": [a["psnr_masked"], b["psnr_masked"]],
+                       "bytes": [a["bytes"], b["bytes"]], "fallbacks": [a["fallbacks"], b["fallbacks"]]}
+                      for a, b in pairs]}
 
 
 def fig_pack_versions(cfg, out: Path, cache: dict, progress, say) -> list[Path]:
@@ -50,11 +71,13 @@ def fig_pack_versions(cfg, out: Path, cache: dict, progress, say) -> list[Path]:
             stats[v]["storage_bytes_mean"] = float(np.mean([
                 (Path(cfg.packs) / f"{p.template.id}{'.v1' if v == 'sakura-v1' else ''}.pack").stat().st_size
                 for p in benches]))
-        result["workloads"][workload] = {"templates": [p.template.id for p in benches], **stats}
+        pairs = paired(rows)
+        result["workloads"][workload] = {"templates": [p.template.id for p in benches], **stats, "paired": pairs}
         a, b = stats["sakura"], stats["sakura-v1"]
         say(f"{workload}: p50 {a['latency_p50_s']:.2f} s (v1 {b['latency_p50_s']:.2f}), p90 {a['latency_p90_s']:.2f} s "
             f"(v1 {b['latency_p90_s']:.2f}), masked PSNR {a['psnr_masked_mean']:.2f} dB (v1 {b['psnr_masked_mean']:.2f}), "
-            f"{a['bytes_mean'] / 1e6:.2f} MB sent (v1 {b['bytes_mean'] / 1e6:.2f})")
+            f"{a['bytes_mean'] / 1e6:.2f} MB sent (v1 {b['bytes_mean'] / 1e6:.2f}); per edit sooner on {pairs['faster']}, "
+            f"same on {pairs['same']}, later on {pairs['slower']} (by at most {pairs['latency_delta_max_s']:.3f} s)")
     js, png = out / "pack_versions.json", out / "pack_versions.png"
     js.write_text(json.dumps(result, indent=1))
     ws = list(result["workloads"])
