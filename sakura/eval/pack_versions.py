@@ -52,8 +52,6 @@ def paired(rows: list[dict]) -> dict:
 
 def fig_pack_versions(cfg, out: Path, cache: dict, progress, say) -> list[Path]:
     """Both packs at ``cfg.starts`` offsets of ``cfg.trace`` per workload; JSON + PNG."""
-    import matplotlib.pyplot as plt
-
     from sakura.eval.figures import _sweep
 
     result: dict = {"trace": cfg.trace, "starts": cfg.starts, "regime": cfg.regime, "workloads": {}}
@@ -80,8 +78,16 @@ def fig_pack_versions(cfg, out: Path, cache: dict, progress, say) -> list[Path]:
             f"same on {pairs['same']}, later on {pairs['slower']} (by at most {pairs['latency_delta_max_s']:.3f} s)")
     js, png = out / "pack_versions.json", out / "pack_versions.png"
     js.write_text(json.dumps(result, indent=1))
+    plot_pack_versions(result, png)
+    return [png, js]
+
+
+def plot_pack_versions(result: dict, png: Path) -> None:
+    """p50, p90 and masked PSNR per workload for both packs, and each edit's latency difference (v2 − v1)."""
+    import matplotlib.pyplot as plt
+
     ws = list(result["workloads"])
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.4))
+    fig, axes = plt.subplots(1, 4, figsize=(15, 3.4))
     x = np.arange(len(ws))
     for ax, (key, name) in zip(axes, (("latency_p50_s", "latency p50 (s)"), ("latency_p90_s", "latency p90 (s)"),
                                       ("psnr_masked_mean", "masked PSNR vs FP16-cache output (dB)"))):
@@ -91,8 +97,17 @@ def fig_pack_versions(cfg, out: Path, cache: dict, progress, say) -> list[Path]:
         ax.set_xticks(x + 0.19, ws)
         ax.set_ylabel(name)
     axes[0].legend(fontsize=8)
-    fig.suptitle(f"SAKURA on the {cfg.trace} trace: v2 vs v1 pack ({cfg.starts} offsets per workload)", fontsize=9)
+    ax = axes[3]
+    rng = np.random.default_rng(0)
+    for i, w in enumerate(ws):
+        edits = result["workloads"][w].get("paired", {}).get("edits", [])
+        delta = [1e3 * (e["latency_s"][0] - e["latency_s"][1]) for e in edits]
+        ax.scatter(i + rng.uniform(-0.2, 0.2, len(delta)), delta, s=9, alpha=0.7)
+    ax.axhline(0, color="k", lw=0.8)
+    ax.set_xticks(x, ws)
+    ax.set_ylabel("per edit: v2 − v1 latency (ms)")
+    fig.suptitle(f"SAKURA on the {result['trace']} trace: v2 vs v1 pack ({result['starts']} offsets per workload; "
+                 "right: the same edit on both packs)", fontsize=9)
     fig.tight_layout()
     fig.savefig(png, dpi=120)
     plt.close(fig)
-    return [png, js]
