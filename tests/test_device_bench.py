@@ -81,7 +81,7 @@ def test_bench_device_model_options_fail_in_one_line(small, tmp_path):
 
 
 def test_rank_at_budget_is_where_the_fitted_rebuild_line_meets_the_budget():
-    from sakura.runtime.device_bench import rank_at_budget
+    from sakura.runtime.device_bench_report import rank_at_budget
 
     # rebuild = 2 ms + 0.05 ms per rank; execute 100 ms → 10 ms at rank 160
     assert rank_at_budget([32, 64, 128], [3.6, 5.2, 8.4], 100.0) == 160

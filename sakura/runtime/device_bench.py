@@ -15,8 +15,11 @@ mean planes, bytes) each config read on each shard. Then per shard measure
 * the decoded rank at which rebuild would reach the budget (``rank_at_budget``: a line fitted to the
   configs' rebuild times against their levels' ranks) — what ``sakura build --rebuild-rank`` caps a
   pack at so that every level stays within it on this device;
-* how far the ExecuTorch image is from the eager one. JSON (tables and command: ``device_bench_cli``; the pack: ``device_bench_pack``). Numbers are this
-host's (CPU-only; "GPU" and "NPU" share its cores): pipelined runs bound separate engines from below.
+* how far the ExecuTorch image is from the eager one.
+
+JSON report (tables and command: ``device_bench_cli``; the pack: ``device_bench_pack``; rows, summary and
+the rank at the budget: ``device_bench_report``). Numbers are this host's (CPU-only; "GPU" and "NPU"
+share its cores): pipelined runs bound separate engines from below.
 
 The model is the template's own, a model folder (``--model``), or a seeded random-weight model of a
 named geometry built in memory (``--geometry flux2-klein-4b --geometry-layers 1,3``,
@@ -37,11 +40,11 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from sakura.runtime.device_bench_pack import open_pack
+from sakura.runtime.device_bench_report import config_key, level_rows, shard_rows, summarise
 
 DEFAULT_CONFIGS = ("R,8,8", "64,4,4", "32,3,2")
 LAYOUTS = ("uniform", "allocated")  # the pack bench-device builds: v1, or v2 as `sakura build` writes it
 BENCH_BASES = ("shard", "unit")  # v2's token basis: one per shard (shared by its K/V units) or one per unit
-REBUILD_BUDGET = 0.1  # issue #18: a shard's rebuild within 10 % of its execute time
 
 
 def parse_configs(specs: Sequence[str], rank: int, group: int) -> list[tuple[int, int, int]]:
@@ -60,39 +63,8 @@ def parse_configs(specs: Sequence[str], rank: int, group: int) -> list[tuple[int
     return out
 
 
-def rank_at_budget(ranks: Sequence[float], rebuild_ms: Sequence[float], execute_ms: float,
-                   budget: float = REBUILD_BUDGET) -> int | None:
-    """The decoded rank at which a shard's rebuild reaches ``budget`` of its execute time, from a least-squares
-    line through (level rank, rebuild ms) of the measured configs: rebuild work is ``n · rank · d`` per unit
-    plus a part that does not grow with rank (means, dispatch). 0: not even rank 0 fits; None: fewer than
-    two distinct ranks, or times that do not grow with rank (nothing to extrapolate from)."""
-    import numpy as np
-
-    points = [(r, ms) for r, ms in zip(ranks, rebuild_ms) if r is not None and r == r]  # drop unknown (nan) ranks
-    if len({r for r, _ in points}) < 2:
-        return None
-    slope, intercept = np.polyfit(*zip(*points), 1)
-    if slope <= 0:
-        return None
-    return max(0, int((budget * execute_ms - intercept) / slope + 1e-6))  # + 1e-6: a fit exact but for rounding
-
-
 def _median_ms(xs: Sequence[float]) -> float:
     return 1e3 * statistics.median(xs)
-
-
-def _key(cfg: tuple[int, int, int]) -> str:  # a v2 pack reads each config's level at its bytes: level_for
-    return "r{}-a{}-b{}".format(*cfg)
-
-
-def _hidden_share(rebuild: Sequence[float], execute: Sequence[float]) -> float:
-    """Share of total rebuild time overlapped by execution when rebuild of shard p+1 runs during
-    execution of shard p (shard 0's rebuild is the pipeline's start-up and is never hidden)."""
-    total = sum(rebuild)
-    if total <= 0:
-        return 1.0
-    hidden = sum(min(rebuild[p + 1], execute[p]) for p in range(len(rebuild) - 1))
-    return hidden / total
 
 
 def _pipelined(run_factory, plan, rebuild_fn, layer_ranges) -> tuple[float, float]:
@@ -214,7 +186,7 @@ def bench_device(template_id: str, *, catalog: str | Path | None = None, shard_s
         report["configs"] = [list(c) for c in cfgs]
         key = {(s, c): info.level_for(s, *c) for s in range(info.num_shards) for c in cfgs}
         blobs = {(s, c): reader.read(s, *key[(s, c)]) for s in range(info.num_shards) for c in cfgs}
-        report["levels"] = _levels(info, cfgs, key, blobs)
+        report["levels"] = level_rows(info, cfgs, key, blobs)
         for k, lv in report["levels"].items():
             log(f"config {k}: level rank {lv['rank_mean']:.0f} ({lv['rank_min']}–{lv['rank_max']}), "
                 f"{lv['kib_mean']:.0f} KiB per shard")
@@ -234,15 +206,16 @@ def bench_device(template_id: str, *, catalog: str | Path | None = None, shard_s
         if "eager" in execute.images and "executorch" in execute.images:
             diff = execute.images["executorch"] - execute.images["eager"]
             report["image_max_abs_executorch_vs_eager"] = float(abs(diff).max())
-        report["shards"] = _shard_rows(info, cfgs, blobs, mbps, rebuild.ms, execute.ms)
-        summary = _summary(rebuild, execute, _key(main), {k: lv["rank_mean"] for k, lv in report["levels"].items()})
+        report["shards"] = shard_rows(info, cfgs, blobs, mbps, rebuild.ms, execute.ms)
+        ranks = {k: lv["rank_mean"] for k, lv in report["levels"].items()}
+        summary = summarise(rebuild, execute, config_key(main), ranks)
         # measured: a rebuild thread beside the executor on this host's shared cores
         for rn, rec in rebuild.recs.items():
             for en, (ex, ranges) in execute.runs.items():
                 rebuild_fn = lambda p, rec=rec: rec.rebuild(info, p, *key[(p, main)], blobs[(p, main)])  # noqa: E731
                 wall, stall = min((_pipelined(lambda ex=ex: ex.prepare(req, shard_size), info.shards, rebuild_fn,
                                               ranges) for _ in range(max(1, repeats - 1))), key=lambda x: x[0])
-                serial = sum(execute.ms[en]) / 1e3 + sum(rebuild.ms[rn][_key(main)]) / 1e3
+                serial = sum(execute.ms[en]) / 1e3 + sum(rebuild.ms[rn][config_key(main)]) / 1e3
                 summary["pipelined"][f"{rn}/{en}"] = {"wall_ms": 1e3 * wall, "stall_ms": 1e3 * stall,
                                                       "serial_ms": 1e3 * serial}
         report["summary"] = summary
@@ -273,26 +246,6 @@ def _threads(n: int | None, executorch: bool):
         torch.set_num_threads(before[0])
         if pool and n:
             pool._unsafe_reset_threadpool(before[1])
-
-
-def _levels(info, cfgs, key, blobs) -> dict:
-    """Per config: the level read on each shard (v2: its chunk count ``k``, the rank it decodes to, mean
-    planes of A and B per component, bytes; v1: the config itself) and the means over shards."""
-    out = {}
-    for c in cfgs:
-        rows = []
-        for s in range(info.num_shards):
-            nbytes = sum(map(len, blobs[(s, c)].values()))
-            lv = next((f for f in info.frontier(s) if f.key == key[(s, c)]), None) if info.version >= 2 else None
-            row = {"key": list(key[(s, c)]), "bytes": nbytes}
-            row.update({"r": lv.r, "b_a": lv.b_a, "b_b": lv.b_b} if lv is not None else
-                       {"r": c[0], "b_a": c[1], "b_b": c[2]} if info.version < 2 else {"r": None})
-            rows.append(row)
-        ranks = [r["r"] for r in rows if r["r"] is not None]
-        out[_key(c)] = {"shards": rows, "kib_mean": statistics.mean(r["bytes"] for r in rows) / 1024,
-                        "rank_mean": statistics.mean(ranks) if ranks else float("nan"),
-                        "rank_min": min(ranks, default=None), "rank_max": max(ranks, default=None)}
-    return out
 
 
 @dataclass
@@ -327,8 +280,8 @@ def _measure_rebuild(names: Sequence[str], info, cfgs, key, blobs, repeats: int,
         for c in cfgs:
             runs = [[_timed(lambda: rec.rebuild(info, s, *key[(s, c)], blobs[(s, c)])) for _ in range(repeats)]
                     for s in range(info.num_shards)]
-            out.ms[name][_key(c)] = [_median_ms(x) for x in runs]
-            out.min_ms[name][_key(c)] = [1e3 * min(x) for x in runs]
+            out.ms[name][config_key(c)] = [_median_ms(x) for x in runs]
+            out.min_ms[name][config_key(c)] = [1e3 * min(x) for x in runs]
         log(f"rebuild {name}: " + ", ".join(f"{k} {statistics.mean(v):.2f} ms" for k, v in out.ms[name].items()))
     return out
 
@@ -374,39 +327,6 @@ def _measure_execute(names: Sequence[str], model, req, shard_size: int, provider
         out.runs[name] = (ex, run.layer_ranges)
         log(f"execute {name}: {statistics.mean(out.ms[name]):.2f} ms per shard")
     return out
-
-
-def _shard_rows(info, cfgs, blobs, mbps: float, rebuild_ms: dict, execute_ms: dict) -> list[dict]:
-    return [{"shard": s, "step": step, "layers": [l0, l1],
-             "bytes": {_key(c): sum(map(len, blobs[(s, c)].values())) for c in cfgs},
-             "receive_ms": {_key(c): 8e3 * sum(map(len, blobs[(s, c)].values())) / (mbps * 1e6) for c in cfgs},
-             "rebuild_ms": {n: {k: v[s] for k, v in per.items()} for n, per in rebuild_ms.items()},
-             "execute_ms": {n: v[s] for n, v in execute_ms.items()}}
-            for s, (step, l0, l1) in enumerate(info.shards)]
-
-
-def _summary(rebuild: _Rebuilds, execute: _Executions, main_key: str, ranks: dict) -> dict:
-    """Means, rebuild / execute ratios, hidden shares and the rank at the budget, per reconstructor /
-    executor pair (``ranks``: config key -> its levels' mean rank; ``pipelined`` is filled by the caller)."""
-    summary: dict = {"rebuild_ms_mean": {n: {k: statistics.mean(v) for k, v in per.items()}
-                                         for n, per in rebuild.ms.items()},
-                     "execute_ms_mean": {n: statistics.mean(v) for n, v in execute.ms.items()},
-                     "rebuild_over_execute": {}, "rebuild_over_execute_by_config": {}, "hidden_share": {},
-                     "pipelined": {}, "rebuild_budget": REBUILD_BUDGET, "rank_at_budget": {},
-                     # best-of-repeats per shard, averaged: an estimate of the uncontended times
-                     "rebuild_ms_min_mean": {n: {k: statistics.mean(v) for k, v in per.items()}
-                                             for n, per in rebuild.min_ms.items()},
-                     "execute_ms_min_mean": {n: statistics.mean(v) for n, v in execute.min_ms.items()}}
-    for rn, per in rebuild.ms.items():
-        for en, ev in execute.ms.items():
-            rb = per[main_key]
-            summary["rebuild_over_execute"][f"{rn}/{en}"] = sum(rb) / sum(ev)
-            summary["rebuild_over_execute_by_config"][f"{rn}/{en}"] = {k: sum(v) / sum(ev) for k, v in per.items()}
-            summary["hidden_share"][f"{rn}/{en}"] = _hidden_share(rb, ev)
-            keys = list(per)
-            summary["rank_at_budget"][f"{rn}/{en}"] = rank_at_budget(
-                [ranks.get(k) for k in keys], [statistics.mean(per[k]) for k in keys], statistics.mean(ev))
-    return summary
 
 
 def _token_counts(model, req) -> dict:

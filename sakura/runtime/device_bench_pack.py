@@ -9,7 +9,7 @@ from pathlib import Path
 
 def open_pack(pack: str | Path | None, tpl, model, req, tmp: Path, *, max_rank: int, shard_size: int,
                importance: bool, random_cache: bool, layout: str = "uniform", basis: str = "shard",
-              rebuild_rank: int | None = None):
+               rebuild_rank: int | None = None):
     """A reader of the given pack, or of a real pack built into ``tmp`` now (v1, or v2 with the builder's
     ``pack_options``, decoded rank capped at ``rebuild_rank``); and its report entry."""
     import torch
