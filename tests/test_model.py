@@ -85,9 +85,9 @@ def test_attention_probe_matches_brute_force(name, task, monkeypatch):
     recorded = {}
     original = type(m)._joint_attention
 
-    def record(self, layer, q, k, v, reuse_pos, masked_pos):
-        recorded[(self.ctx.step, layer)] = (q.clone(), k.clone(), reuse_pos)
-        return original(self, layer, q, k, v, reuse_pos, masked_pos)
+    def record(self, layer, q, k, v, reuse_pos, masked_pos, bias=None):
+        recorded[(self.ctx.step, layer)] = (q.clone(), k.clone(), reuse_pos, bias)
+        return original(self, layer, q, k, v, reuse_pos, masked_pos, bias)
 
     monkeypatch.setattr(type(m), "_joint_attention", record)
     full = m.full_edit(req, capture=True)
@@ -97,8 +97,9 @@ def test_attention_probe_matches_brute_force(name, task, monkeypatch):
     tmask = m.token_mask(req.mask)
     rows = torch.nonzero(tmask).flatten()
     offset = 0 if m.family == "sd3" else req_text_len(m)
-    for key, (q, k, reuse_pos) in recorded.items():
-        p = torch.softmax(q.double() @ k.double().transpose(-1, -2) * q.shape[-1] ** -0.5, dim=-1)
+    for key, (q, k, reuse_pos, bias) in recorded.items():
+        logits = q.double() @ k.double().transpose(-1, -2) * q.shape[-1] ** -0.5
+        p = torch.softmax(logits if bias is None else logits + bias.double(), dim=-1)
         brute = p[0][:, rows + offset][:, :, reuse_pos].square().sum(dim=(0, 1))
         torch.testing.assert_close(probe[key].double(), brute, rtol=1e-4, atol=1e-7)
     assert len(probe) == m.num_steps * m.num_layers

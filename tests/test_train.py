@@ -120,16 +120,31 @@ def test_ship_round_trip_fp16(tmp_path):
         assert torch.allclose(p.half().float(), q), k
 
 
-def test_training_forward_is_the_samplers_velocity(tmp_path):
-    """The training objective sees exactly what the sampler feeds the model (fill-style conditioning
-    included): on the whole grid, the training prediction equals the adapter's velocity."""
+def _codec(**changes):
+    from sakura.model.embedded import embedded_codec
+
+    codec = embedded_codec("sakura-tiny")
+    for k, v in changes.items():
+        setattr(codec, k, v)
+    return codec
+
+
+FILL = {"blank_tasks": ("fs", "vton")}
+ALIGNED_LOCAL = FILL | {"ref_mode": "aligned", "locality": (0.0, 0.25, 0.5, 1.0)}
+
+
+@pytest.mark.parametrize("changes", [FILL, ALIGNED_LOCAL, ALIGNED_LOCAL | {"ref_mode": "both"}])
+def test_training_forward_is_the_samplers_velocity(tmp_path, changes):
+    """The training objective sees exactly what the sampler feeds the model (fill-style conditioning,
+    the aligned reference and the locality bias included): on the whole grid, the training
+    prediction equals the adapter's velocity."""
     from sakura.model.base import EditRequest
     from sakura.model.train import Trainer
 
-    tr = Trainer("sakura-tiny", tmp_path, batch=1, device=torch.device("cpu"), blank_tasks=["fs", "vton"])
+    tr = Trainer("sakura-tiny", tmp_path, batch=1, device=torch.device("cpu"), codec=_codec(**changes))
     tr.text_encoder.eval()
     rng = np.random.default_rng(3)
-    e = tr.synth.sample(rng, "fs")
+    e = tr.synth.sample(rng, "fs", keep_prob=0.0)
     g = tr.codec.grid
     b = tr.tensors([e], (0, 0, g), rng, t=torch.tensor([0.75]))
     a = tr.adapter
@@ -137,26 +152,50 @@ def test_training_forward_is_the_samplers_velocity(tmp_path):
     x0, _ = a.template_tokens(req)
     cond = a.conditioning_tokens(req, x0)
     assert torch.equal(cond, b["x0"][0]) and not torch.equal(cond, x0)
+    if tr.codec.ref_aligned:  # the reference is inside the mask, nowhere else
+        assert b["aligned"][0][~b["tmask"][0]].abs().max() == 0 and b["aligned"][0][b["tmask"][0]].abs().max() > 0
     xt = 0.25 * b["tgt"][0] + 0.75 * b["eps"][0]
-    a._mask_feat = b["mpx"][0]
+    a._mask_feat, a._aligned = b["mpx"][0], a.aligned_reference(req)
     with torch.no_grad():
         pred, _, _ = tr.predict(b)
         vel = a._velocity(xt, cond, b["tmask"][0], 0.75, a.text_encoder.encode(req.prompt), a.reference_tokens(req), None)
     torch.testing.assert_close(pred[0], vel, atol=1e-4, rtol=1e-4)
 
 
-def test_fill_style_setting_follows_the_checkpoint(tmp_path):
-    """Resuming or shipping a fill-style run without repeating --blank-tasks keeps it fill-style."""
-    from sakura.model.train import Trainer, ship
+def test_codec_follows_the_checkpoint(tmp_path):
+    """Resuming or shipping a run without repeating its codec flags keeps its codec (fill-style, aligned
+    references, locality); a flag that contradicts the checkpoint is refused, not silently applied."""
+    import argparse
 
-    tr = Trainer("sakura-tiny", tmp_path / "run", batch=2, device=torch.device("cpu"), blank_tasks=["fs", "vton"])
-    tr.save()
-    again = Trainer("sakura-tiny", tmp_path / "run", batch=2, device=torch.device("cpu"))
-    again.load()
-    assert again.codec.blank_tasks == ("fs", "vton")
     from sakura.model.embedded import load_model_folder
+    from sakura.model.train import Trainer, run_codec, ship
 
-    assert load_model_folder(ship(again, tmp_path / "w")).codec.blank_tasks == ("fs", "vton")
-    switched = Trainer("sakura-tiny", tmp_path / "run", batch=2, device=torch.device("cpu"), blank_tasks=[])
-    switched.load()
-    assert switched.codec.blank_tasks == ()
+    tr = Trainer("sakura-tiny", tmp_path / "run", batch=2, device=torch.device("cpu"), codec=_codec(**ALIGNED_LOCAL))
+    tr.save()
+    flags = argparse.Namespace(resume=True, ship=False, blank_tasks=None, ref_mode=None, locality=None)
+    codec = run_codec("sakura-tiny", flags, tmp_path / "run" / "ckpt.pt")
+    assert codec == tr.codec
+    again = Trainer("sakura-tiny", tmp_path / "run", batch=2, device=torch.device("cpu"), codec=codec)
+    again.load()
+    shipped = load_model_folder(ship(again, tmp_path / "w"))
+    assert shipped.codec == tr.codec and shipped.codec.locality == (0.0, 0.25, 0.5, 1.0)
+    with pytest.raises(SystemExit, match="ref-mode"):
+        run_codec("sakura-tiny", argparse.Namespace(**vars(flags) | {"ref_mode": "tokens"}), tmp_path / "run" / "ckpt.pt")
+    with pytest.raises(ValueError, match="codec"):  # a trainer built for another codec cannot load it
+        Trainer("sakura-tiny", tmp_path / "run", batch=2, device=torch.device("cpu")).load()
+
+
+def test_warm_start_computes_what_the_folder_computes(tmp_path):
+    """--init-from: a run whose inputs gained the aligned-reference columns starts as the folder's model."""
+    from sakura.model.base import EditRequest
+    from sakura.model.embedded import save_model, seeded_model
+    from sakura.model.train import Trainer
+
+    old = seeded_model("sakura-tiny", codec=_codec(**FILL), seed=5)
+    save_model(old, tmp_path / "old")
+    tr = Trainer("sakura-tiny", tmp_path / "run", batch=1, device=torch.device("cpu"),
+                 codec=_codec(**FILL | {"ref_mode": "both"}))
+    assert tr.init_from(tmp_path / "old") == []
+    e = tr.synth.sample(np.random.default_rng(2), "vton", keep_prob=0.0)
+    req = EditRequest(e.template, e.mask, e.task, e.prompt or "", e.reference)
+    np.testing.assert_allclose(tr.inference_adapter().full_edit(req).image, old.full_edit(req).image, atol=2e-5)

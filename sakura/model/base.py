@@ -22,7 +22,14 @@ import torch
 import torch.nn.functional as F
 
 from sakura.kvcache import KVCache
-from sakura.model.pixels import blank_masked, mask_bbox_crop, patchify, resize_image, unpatchify  # noqa: F401
+from sakura.model.pixels import (  # noqa: F401
+    blank_masked,
+    mask_bbox_crop,
+    patchify,
+    place_in_bbox,
+    resize_image,
+    unpatchify,
+)
 
 Provider = Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]
 
@@ -69,6 +76,42 @@ class CodecConfig:
     # Tasks whose template pixels under the mask are hidden from the model (fill-style, like
     # FLUX.1 Fill): the edit must then take its context from the reusable tokens around the mask.
     blank_tasks: tuple[str, ...] = ()
+    # How a reference (fs / vton) enters: "tokens" (its own tokens, as FLUX.2 adds reference images),
+    # "aligned" (resized onto the mask's bounding box as an extra feature of the masked tokens, as
+    # try-on and face-swap pipelines warp the reference before generating) or "both".
+    ref_mode: str = "tokens"
+    # Per-head slopes of a distance bias between image tokens (-slope · grid distance on the attention
+    # logits, ALiBi in 2-D); empty: none. A locality prior: DiTs mix space through attention.
+    locality: tuple[float, ...] = ()
+
+    @property
+    def ref_tokens(self) -> bool:
+        return self.ref_mode in ("tokens", "both")
+
+    @property
+    def ref_aligned(self) -> bool:
+        return self.ref_mode in ("aligned", "both")
+
+    def to_meta(self) -> dict:
+        """The codec as stored in a model folder's ``sakura.json`` (defaults left out)."""
+        meta = {"resolution": self.resolution, "patch": self.patch, "ref_size": self.ref_size,
+                "num_steps": self.num_steps}
+        if self.blank_tasks:
+            meta["blank_tasks"] = list(self.blank_tasks)
+        if self.ref_mode != "tokens":
+            meta["ref_mode"] = self.ref_mode
+        if self.locality:
+            meta["locality"] = list(self.locality)
+        return meta
+
+    @classmethod
+    def from_meta(cls, meta: dict) -> "CodecConfig":
+        mode = meta.get("ref_mode", "tokens")
+        if mode not in ("tokens", "aligned", "both"):
+            raise ValueError(f"ref_mode must be tokens, aligned or both, got {mode!r}")
+        return cls(int(meta["resolution"]), int(meta["patch"]), int(meta.get("ref_size", 64)),
+                   int(meta["num_steps"]), tuple(meta.get("blank_tasks", ())), mode,
+                   tuple(float(x) for x in meta.get("locality", ())))
 
     @property
     def grid(self) -> int:
@@ -83,23 +126,56 @@ class CodecConfig:
         return self.patch * self.patch * 3
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, explicit: bool = False) -> torch.Tensor:
-    """(B, H, S, D) attention. ``explicit`` writes softmax(QKᵀ)V out, which exports/delegates cleanly."""
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, explicit: bool = False,
+              bias: torch.Tensor | None = None) -> torch.Tensor:
+    """(B, H, S, D) attention, with an optional additive logit ``bias`` (1, H, S_q, S_k). ``explicit``
+    writes softmax(QKᵀ)V out, which exports/delegates cleanly."""
+    if bias is not None:
+        bias = bias.to(q.dtype)
     if not explicit:
-        return F.scaled_dot_product_attention(q, k, v)
-    scale = q.shape[-1] ** -0.5
-    return torch.softmax((q @ k.transpose(-1, -2)) * scale, dim=-1) @ v
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    logits = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    return torch.softmax(logits if bias is None else logits + bias, dim=-1) @ v
 
 
-def probe_scores(q_masked: torch.Tensor, k_all: torch.Tensor, n_reuse: int) -> torch.Tensor:
+def distance_bias(slopes: tuple[float, ...], grid: int, query_tokens: list, key_tokens: list) -> torch.Tensor:
+    """The locality prior: (1, H, S_q, S_k) logits bias ``-slope_h · |pos_i − pos_j|`` between image
+    tokens (grid distance), 0 where either side is not an image token. ``query_tokens`` /
+    ``key_tokens`` list the sequence in pieces: an int (that many non-image tokens) or a tensor of
+    image-token ids (row-major on the ``grid``)."""
+
+    def positions(parts) -> torch.Tensor:
+        pos = []
+        for part in parts:
+            if isinstance(part, int):
+                pos.append(torch.full((part, 2), float("nan")))
+            else:
+                ids = part.long()
+                pos.append(torch.stack([ids // grid, ids % grid], 1).float())
+        return torch.cat(pos, 0)
+
+    pq, pk = positions(query_tokens), positions(key_tokens)
+    dist = torch.cdist(pq.nan_to_num(0.0), pk.nan_to_num(0.0))
+    image_pair = ~(pq[:, :1].isnan() | pk[:, :1].isnan().T)
+    dist = torch.where(image_pair, dist, torch.zeros(()))
+    slope = torch.tensor(slopes, dtype=torch.float32)[:, None, None]
+    return (-slope * dist)[None]
+
+
+def probe_scores(q_masked: torch.Tensor, k_all: torch.Tensor, n_reuse: int,
+                 bias: torch.Tensor | None = None) -> torch.Tensor:
     """Σ over heads and masked queries of the squared attention probability on the LAST ``n_reuse``
-    keys. q (B, H, M, D), k (B, H, S, D) → (n_reuse,). One head at a time: never the full matrix."""
+    keys. q (B, H, M, D), k (B, H, S, D), bias (1, H, M, S) → (n_reuse,). One head at a time: never
+    the full matrix."""
     scale = q_masked.shape[-1] ** -0.5
     out = torch.zeros(n_reuse, dtype=torch.float32, device=q_masked.device)
     if n_reuse == 0 or q_masked.shape[2] == 0:
         return out
     for h in range(q_masked.shape[1]):
-        p = torch.softmax((q_masked[:, h].float() @ k_all[:, h].float().transpose(-1, -2)) * scale, dim=-1)
+        logits = (q_masked[:, h].float() @ k_all[:, h].float().transpose(-1, -2)) * scale
+        if bias is not None:
+            logits = logits + bias[:, h].float()
+        p = torch.softmax(logits, dim=-1)
         out += p[..., -n_reuse:].square().sum(dim=(0, 1))
     return out
 
@@ -119,6 +195,12 @@ class RunContext:
         self.layer_times: list[tuple[int, int, float]] = []  # (step, layer, t) when K/V were asked for
         self.local_from: int | None = None  # the step a masked run switched to every token at (LocalSwitch)
         self.steps: int | None = None  # run only the first steps (None: all)
+        # image-token ids of the sequence's image part, in sequence order (for the locality bias)
+        self.image_rows: torch.Tensor | None = None
+        self.bias_cache: dict = {}
+
+    def set_image_rows(self, rows: torch.Tensor | None) -> None:
+        self.image_rows, self.bias_cache = rows, {}
 
 
 class DiTAdapter(ABC):
@@ -165,6 +247,12 @@ class DiTAdapter(ABC):
         return torch.linspace(1.0, 0.0, self.num_steps + 1)
 
     # -- hooks ----------------------------------------------------------------------------------
+    @property
+    def needs_processors(self) -> bool:
+        """True when the model's own attention differs from the stock processors' (a locality bias):
+        every run, training included, then goes through ours."""
+        return bool(self.codec.locality)
+
     @abstractmethod
     def _make_processor(self, layer: int, module: torch.nn.Module): ...
 
@@ -194,6 +282,7 @@ class DiTAdapter(ABC):
         ctx.probe = {} if state.get("probe") else None
         ctx.explicit = state.get("explicit", False)
         ctx.layer_times, ctx.local_from, ctx.steps = [], None, state.get("steps")
+        ctx.set_image_rows(None)
         try:
             yield ctx
         finally:
@@ -233,10 +322,20 @@ class DiTAdapter(ABC):
         return blank_masked(x0, patchify(m, self.codec.patch))
 
     def reference_tokens(self, req: EditRequest) -> torch.Tensor | None:
-        if req.task not in ("fs", "vton") or req.reference is None:
+        if req.task not in ("fs", "vton") or req.reference is None or not self.codec.ref_tokens:
             return None
         ref = resize_image(req.reference, self.codec.ref_size)
         return patchify(torch.from_numpy(ref).float() * 2 - 1, self.codec.patch)
+
+    def aligned_reference(self, req: EditRequest) -> torch.Tensor | None:
+        """The reference resized onto the mask's bounding box, in [-1, 1] inside the mask and 0
+        elsewhere, as (N, patch_dim) tokens; None unless the codec aligns references."""
+        if req.task not in ("fs", "vton") or req.reference is None or not self.codec.ref_aligned:
+            return None
+        r = self.codec.resolution
+        canvas = place_in_bbox(np.zeros((r, r, 3), np.float32), req.mask, req.reference) * 2 - 1
+        canvas = np.where(req.mask[..., None], canvas, 0.0).astype(np.float32)
+        return patchify(torch.from_numpy(canvas), self.codec.patch)
 
     def self_conditioned(self, req: EditRequest) -> EditRequest:
         """The request that captures a template's cache: its own masked content / an empty edit."""
@@ -291,6 +390,10 @@ class DiTAdapter(ABC):
                 ctx.captured = KVCache(self.num_steps, self.num_layers, self.heads, self.head_dim, reuse)
                 img = self._sample(req, rows=None)
                 cache = ctx.captured
+        elif self.needs_processors:
+            with self._run("off", steps=steps):
+                img = self._sample(req, rows=None)
+            cache = None
         else:
             self.detach()
             img = self._sample(req, rows=None)
@@ -317,7 +420,7 @@ class DiTAdapter(ABC):
         """Run the model from inside a run (a provider callback): snapshot and restore the run's state."""
         ctx = self.ctx
         saved = dict(vars(ctx))
-        per_request = {a: getattr(self, a) for a in ("_num_txt", "_mask_feat", "_mask_px") if hasattr(self, a)}
+        per_request = {a: getattr(self, a) for a in ("_num_txt", "_mask_feat", "_aligned", "_mask_px") if hasattr(self, a)}
         try:
             yield
         finally:
@@ -362,11 +465,13 @@ class DiTAdapter(ABC):
         ctx.captured.v[(ctx.step, layer)] = flat(v)
 
     def _joint_attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                         reuse_pos: torch.Tensor | None, masked_pos: slice | None) -> torch.Tensor:
+                         reuse_pos: torch.Tensor | None, masked_pos: slice | None,
+                         bias: torch.Tensor | None = None) -> torch.Tensor:
         """Attention of the run's own tokens, (B, H, S, D), dispatching on the run mode.
 
         capture: store K/V at ``reuse_pos``; masked: append the provider's K/V as extra keys and
-        optionally probe the squared attention the masked queries (``masked_pos``) give them."""
+        optionally probe the squared attention the masked queries (``masked_pos``) give them.
+        ``bias`` (1, H, S, S_keys) covers every key, the appended ones included."""
         ctx = self.ctx
         if ctx.mode == "capture" and reuse_pos is not None:
             self._store(layer, k[:, :, reuse_pos], v[:, :, reuse_pos])
@@ -374,5 +479,6 @@ class DiTAdapter(ABC):
             rk, rv = self._reused_kv(layer, k)
             k, v = torch.cat([k, rk], dim=2), torch.cat([v, rv], dim=2)
             if ctx.probe is not None and masked_pos is not None:
-                ctx.probe[(ctx.step, layer)] = probe_scores(q[:, :, masked_pos], k, rk.shape[2])
-        return attention(q, k, v, explicit=ctx.explicit)
+                qb = None if bias is None else bias[:, :, masked_pos]
+                ctx.probe[(ctx.step, layer)] = probe_scores(q[:, :, masked_pos], k, rk.shape[2], qb)
+        return attention(q, k, v, explicit=ctx.explicit, bias=bias)

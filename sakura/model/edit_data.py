@@ -27,17 +27,19 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 from scipy import ndimage
+
+from sakura.model.pixels import mask_bbox, place_in_bbox, resize_bilinear
 
 RES = 256
 TASKS = ("fs", "vton", "mb")
 MASK_RANGES = {"fs": (0.08, 0.15), "vton": (0.20, 0.32), "mb": (0.12, 0.25)}
 
 # (name, weight); gray sources are turned to RGB (and often tinted by the colour jitter)
+# grace_hopper is the demo's showcase face and a catalog template: it is held out of training, so the
+# face swap the demo shows is one the model never saw (as are its fs / vton templates).
 TRAIN_SOURCES = ("astronaut", "coffee", "chelsea", "immunohistochemistry", "hubble_deep_field",
-                 "stereo_motorcycle", "camera", "china", "grace_hopper", "brick", "grass", "gravel",
+                 "stereo_motorcycle", "camera", "china", "brick", "grass", "gravel",
                  "coins", "retina", "clock", "moon", "colorwheel")
 HELDOUT_SOURCES = ("rocket", "flower")
 TEXTURE_SOURCES = ("brick", "grass", "gravel", "coffee", "chelsea", "china", "immunohistochemistry",
@@ -46,7 +48,8 @@ HELDOUT_TEXTURES = ("rocket", "flower")
 FACES_TRAIN = range(0, 85)  # lfw_subset faces 0..99; 85..99 held out
 FACES_HELDOUT = range(85, 100)
 # rough face / upper-body boxes (fractions x0, y0, x1, y1) in portrait sources, used as fs references
-PORTRAIT_FACES = {"astronaut": (0.33, 0.05, 0.62, 0.45), "grace_hopper": (0.28, 0.12, 0.72, 0.55)}
+PORTRAIT_FACES = {"astronaut": (0.33, 0.05, 0.62, 0.45)}
+CONTENT_REF_PROB = 0.35  # fs references that are crops of any training image: transfer at full resolution
 
 COLORS = {"red": (0.85, 0.1, 0.1), "green": (0.1, 0.7, 0.15), "blue": (0.1, 0.2, 0.85),
           "yellow": (0.95, 0.85, 0.1), "purple": (0.55, 0.15, 0.7), "orange": (0.95, 0.5, 0.05),
@@ -126,11 +129,7 @@ def lfw_faces() -> np.ndarray:
     return data.lfw_subset()[:100].astype(np.float32)  # (100, 25, 25) gray faces
 
 
-def resize(img: np.ndarray, h: int, w: int) -> np.ndarray:
-    t = torch.from_numpy(np.ascontiguousarray(img)).permute(2, 0, 1)[None]
-    aa = h < img.shape[0] or w < img.shape[1]
-    out = F.interpolate(t, size=(h, w), mode="bilinear", align_corners=False, antialias=aa)
-    return out[0].permute(1, 2, 0).clamp(0, 1).numpy()
+resize = resize_bilinear
 
 
 def luminance(img: np.ndarray) -> np.ndarray:
@@ -237,18 +236,14 @@ def make_mask(task: str, rng: np.random.Generator, region: tuple[int, int, int, 
 
 
 # ------------------------------------------------------------------------------- edits
-def bbox(mask: np.ndarray) -> tuple[int, int, int, int]:
-    ys, xs = np.nonzero(mask)
-    return int(ys.min()), int(xs.min()), int(ys.max()) + 1, int(xs.max()) + 1
+bbox = mask_bbox
 
 
 def paste_harmonized(template: np.ndarray, mask: np.ndarray, ref: np.ndarray, alpha: float = 0.6,
                      feather: float = 4.0, ring: float = 12.0) -> np.ndarray:
     """The reference resized to the mask's bounding box, its per-channel mean/std moved a fraction
     ``alpha`` toward the ring around the mask, feathered in over ``feather`` px inside the mask."""
-    y0, x0, y1, x1 = bbox(mask)
-    canvas = template.copy()
-    canvas[y0:y1, x0:x1] = resize(ref, y1 - y0, x1 - x0)
+    canvas = place_in_bbox(template, mask, ref)
     outside = ndimage.distance_transform_edt(~mask)
     ring_px = (outside > 0) & (outside <= ring)
     src = canvas[mask]
@@ -317,7 +312,14 @@ class EditSynth:
         return color_jitter(random_crop(img, rng, self.res, self.res), rng)
 
     def face(self, rng: np.random.Generator) -> np.ndarray:
-        if self.split == "train" and rng.random() < 0.25:
+        """A face-swap reference. Training mixes faces with crops of every training image, because the
+        swap is a transfer: lfw faces are 25×25, and only high-resolution content teaches detail."""
+        u = rng.random() if self.split == "train" else 1.0
+        if u < CONTENT_REF_PROB:
+            h = int(rng.integers(64, 129))
+            img = source_image(str(rng.choice(self.sources)))
+            return color_jitter(random_crop(img, rng, h, int(h * rng.uniform(0.7, 1.0)), scale=(0.15, 0.6)), rng, 0.6)
+        if u < CONTENT_REF_PROB + 0.2:
             name = str(rng.choice(list(PORTRAIT_FACES)))
             img = source_image(name)
             H, W = img.shape[:2]
@@ -326,7 +328,7 @@ class EditSynth:
             crop = img[int((fy0 + j[1]) * H) : int((fy1 + j[3]) * H), int((fx0 + j[0]) * W) : int((fx1 + j[2]) * W)]
             if rng.random() < 0.5:
                 crop = crop[:, ::-1]
-            return color_jitter(resize(crop, 64, 64), rng, 0.6)
+            return color_jitter(resize(crop, 128, 112), rng, 0.6)
         g = lfw_faces()[int(rng.choice(list(self.faces)))]
         tint = np.array([rng.uniform(0.85, 1.0), rng.uniform(0.6, 0.8), rng.uniform(0.45, 0.7)], np.float32)
         rgb = g[..., None] * tint * rng.uniform(0.9, 1.2)

@@ -38,13 +38,15 @@ def embedded_codec(name: str) -> CodecConfig:
     return CodecConfig(resolution=256, patch=8, ref_size=64, num_steps=6 if name.endswith("sd3") else 4)
 
 
-def embedded_transformer(name: str, seed: int = 0) -> torch.nn.Module:
+def embedded_transformer(name: str, seed: int = 0, codec: CodecConfig | None = None) -> torch.nn.Module:
     """The embedded configurations: small members of the real diffusers classes."""
     torch.manual_seed(seed)
-    c = embedded_codec(name)
+    c = codec or embedded_codec(name)
     if name == "sakura-tiny":
+        if c.locality and len(c.locality) != 4:
+            raise ModelLoadError(f"sakura-tiny has 4 heads; the codec gives {len(c.locality)} locality slopes")
         return Flux2Transformer2DModel(
-            patch_size=1, in_channels=flux2_in_channels(c.patch), out_channels=c.patch_dim,
+            patch_size=1, in_channels=flux2_in_channels(c.patch, c.ref_aligned), out_channels=c.patch_dim,
             num_layers=2, num_single_layers=6, attention_head_dim=64, num_attention_heads=4,
             joint_attention_dim=128, timestep_guidance_channels=256, mlp_ratio=3.0,
             axes_dims_rope=(16, 16, 16, 16), rope_theta=2000, guidance_embeds=False,
@@ -70,10 +72,7 @@ def save_model(adapter: DiTAdapter, folder: str | Path) -> None:
     adapter.transformer.save_pretrained(folder / "transformer", safe_serialization=True)
     save_file(adapter.text_encoder.state_dict(), str(folder / "text_encoder" / "model.safetensors"))
     (folder / "text_encoder" / "config.json").write_text(json.dumps(adapter.text_encoder.config_dict()))
-    meta = {"family": adapter.family, "model_id": adapter.model_id, "resolution": c.resolution,
-            "patch": c.patch, "ref_size": c.ref_size, "num_steps": c.num_steps}
-    if c.blank_tasks:
-        meta["blank_tasks"] = list(c.blank_tasks)
+    meta = {"family": adapter.family, "model_id": adapter.model_id} | c.to_meta()
     (folder / "sakura.json").write_text(json.dumps(meta, indent=1))
 
 
@@ -104,8 +103,10 @@ def load_model_folder(folder: str | Path, dtype: torch.dtype = torch.float32) ->
     text_cfg = TextEncoderConfig(**json.loads((folder / "text_encoder" / "config.json").read_text()))
     text_encoder = TinyTextEncoder(text_cfg)
     text_encoder.load_state_dict(load_file(str(folder / "text_encoder" / "model.safetensors")))
-    codec = CodecConfig(meta["resolution"], meta["patch"], meta.get("ref_size", 64), meta["num_steps"],
-                        tuple(meta.get("blank_tasks", ())))
+    try:
+        codec = CodecConfig.from_meta(meta)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ModelLoadError(f"model path {folder}: bad codec in sakura.json ({type(e).__name__}: {e})") from e
     return adapter_class(family)(transformer, text_encoder.to(dtype), codec, meta.get("model_id", folder.name))
 
 
@@ -120,9 +121,11 @@ def load_model(name_or_path: str | Path = DEFAULT_MODEL, dtype: torch.dtype = to
     return load_model_folder(name, dtype)
 
 
-def seeded_model(name: str = DEFAULT_MODEL, dtype: torch.dtype = torch.float32, seed: int = 0) -> DiTAdapter:
-    transformer = embedded_transformer(name, seed)
+def seeded_model(name: str = DEFAULT_MODEL, dtype: torch.dtype = torch.float32, seed: int = 0,
+                 codec: CodecConfig | None = None) -> DiTAdapter:
+    codec = codec or embedded_codec(name)
+    transformer = embedded_transformer(name, seed, codec)
     torch.manual_seed(seed + 1)
     text_encoder = TinyTextEncoder()
     family = "sd3" if name.endswith("sd3") else "flux2"
-    return adapter_class(family)(transformer.to(dtype), text_encoder.to(dtype), embedded_codec(name), name)
+    return adapter_class(family)(transformer.to(dtype), text_encoder.to(dtype), codec, name)

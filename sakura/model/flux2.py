@@ -18,7 +18,7 @@ from diffusers.models.transformers.transformer_flux2 import (
     Flux2Transformer2DModel,
 )
 
-from sakura.model.base import DiTAdapter, patchify
+from sakura.model.base import DiTAdapter, distance_bias, patchify
 
 REF_TIME_OFFSET = 10
 
@@ -84,8 +84,26 @@ class Flux2Adapter(DiTAdapter):
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         reuse_pos = None if self.ctx.reuse_index is None else self.ctx.reuse_index + L
         masked = slice(L, L + self.ctx.num_masked)
-        out = self._joint_attention(layer, q, k, v, reuse_pos, masked)
+        out = self._joint_attention(layer, q, k, v, reuse_pos, masked, self._locality_bias(q.shape[2]))
         return out.transpose(1, 2).flatten(2, 3).to(q.dtype)
+
+    def _locality_bias(self, seq_len: int) -> torch.Tensor | None:
+        """The codec's distance bias for a [text, image, ref] sequence (+ the reusable keys a masked
+        run appends); computed once per forward shape."""
+        c, ctx = self.codec, self.ctx
+        if not c.locality:
+            return None
+        rows = ctx.image_rows
+        if rows is None:
+            raise RuntimeError("locality bias needs the sequence's image-token ids (ctx.set_image_rows)")
+        appended = ctx.mode == "masked"
+        key = (seq_len, appended)
+        if key not in ctx.bias_cache:
+            L = self._num_txt
+            parts = [L, rows, seq_len - L - len(rows)]
+            ctx.bias_cache[key] = distance_bias(c.locality, c.grid, parts,
+                                                parts + ([ctx.reuse_index] if appended else []))
+        return ctx.bias_cache[key]
 
     # -- inputs ---------------------------------------------------------------------------------
     def _ids(self, rows: torch.Tensor, ref_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -99,19 +117,35 @@ class Flux2Adapter(DiTAdapter):
             img = torch.cat([img, ref], 0)
         return img, None
 
+    def image_features(self, x: torch.Tensor, cond: torch.Tensor, mask_px: torch.Tensor,
+                       aligned: torch.Tensor | None) -> torch.Tensor:
+        """Per image token: [noisy patch, template patch (blanked for fill-style tasks), mask patch,
+        aligned reference patch (codecs that align references; zeros without a reference)]. Any
+        leading dims; the one layout training, masked runs and shard executors all use."""
+        parts = [x, cond, mask_px]
+        if self.codec.ref_aligned:
+            parts.append(torch.zeros_like(x) if aligned is None else aligned)
+        return torch.cat(parts, dim=-1)
+
+    def reference_features(self, ref: torch.Tensor, width: int) -> torch.Tensor:
+        """Reference tokens padded to the image tokens' feature width: [reference patch, 0, …]."""
+        return torch.cat([ref, ref.new_zeros(*ref.shape[:-1], width - ref.shape[-1])], -1)
+
     def _velocity(self, x, x0, tmask, t, text, ref, rows):
         n = x.shape[0]
         rows = torch.arange(n) if rows is None else rows
         pp = self.codec.patch**2
         mask_feat = tmask.float()[:, None].expand(n, pp) if self._mask_feat is None else self._mask_feat
-        feats = torch.cat([x[rows], x0[rows], mask_feat[rows]], dim=-1)
+        aligned = None if self._aligned is None else self._aligned[rows]
+        feats = self.image_features(x[rows], x0[rows], mask_feat[rows], aligned)
         nref = 0 if ref is None else ref.shape[0]
         if nref:
-            feats = torch.cat([feats, torch.cat([ref, torch.zeros(nref, feats.shape[1] - ref.shape[1])], 1)], 0)
+            feats = torch.cat([feats, self.reference_features(ref, feats.shape[1])], 0)
         img_ids, _ = self._ids(rows, nref)
         tokens, _pooled = text
         L = tokens.shape[1]
         self._num_txt = L
+        self.ctx.set_image_rows(rows)
         txt_ids = torch.zeros(L, 4, dtype=torch.long)
         txt_ids[:, 3] = torch.arange(L)
         dt = self.dtype
@@ -121,20 +155,22 @@ class Flux2Adapter(DiTAdapter):
         return out[0, : len(rows)].float()
 
     _mask_feat = None  # pixel-exact mask features, set per request in _sample
+    _aligned = None  # the aligned reference's tokens, set per request in _sample
     _num_txt = 0
 
     def _sample(self, req, rows):
         m = torch.from_numpy(req.mask.astype("float32"))[..., None]
         self._mask_feat = patchify(m, self.codec.patch)
+        self._aligned = self.aligned_reference(req)
         try:
             return super()._sample(req, rows)
         finally:
-            self._mask_feat = None
+            self._mask_feat = self._aligned = None
 
 
-def flux2_in_channels(patch: int) -> int:
-    """[noisy patch, template patch, mask patch] per token."""
-    return 2 * patch * patch * 3 + patch * patch
+def flux2_in_channels(patch: int, ref_aligned: bool = False) -> int:
+    """[noisy patch, template patch, mask patch (, aligned reference patch)] per token."""
+    return (3 if ref_aligned else 2) * patch * patch * 3 + patch * patch
 
 
 def is_flux2(model: torch.nn.Module) -> bool:

@@ -23,6 +23,31 @@ def blank_masked(x0: torch.Tensor, mask_px: torch.Tensor) -> torch.Tensor:
     return (x0.unflatten(-1, (-1, 3)) * keep).flatten(-2)
 
 
+def resize_bilinear(img: np.ndarray, h: int, w: int) -> np.ndarray:
+    """(H, W, C) float image → (h, w, C), bilinear, antialiased when shrinking, clipped to [0, 1]."""
+    import torch.nn.functional as F
+
+    t = torch.from_numpy(np.ascontiguousarray(img, dtype=np.float32)).permute(2, 0, 1)[None]
+    aa = h < img.shape[0] or w < img.shape[1]
+    out = F.interpolate(t, size=(h, w), mode="bilinear", align_corners=False, antialias=aa)
+    return out[0].permute(1, 2, 0).clamp(0, 1).numpy()
+
+
+def mask_bbox(mask: np.ndarray) -> tuple[int, int, int, int]:
+    """(y0, x0, y1, x1) of a non-empty bool mask."""
+    ys, xs = np.nonzero(mask)
+    return int(ys.min()), int(xs.min()), int(ys.max()) + 1, int(xs.max()) + 1
+
+
+def place_in_bbox(canvas: np.ndarray, mask: np.ndarray, ref: np.ndarray) -> np.ndarray:
+    """A copy of ``canvas`` with ``ref`` resized onto the mask's bounding box: where a face or
+    garment goes, as a face-swap or try-on pipeline aligns its reference before generating."""
+    y0, x0, y1, x1 = mask_bbox(mask)
+    out = np.array(canvas, dtype=np.float32, copy=True)
+    out[y0:y1, x0:x1] = resize_bilinear(ref, y1 - y0, x1 - x0)
+    return out
+
+
 def resize_image(img: np.ndarray, size: int) -> np.ndarray:
     from skimage.transform import resize
 
@@ -33,5 +58,5 @@ def resize_image(img: np.ndarray, size: int) -> np.ndarray:
 
 def mask_bbox_crop(img: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """The template's own content of the masked region: the conditioning used to capture a cache."""
-    ys, xs = np.nonzero(mask)
-    return img[ys.min() : ys.max() + 1, xs.min() : xs.max() + 1]
+    y0, x0, y1, x1 = mask_bbox(mask)
+    return img[y0:y1, x0:x1]

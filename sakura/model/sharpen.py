@@ -42,12 +42,11 @@ def step0_checkpoint(adapter, model: str, out: Path) -> Path:
     """A training checkpoint at step 0 holding ``adapter``'s weights as raw and EMA weights."""
     from sakura.model.train import Trainer
 
-    tr = Trainer(model, out, device=torch.device("cpu"))
+    tr = Trainer(model, out, device=torch.device("cpu"), codec=adapter.codec)
     tr.transformer.load_state_dict(adapter.transformer.state_dict())
     tr.text_encoder.load_state_dict(adapter.text_encoder.state_dict())
     tr.ema_tr.load_state_dict(adapter.transformer.state_dict())
     tr.ema_te.load_state_dict(adapter.text_encoder.state_dict())
-    tr.codec.blank_tasks = adapter.codec.blank_tasks
     return tr.save()
 
 

@@ -28,9 +28,16 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from sakura.model.base import EditRequest, blank_masked, patchify, unpatchify
+from sakura.model.base import CodecConfig, EditRequest, blank_masked, patchify, unpatchify
 from sakura.model.edit_data import TASKS, EditExample, EditSynth, heldout_examples
-from sakura.model.embedded import WEIGHTS_DIR, adapter_class, save_model, seeded_model
+from sakura.model.embedded import (
+    WEIGHTS_DIR,
+    adapter_class,
+    embedded_codec,
+    load_model_folder,
+    save_model,
+    seeded_model,
+)
 from sakura.model.sample_grid import render_grid
 from sakura.model.text_encoder import tokenize
 
@@ -47,24 +54,23 @@ class Trainer:
     def __init__(self, model: str = "sakura-tiny", out: str | Path = "runs/tiny", batch: int = 4,
                  lr: float = 3e-4, schedule: str = "cosine", ema: float = 0.999, seed: int = 0,
                  t_sampling: str = "mixed", full_prob: float = 0.03, device: torch.device | None = None,
-                 warmup: int = 50, blank_tasks: tuple[str, ...] | None = None):
+                 warmup: int = 50, codec: CodecConfig | None = None):
         self.model_name, self.out = model, Path(out)
         self.batch, self.lr, self.schedule, self.ema_decay = batch, lr, schedule, ema
         self.seed, self.t_sampling, self.full_prob, self.warmup = seed, t_sampling, full_prob, warmup
         self.device = device or default_device()
-        self.adapter = seeded_model(model)
+        self.adapter = seeded_model(model, codec=codec)  # the codec fixes the input width: set it here
         self.adapter.detach()
         self.sd3 = self.adapter.family == "sd3"
         self.codec = self.adapter.codec
-        self.blank_given = blank_tasks is not None  # else a resumed run keeps its checkpoint's setting
-        if blank_tasks is not None:
-            self.codec.blank_tasks = tuple(blank_tasks)
         self.transformer = self.adapter.transformer.to(self.device).train()
         self.text_encoder = self.adapter.text_encoder.to(self.device).train()
         params = list(self.transformer.parameters()) + list(self.text_encoder.parameters())
         self.opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.99), weight_decay=0.01)
         self.ema_tr = copy.deepcopy(self.transformer).eval().requires_grad_(False) if ema > 0 else None
         self.ema_te = copy.deepcopy(self.text_encoder).eval().requires_grad_(False) if ema > 0 else None
+        if self.adapter.needs_processors:  # the model's attention is ours (locality bias), in training too
+            self.adapter.attach()
         self.synth = EditSynth("train")
         self.step, self.elapsed = 0, 0.0
         self.history: list[tuple[int, float, float]] = []  # (step, seconds, loss)
@@ -100,16 +106,19 @@ class Trainer:
         if examples[0].task in self.codec.blank_tasks:  # what the model is conditioned on (base._sample)
             x0 = blank_masked(x0, mpx)
         text = torch.stack([tokenize(e.prompt, self.text_encoder.cfg) for e in examples])
-        ref = None
+        reqs = [EditRequest(e.template, e.mask, e.task, e.prompt, e.reference) for e in examples]
+        ref = aligned = None
         if examples[0].task in ("fs", "vton") and not self.sd3:
-            ref = torch.stack([self.adapter.reference_tokens(EditRequest(e.template, e.mask, e.task, e.prompt,
-                                                                         e.reference)) for e in examples])
+            if self.codec.ref_tokens:
+                ref = torch.stack([self.adapter.reference_tokens(r) for r in reqs])
+            if self.codec.ref_aligned:
+                aligned = torch.stack([self.adapter.aligned_reference(r) for r in reqs])
         if t is None:
             t = self.sample_t(len(examples), rng)
         g = torch.Generator().manual_seed(int(rng.integers(0, 2**31)))
         eps = torch.randn(x0.shape, generator=g)
-        return {"x0": x0, "tgt": tgt, "mpx": mpx, "tmask": tmask, "text": text, "ref": ref, "t": t, "eps": eps,
-                "window": window}
+        return {"x0": x0, "tgt": tgt, "mpx": mpx, "tmask": tmask, "text": text, "ref": ref, "aligned": aligned,
+                "t": t, "eps": eps, "window": window}
 
     def sample_t(self, n: int, rng: np.random.Generator) -> torch.Tensor:
         u = torch.from_numpy(rng.random(n)).float()
@@ -138,20 +147,26 @@ class Trainer:
         if self.sd3:
             pred = self._sd3_forward(tr, xt, x0, b["mpx"].to(d), t, tokens, pooled, (ty, tx, side))
         else:
-            pred = self._flux2_forward(tr, xt, x0, b["mpx"].to(d), t, tokens, b["ref"], rows)
+            pred = self._flux2_forward(tr, xt, x0, b["mpx"].to(d), t, tokens, b["ref"], b.get("aligned"), rows)
         return pred, v[:, rows], b["tmask"][:, rows].to(d)
 
-    def _flux2_forward(self, tr, xt, x0, mpx, t, tokens, ref, rows):
-        feats = torch.cat([xt[:, rows], x0[:, rows], mpx[:, rows]], -1)
+    def _flux2_forward(self, tr, xt, x0, mpx, t, tokens, ref, aligned, rows):
+        a = self.adapter
+        aligned = None if aligned is None else aligned.to(self.device)[:, rows]
+        feats = a.image_features(xt[:, rows], x0[:, rows], mpx[:, rows], aligned)
         nref = 0
         if ref is not None:
             ref = ref.to(self.device)
             nref = ref.shape[1]
-            feats = torch.cat([feats, torch.cat([ref, ref.new_zeros(*ref.shape[:2], feats.shape[-1] - ref.shape[-1])], -1)], 1)
-        img_ids, _ = self.adapter._ids(rows, nref)
+            feats = torch.cat([feats, a.reference_features(ref, feats.shape[-1])], 1)
+        img_ids, _ = a._ids(rows, nref)
         L = tokens.shape[1]
         txt_ids = torch.zeros(L, 4, dtype=torch.long)
         txt_ids[:, 3] = torch.arange(L)
+        a._num_txt = L
+        a.ctx.set_image_rows(rows)
+        if tr is not self.transformer and a.needs_processors:
+            raise ValueError("with a locality bias, predict() runs the training transformer only")
         out = tr(hidden_states=feats, encoder_hidden_states=tokens, timestep=t, img_ids=img_ids.to(self.device),
                  txt_ids=txt_ids.to(self.device), guidance=None, return_dict=False)[0]
         return out[:, : len(rows)]
@@ -225,7 +240,7 @@ class Trainer:
         return {"model": self.model_name, "batch": self.batch, "lr": self.lr, "schedule": self.schedule,
                 "ema": self.ema_decay, "seed": self.seed, "t_sampling": self.t_sampling,
                 "full_prob": self.full_prob, "warmup": self.warmup, "unmasked_weight": UNMASKED_WEIGHT,
-                "blank_tasks": list(self.codec.blank_tasks)}
+                "blank_tasks": list(self.codec.blank_tasks), "codec": self.codec.to_meta()}
 
     def save(self, path: Path | None = None) -> Path:
         path = path or self.out / "ckpt.pt"
@@ -239,6 +254,9 @@ class Trainer:
         s = torch.load(path or self.out / "ckpt.pt", map_location=self.device, weights_only=False)
         if s["model"] != self.model_name:
             raise ValueError(f"checkpoint is for {s['model']}, not {self.model_name}")
+        if checkpoint_codec(s, self.model_name) != self.codec:
+            raise ValueError(f"checkpoint's codec {checkpoint_codec(s, self.model_name)} differs from the run's "
+                             f"{self.codec}; resume with the checkpoint's settings")
         self.transformer.load_state_dict(s["transformer"])
         self.text_encoder.load_state_dict(s["text_encoder"])
         self.opt.load_state_dict(s["opt"])
@@ -246,15 +264,42 @@ class Trainer:
             self.ema_tr.load_state_dict(s["ema_transformer"])
             self.ema_te.load_state_dict(s["ema_text_encoder"])
         self.step, self.elapsed, self.history = s["step"], s["elapsed"], [tuple(h) for h in s["history"]]
-        if not self.blank_given:  # shipping or resuming a fill-style run must stay fill-style
-            self.codec.blank_tasks = tuple(s["config"].get("blank_tasks", ()))
 
     def inference_adapter(self, ema: bool = True):
         """A CPU fp32 adapter holding the (EMA) weights, for sampling / evaluation / shipping."""
         tr = self.ema_tr if (ema and self.ema_tr is not None) else self.transformer
         te = self.ema_te if (ema and self.ema_te is not None) else self.text_encoder
-        tr2, te2 = copy.deepcopy(tr).float().cpu().eval(), copy.deepcopy(te).float().cpu().eval()
-        return adapter_class(self.adapter.family)(tr2, te2, self.codec, self.model_name)
+        attached = self.adapter._original_processors is not None
+        self.adapter.detach()  # copy the modules, not our processors (they point back at self.adapter)
+        try:
+            tr2, te2 = copy.deepcopy(tr).float().cpu().eval(), copy.deepcopy(te).float().cpu().eval()
+        finally:
+            if attached:
+                self.adapter.attach()
+        return adapter_class(self.adapter.family)(tr2, te2, copy.deepcopy(self.codec), self.model_name)
+
+    def init_from(self, folder: str | Path) -> list[str]:
+        """Warm start: every weight of a model folder whose name and shape match, raw and EMA alike; an
+        input projection that gained feature columns keeps the old columns and zeros the new ones (the
+        start computes what the folder's model computes). Returns the parameters left at seed values."""
+        src = load_model_folder(folder)
+        fresh = []
+        for mine, theirs, emas in ((self.transformer, src.transformer, self.ema_tr),
+                                   (self.text_encoder, src.text_encoder, self.ema_te)):
+            state, old = mine.state_dict(), theirs.state_dict()
+            for name, value in state.items():
+                w = old.get(name)
+                if w is not None and w.shape == value.shape:
+                    state[name] = w.to(value.dtype)
+                elif w is not None and w.ndim == 2 and w.shape[0] == value.shape[0] and w.shape[1] < value.shape[1]:
+                    state[name] = torch.cat([w.to(value.dtype), value.new_zeros(value.shape[0],
+                                                                                value.shape[1] - w.shape[1])], 1)
+                else:
+                    fresh.append(name)
+            mine.load_state_dict(state)
+            if emas is not None:
+                emas.load_state_dict(state)
+        return fresh
 
     # ------------------------------------------------------------------ reports
     def plot_loss(self) -> None:
@@ -288,6 +333,36 @@ class Trainer:
         render_grid(self.inference_adapter(), examples, path, title=f"{self.model_name} step {self.step}")
 
 
+def checkpoint_codec(state: dict, model: str) -> CodecConfig:
+    """The codec a checkpoint was trained with (older checkpoints stored only ``blank_tasks``)."""
+    config = state.get("config", {})
+    if "codec" in config:
+        return CodecConfig.from_meta(config["codec"])
+    codec = embedded_codec(model)
+    codec.blank_tasks = tuple(config.get("blank_tasks", ()))
+    return codec
+
+
+def run_codec(model: str, args, ckpt: Path) -> CodecConfig:
+    """A resumed run keeps its checkpoint's codec (flags may only repeat it); a new run takes the
+    embedded codec with the flags' changes."""
+    given = {k: v for k, v in (("blank_tasks", args.blank_tasks), ("ref_mode", args.ref_mode),
+                               ("locality", args.locality)) if v is not None}
+    parse = {"blank_tasks": lambda v: tuple(t for t in v.split(",") if t), "ref_mode": str,
+             "locality": lambda v: tuple(float(x) for x in v.split(",") if x)}
+    if ckpt.exists() and (args.resume or args.ship):
+        codec = checkpoint_codec(torch.load(ckpt, map_location="cpu", weights_only=False), model)
+        for k, v in given.items():
+            if getattr(codec, k) != parse[k](v):
+                raise SystemExit(f"--{k.replace('_', '-')} {v} differs from the checkpoint's "
+                                 f"{getattr(codec, k)}; a resumed run keeps its codec")
+        return codec
+    codec = embedded_codec(model)
+    for k, v in given.items():
+        setattr(codec, k, parse[k](v))
+    return codec
+
+
 def ship(trainer: Trainer, folder: Path | None = None, ema: bool = True) -> Path:
     """Save the (EMA) weights as fp16 safetensors in the embedded model folder (loaded back as fp32)."""
     folder = folder or WEIGHTS_DIR / trainer.model_name
@@ -313,6 +388,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--full-prob", type=float, default=0.03, help="share of batches on the whole token grid")
     ap.add_argument("--blank-tasks", default=None, help="comma list of tasks trained fill-style (template hidden "
                                                          "under the mask), e.g. fs,vton; default: the model's codec")
+    ap.add_argument("--ref-mode", default=None, choices=["tokens", "aligned", "both"],
+                    help="how references enter (default: the model's codec)")
+    ap.add_argument("--locality", default=None, help="per-head distance-bias slopes, e.g. 0,0.25,0.5,1 "
+                                                      "(default: the model's codec)")
+    ap.add_argument("--init-from", default=None, help="warm start a new run from a model folder's weights")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--ckpt-minutes", type=float, default=5.0)
@@ -324,15 +404,18 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     out = Path(args.out or f"runs/{args.model}")
     device = torch.device(args.device) if args.device else default_device()
+    codec = run_codec(args.model, args, out / "ckpt.pt")
     tr = Trainer(args.model, out, args.batch, args.lr, args.schedule, args.ema, args.seed, args.t_sampling,
-                 args.full_prob, device,
-                 blank_tasks=None if args.blank_tasks is None else [t for t in args.blank_tasks.split(",") if t])
+                 args.full_prob, device, codec=codec)
     if args.resume or args.ship:
         if (out / "ckpt.pt").exists():
             tr.load()
             print(f"resumed {out / 'ckpt.pt'} at step {tr.step} ({tr.elapsed / 60:.1f} min)")
         elif args.ship:
             raise SystemExit(f"no checkpoint in {out}")
+    if args.init_from and tr.step == 0:
+        fresh = tr.init_from(args.init_from)
+        print(f"warm start from {args.init_from}; at seed values: {', '.join(fresh) or 'none'}")
     if args.ship:
         folder = ship(tr, Path(args.ship_to) if args.ship_to else None)
         print(f"shipped {args.model} step {tr.step} → {folder}")

@@ -2,7 +2,7 @@
 
 Replicates ``Flux2Transformer2DModel.forward`` in pieces, with the model's own submodules:
 
-* ``begin_step``: fill-style features of the masked (+ reference) tokens → ``x_embedder``;
+* ``begin_step``: the features of the masked (+ reference) tokens (``Flux2Adapter.image_features``) → ``x_embedder``;
   ``time_guidance_embed`` → the three modulations. Computed once per request: ``context_embedder``
   of the (fixed-length) text states and the RoPE tables of [text, masked image, reference] ids.
 * ``run_shard``: :class:`Flux2Shard` — blocks ``[l0, l1)`` (double blocks on separate text / image
@@ -91,9 +91,12 @@ class Flux2Run(ShardRun):
         m = torch.from_numpy(req.mask.astype("float32"))[..., None]
         mask_feat = patchify(m, a.codec.patch)  # pixel-exact mask features (as Flux2Adapter._sample)
         self.mask_rows = mask_feat[self.rows]
+        self.cond_rows = a.conditioning_tokens(req, self.x0)[self.rows]
+        aligned = a.aligned_reference(req)
+        self.aligned_rows = None if aligned is None else aligned[self.rows]
         self.nref = 0 if ref is None else ref.shape[0]
-        width = 2 * self.x0.shape[1] + mask_feat.shape[1]
-        self.ref_feats = None if ref is None else torch.cat([ref, torch.zeros(self.nref, width - ref.shape[1])], 1)
+        width = a.image_features(self.x0[:1], self.x0[:1], mask_feat[:1], None).shape[1]
+        self.ref_feats = None if ref is None else a.reference_features(ref, width)
         with torch.no_grad():
             self.txt0 = t.context_embedder(tokens.to(self.dt))
             img_ids, _ = a._ids(self.rows, self.nref)
@@ -123,6 +126,7 @@ class Flux2Run(ShardRun):
         a = self.adapter
         with a._run("masked", reuse_index=self.reuse, explicit=explicit) as ctx:
             ctx.num_masked = int(self.rows.numel())
+            ctx.set_image_rows(self.rows)
             a._num_txt = self.num_txt
             yield ctx
 
@@ -131,7 +135,7 @@ class Flux2Run(ShardRun):
         t = self.adapter.transformer
         ts = float(self.sig[step])
         self.x = torch.where(self.tmask[:, None], self.x, (1 - ts) * self.x0 + ts * self.noise)
-        feats = torch.cat([self.x[self.rows], self.x0[self.rows], self.mask_rows], dim=-1)
+        feats = self.adapter.image_features(self.x[self.rows], self.cond_rows, self.mask_rows, self.aligned_rows)
         if self.ref_feats is not None:
             feats = torch.cat([feats, self.ref_feats], 0)
         timestep = torch.tensor([ts], dtype=self.dt).to(self.dt) * 1000
