@@ -9,10 +9,19 @@ from sakura.model.base import resize_image
 from sakura.model.embedded import load_model_folder, save_model
 
 
-def sharpened(name: str):
+# the embedded model's newer codec: references aligned onto the mask, a 2-D locality bias, fill-style fs/vton
+LOCAL = {"ref_mode": "aligned", "locality": (0.0, 0.3, 0.6, 1.2), "blank_tasks": ("fs", "vton")}
+
+
+def sharpened(name: str, codec_changes: dict | None = None):
     """A seeded model with larger random weights, so every output depends strongly on every input
     (a freshly initialised DiT barely reacts to its inputs, which would make equalities vacuous)."""
-    m = seeded_model(name)
+    from dataclasses import replace
+
+    from sakura.model.embedded import embedded_codec
+
+    codec = replace(embedded_codec(name), **codec_changes) if codec_changes else None
+    m = seeded_model(name, codec=codec)
     g = torch.Generator().manual_seed(7)
     with torch.no_grad():
         for p in m.transformer.parameters():
@@ -33,11 +42,13 @@ def request(task: str, frac=(0.15, 0.45, 0.35, 0.6), seed=0) -> EditRequest:
 
 
 CASES = [("sakura-tiny", "fs"), ("sakura-tiny", "mb"), ("sakura-tiny-sd3", "mb")]
+LOCAL_CASES = [("sakura-tiny", "fs", LOCAL),
+               ("sakura-tiny", "mb", LOCAL | {"ref_mode": "both", "patch_context": False})]
 
 
-@pytest.mark.parametrize("name,task", CASES)
-def test_masked_run_with_exact_cache_reproduces_full_run(name, task):
-    m = sharpened(name)
+@pytest.mark.parametrize("name,task,codec", [(*c, None) for c in CASES] + LOCAL_CASES)
+def test_masked_run_with_exact_cache_reproduces_full_run(name, task, codec):
+    m = sharpened(name, codec)
     req = m.self_conditioned(request(task))
     full = m.full_edit(req, capture=True)
     assert full.cache.num_reused == int((~m.token_mask(req.mask)).sum())
@@ -77,10 +88,12 @@ def test_detach_restores_stock_model_bit_for_bit(name):
     np.testing.assert_array_equal(m.full_edit(req).image, stock)
 
 
-@pytest.mark.parametrize("name,task", [("sakura-tiny", "fs"), ("sakura-tiny-sd3", "mb")])
-def test_attention_probe_matches_brute_force(name, task, monkeypatch):
-    """Probe vs the full attention matrix recorded during a full run of the same request."""
-    m = sharpened(name)
+@pytest.mark.parametrize("name,task,codec", [("sakura-tiny", "fs", None), ("sakura-tiny-sd3", "mb", None),
+                                              LOCAL_CASES[0]])
+def test_attention_probe_matches_brute_force(name, task, codec, monkeypatch):
+    """Probe vs the full attention matrix recorded during a full run of the same request (the
+    locality bias included: importance is what attention really gives)."""
+    m = sharpened(name, codec)
     req = m.self_conditioned(request(task))
     recorded = {}
     original = type(m)._joint_attention
@@ -155,3 +168,65 @@ def test_fill_style_tasks_never_see_the_template_under_the_mask(tmp_path):
     base = fill.self_conditioned(req)
     cache = fill.full_edit(base, capture=True)
     np.testing.assert_allclose(fill.masked_edit(base, cache.cache.provider()).image, cache.image, atol=2e-5)
+
+
+def test_distance_bias_is_local_between_image_tokens_only():
+    from sakura.model.base import distance_bias
+
+    grid = 32
+    img = torch.tensor([0, 1, 33, 5 * 32 + 7])  # (0,0) (0,1) (1,1) (5,7)
+    reused = torch.tensor([2, 64])  # (0,2) (2,0)
+    b = distance_bias((0.0, 0.5), grid, [3, img, 2], [3, img, 2, reused])
+    assert b.shape == (1, 2, 9, 11)
+    assert (b[0, 0] == 0).all()  # slope 0: a global head
+    h = b[0, 1]
+    assert (h[:3] == 0).all() and (h[:, :3] == 0).all() and (h[7:] == 0).all() and (h[:, 7:9] == 0).all()
+    torch.testing.assert_close(h[3, 4], torch.tensor(-0.5))  # neighbours
+    torch.testing.assert_close(h[3, 5], torch.tensor(-0.5 * 2**0.5))
+    torch.testing.assert_close(h[6, 3], torch.tensor(-0.5 * (25 + 49) ** 0.5))
+    torch.testing.assert_close(h[3, 10], torch.tensor(-1.0))  # a reusable key 2 rows down
+    assert torch.equal(h[3:7, 3:7], h[3:7, 3:7].T)
+
+
+def test_aligned_reference_lands_on_the_mask_and_drives_the_edit():
+    """The aligned reference is the reference resized onto the mask's bounding box, only inside the
+    mask; a different reference changes the edit inside the mask, never outside."""
+    m = sharpened("sakura-tiny", LOCAL)
+    req = request("vton")
+    al = m.aligned_reference(req)
+    tmask = m.token_mask(req.mask)
+    assert al.shape == (m.codec.num_tokens, m.codec.patch_dim)
+    assert al[~tmask].abs().max() == 0 and al[tmask].abs().mean() > 0.1
+    assert m.reference_tokens(req) is None  # aligned only: no reference tokens to compute
+    other = EditRequest(req.template, req.mask, "vton", reference=1.0 - req.reference, seed=req.seed)
+    a, b = m.full_edit(req).image, m.full_edit(other).image
+    assert np.abs(a - b)[req.mask].max() > 1e-2
+    np.testing.assert_array_equal(a[~req.mask], b[~req.mask])
+
+
+def test_without_patch_context_masked_tokens_see_no_pixel_around_the_mask(tmp_path):
+    """``patch_context=False``: changing template pixels that lie outside the mask but inside a masked
+    token's patch changes nothing in the masked tokens' inputs, so the edit can only learn them from
+    the reusable tokens (fill-style tasks hide the pixels under the mask as well; mb keeps them)."""
+    m = sharpened("sakura-tiny", LOCAL | {"patch_context": False})
+    save_model(m, tmp_path / "m")
+    assert load_model(tmp_path / "m").codec.patch_context is False
+    for task in ("fs", "mb"):
+        req = request(task)
+        req.mask[:] = False
+        yy, xx = np.mgrid[:256, :256]
+        req.mask[(yy - 100) ** 2 + (xx - 130) ** 2 < 45**2] = True  # a disc: boundary tokens are partial
+        tmask = m.token_mask(req.mask)
+        x0, _ = m.template_tokens(req)
+        cond = m.conditioning_tokens(req, x0)
+        px = torch.from_numpy(req.mask.astype(np.float32))[..., None]
+        from sakura.model.base import patchify
+
+        mpx = patchify(px, m.codec.patch)
+        outside_in_masked = (mpx == 0) & tmask[:, None]
+        assert outside_in_masked.any()
+        c = cond.unflatten(-1, (-1, 3))
+        assert c[outside_in_masked].abs().max() == 0
+        inside = mpx > 0
+        assert (c[inside].abs().max() == 0) == (task == "fs")
+        torch.testing.assert_close(cond[~tmask], x0[~tmask])  # the reusable tokens see their pixels

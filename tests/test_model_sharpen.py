@@ -47,7 +47,8 @@ def test_per_token_quant_is_per_token():
 
 
 def test_cache_sensitivity_orders_degradations():
-    """Exact cache → 100 dB; INT4 closer to it than INT2; every field the model card reports."""
+    """INT4 closer to the exact cache than INT2, a zeroed cache further still; every field the model
+    card reports (a full local run included)."""
     from sakura.model import EditRequest
     from sakura.model.evaluate import cache_sensitivity
     from test_model import sharpened
@@ -57,6 +58,7 @@ def test_cache_sensitivity_orders_degradations():
     base = EditRequest(req.template, req.mask, "mb", "", None, seed=req.seed)
     other = req.template[::-1].copy()
     out = cache_sensitivity(m, base, [req], [req], other)
-    assert set(out) == {"zeros", "int2", "int4", "other", "int2_top_decile_error_share", "requests"}
-    assert out["int4"] > out["int2"] and out["int4"] < 100
+    assert set(out) == {"zeroed", "int2", "int4", "other", "local_no_cache", "int2_top_decile_error_share",
+                        "requests"}
+    assert out["int4"] > out["int2"] > out["zeroed"] and out["int4"] < 100
     assert 0.0 < out["int2_top_decile_error_share"] < 1.0

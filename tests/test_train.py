@@ -37,6 +37,24 @@ def test_examples_equal_template_outside_mask(split):
             assert np.abs(e.target[e.mask] - e.template[e.mask]).mean() > 1e-3
 
 
+def test_edits_blend_into_the_pixels_around_the_mask():
+    """At the mask's edge an edit continues the nearest pixel outside it; deep inside it is the edit."""
+    from scipy import ndimage
+
+    from sakura.model.edit_data import BAND, blend_into_context
+
+    rng = np.random.default_rng(0)
+    tpl = rng.random((256, 256, 3)).astype(np.float32)
+    edited = np.ones_like(tpl)
+    mask = make_mask("mb", rng)
+    out = blend_into_context(edited, tpl, mask)
+    assert np.array_equal(out[~mask], tpl[~mask])
+    dist, idx = ndimage.distance_transform_edt(mask, return_indices=True)
+    edge = dist == 1
+    np.testing.assert_allclose(out[edge], (tpl[idx[0], idx[1]][edge] * (1 - 0.5 / BAND) + 0.5 / BAND), atol=1e-6)
+    assert np.array_equal(out[dist > BAND + 0.5], edited[dist > BAND + 0.5])
+
+
 def test_keep_reproduces_template():
     synth = EditSynth("train")
     for task in TASKS:
@@ -133,7 +151,7 @@ FILL = {"blank_tasks": ("fs", "vton")}
 ALIGNED_LOCAL = FILL | {"ref_mode": "aligned", "locality": (0.0, 0.25, 0.5, 1.0)}
 
 
-@pytest.mark.parametrize("changes", [FILL, ALIGNED_LOCAL, ALIGNED_LOCAL | {"ref_mode": "both"}])
+@pytest.mark.parametrize("changes", [FILL, ALIGNED_LOCAL, ALIGNED_LOCAL | {"ref_mode": "both", "patch_context": False}])
 def test_training_forward_is_the_samplers_velocity(tmp_path, changes):
     """The training objective sees exactly what the sampler feeds the model (fill-style conditioning,
     the aligned reference and the locality bias included): on the whole grid, the training
@@ -199,3 +217,42 @@ def test_warm_start_computes_what_the_folder_computes(tmp_path):
     e = tr.synth.sample(np.random.default_rng(2), "vton", keep_prob=0.0)
     req = EditRequest(e.template, e.mask, e.task, e.prompt or "", e.reference)
     np.testing.assert_allclose(tr.inference_adapter().full_edit(req).image, old.full_edit(req).image, atol=2e-5)
+
+
+def test_portable_checkpoint_resumes_a_run(tmp_path):
+    """The committed checkpoint: fp16 weights (raw and EMA), int8 √v, the run's step, clock, history
+    and codec; a run resumes from it through the CLI path when its folder has no ckpt.pt."""
+    import argparse
+
+    from sakura.model.portable_ckpt import load_portable, save_portable
+    from sakura.model.train import Trainer, run_codec
+
+    tr = Trainer("sakura-tiny", tmp_path / "run", batch=2, device=torch.device("cpu"), warmup=1,
+                 codec=_codec(**ALIGNED_LOCAL))
+    for i in range(2):
+        tr.train_step(_small_batch(tr, "vton", seed=i))
+        tr.history.append((tr.step, 3.0 * tr.step, 0.5))
+    tr.elapsed = 6.0
+    path = save_portable(tr, tmp_path / "portable.safetensors")
+    full = tr.save()
+    assert path.stat().st_size < 0.26 * full.stat().st_size
+    flags = argparse.Namespace(resume=True, ship=False, blank_tasks=None, ref_mode=None, locality=None)
+    codec = run_codec("sakura-tiny", flags, tmp_path / "elsewhere" / "ckpt.pt", path)
+    assert codec == tr.codec
+    again = Trainer("sakura-tiny", tmp_path / "run2", batch=2, device=torch.device("cpu"), warmup=1, codec=codec)
+    load_portable(again, path)
+    assert (again.step, again.elapsed, again.history) == (tr.step, tr.elapsed, tr.history)
+    for a, b in ((tr.transformer, again.transformer), (tr.text_encoder, again.text_encoder)):
+        for (name, x), y in zip(a.state_dict().items(), b.state_dict().values()):
+            torch.testing.assert_close(x.half().float(), y, msg=name)
+    for a, b, raw in ((tr.ema_tr, again.ema_tr, tr.transformer), (tr.ema_te, again.ema_te, tr.text_encoder)):
+        for (name, x), y, r in zip(a.state_dict().items(), b.state_dict().values(), raw.state_dict().values()):
+            # fp16 rounding of the raw weight plus int8 rounding of the (small) EMA difference
+            assert (x - y).abs().max() <= r.abs().max() / 1024 + (x - r).abs().max() / 200 + 1e-7, name
+    v0 = [s["exp_avg_sq"] for s in tr.opt.state_dict()["state"].values()]
+    v1 = [s["exp_avg_sq"] for s in again.opt.state_dict()["state"].values()]
+    assert len(v0) == len(v1) > 0
+    for a, b in zip(v0, v1):  # √v within half an int8 step of its block's largest √v
+        assert ((a.sqrt() - b.sqrt()).abs() <= a.sqrt().max() / 254 + 1e-12).all()
+    loss = again.train_step(_small_batch(again, "fs", seed=5))  # and it trains on
+    assert np.isfinite(loss) and again.step == tr.step + 1

@@ -23,8 +23,8 @@ import torch.nn.functional as F
 
 from sakura.kvcache import KVCache
 from sakura.model.pixels import (  # noqa: F401
-    blank_masked,
     mask_bbox_crop,
+    template_condition,
     patchify,
     place_in_bbox,
     resize_image,
@@ -83,6 +83,9 @@ class CodecConfig:
     # Per-head slopes of a distance bias between image tokens (-slope · grid distance on the attention
     # logits, ALiBi in 2-D); empty: none. A locality prior: DiTs mix space through attention.
     locality: tuple[float, ...] = ()
+    # False: a masked token does not see the template's pixels of its patch outside the mask either;
+    # what surrounds the mask then reaches it only through attention (the cache).
+    patch_context: bool = True
 
     @property
     def ref_tokens(self) -> bool:
@@ -102,6 +105,8 @@ class CodecConfig:
             meta["ref_mode"] = self.ref_mode
         if self.locality:
             meta["locality"] = list(self.locality)
+        if not self.patch_context:
+            meta["patch_context"] = False
         return meta
 
     @classmethod
@@ -111,7 +116,7 @@ class CodecConfig:
             raise ValueError(f"ref_mode must be tokens, aligned or both, got {mode!r}")
         return cls(int(meta["resolution"]), int(meta["patch"]), int(meta.get("ref_size", 64)),
                    int(meta["num_steps"]), tuple(meta.get("blank_tasks", ())), mode,
-                   tuple(float(x) for x in meta.get("locality", ())))
+                   tuple(float(x) for x in meta.get("locality", ())), bool(meta.get("patch_context", True)))
 
     @property
     def grid(self) -> int:
@@ -315,11 +320,13 @@ class DiTAdapter(ABC):
 
     def conditioning_tokens(self, req: EditRequest, x0: torch.Tensor) -> torch.Tensor:
         """What the model sees of the template: ``x0``, with the masked pixels blanked for the
-        codec's fill-style tasks."""
-        if req.task not in self.codec.blank_tasks:
+        codec's fill-style tasks and, without ``codec.patch_context``, the context pixels of masked
+        tokens hidden too (:func:`template_condition`)."""
+        blank = req.task in self.codec.blank_tasks
+        if not blank and self.codec.patch_context:
             return x0
         m = torch.from_numpy(np.ascontiguousarray(req.mask, dtype=np.float32))[..., None]
-        return blank_masked(x0, patchify(m, self.codec.patch))
+        return template_condition(x0, patchify(m, self.codec.patch), blank, self.codec.patch_context)
 
     def reference_tokens(self, req: EditRequest) -> torch.Tensor | None:
         if req.task not in ("fs", "vton") or req.reference is None or not self.codec.ref_tokens:

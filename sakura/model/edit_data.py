@@ -239,10 +239,24 @@ def make_mask(task: str, rng: np.random.Generator, region: tuple[int, int, int, 
 bbox = mask_bbox
 
 
+BAND = 6.0  # px inside the mask over which an edit blends into what surrounds it
+
+
+def blend_into_context(edited: np.ndarray, template: np.ndarray, mask: np.ndarray, band: float = BAND) -> np.ndarray:
+    """``edited`` inside the mask, blended over ``band`` px at its edge toward the nearest template
+    pixel *outside* the mask (a soft edge that continues the surroundings), the template outside. The
+    edge then depends on the exact pixels around the mask — for the model, on the reusable tokens."""
+    dist, idx = ndimage.distance_transform_edt(mask, return_indices=True)
+    outside_nearest = template[idx[0], idx[1]]
+    a = np.clip((dist - 0.5) / band, 0, 1)[..., None].astype(np.float32)
+    out = edited * a + outside_nearest * (1 - a)
+    return np.where(mask[..., None], out, template).astype(np.float32)
+
+
 def paste_harmonized(template: np.ndarray, mask: np.ndarray, ref: np.ndarray, alpha: float = 0.6,
-                     feather: float = 4.0, ring: float = 12.0) -> np.ndarray:
+                     ring: float = 12.0, band: float = BAND) -> np.ndarray:
     """The reference resized to the mask's bounding box, its per-channel mean/std moved a fraction
-    ``alpha`` toward the ring around the mask, feathered in over ``feather`` px inside the mask."""
+    ``alpha`` toward the ring around the mask, blended into the surroundings over ``band`` px."""
     canvas = place_in_bbox(template, mask, ref)
     outside = ndimage.distance_transform_edt(~mask)
     ring_px = (outside > 0) & (outside <= ring)
@@ -252,9 +266,7 @@ def paste_harmonized(template: np.ndarray, mask: np.ndarray, ref: np.ndarray, al
         sm, ss = src.mean(0), src.std(0) + 1e-3
         m2, s2 = sm + alpha * (tm - sm), ss + alpha * (ts - ss)
         canvas[mask] = np.clip((src - sm) / ss * s2 + m2, 0, 1)
-    w = np.clip(ndimage.distance_transform_edt(mask) / feather, 0, 1)[..., None].astype(np.float32)
-    out = template * (1 - w) + canvas * w
-    return np.where(mask[..., None], out, template).astype(np.float32)
+    return blend_into_context(canvas, template, mask, band)
 
 
 def apply_op(img: np.ndarray, op: str, color: str | None = None, rng: np.random.Generator | None = None) -> np.ndarray:
@@ -374,7 +386,7 @@ class EditSynth:
             mb_op = "keep" if rng.random() < keep_prob else str(rng.choice([o for o in MB_OPS if o != "keep"]))
         color = str(rng.choice(list(COLORS))) if mb_op == "color" else None
         edited = apply_op(tpl, mb_op, color, rng)
-        target = np.where(mask[..., None], edited, tpl).astype(np.float32)
+        target = tpl.copy() if mb_op == "keep" else blend_into_context(edited, tpl, mask)
         return EditExample(tpl, mask, "mb", mb_prompt(mb_op, rng, color), None, target,
                            mb_op if color is None else f"color:{color}")
 

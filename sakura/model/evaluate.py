@@ -37,7 +37,7 @@ from sakura.formats.intq import decode_unit, encode_unit
 from sakura.model.base import EditRequest
 from sakura.model.edit_data import TASKS, EditSynth, heldout_examples
 from sakura.model.embedded import WEIGHTS_DIR, load_model, load_model_folder, seeded_model
-from sakura.model.sample_grid import render_grid
+from sakura.model.sample_grid import render_catalog_edits, render_grid
 from sakura.quality import ssim
 
 TOP = 0.10
@@ -121,7 +121,8 @@ def per_token_quant(x: torch.Tensor, bits: int) -> torch.Tensor:
 
 def cache_sensitivity(adapter, base: EditRequest, profile: list[EditRequest], held: list[EditRequest],
                       other_image: np.ndarray | None = None, deciles: bool = True) -> dict:
-    """Masked PSNR vs the FP16-cache output under degraded reusable K/V, and the top decile's share
+    """Masked PSNR vs the FP16-cache output under degraded reusable K/V — zeroed, per-token INT2 / INT4,
+    another image's cache — and of a full local run with no cache at all; plus the top decile's share
     of INT2-induced error (INT2 applied to one importance decile at a time)."""
     cache = adapter.capture(base).to(torch.float16)
     exact = {key: cache.get(*key) for key in cache.k}
@@ -133,8 +134,10 @@ def cache_sensitivity(adapter, base: EditRequest, profile: list[EditRequest], he
 
     quant = {b: {key: (per_token_quant(k.float(), b), per_token_quant(v.float(), b)) for key, (k, v) in exact.items()}
              for b in (2, 4)}
-    out = {"zeros": psnr({key: (torch.zeros_like(k), torch.zeros_like(v)) for key, (k, v) in exact.items()}),
-           "int2": psnr(quant[2]), "int4": psnr(quant[4])}
+    out = {"zeroed": psnr({key: (torch.zeros_like(k), torch.zeros_like(v)) for key, (k, v) in exact.items()}),
+           "int2": psnr(quant[2]), "int4": psnr(quant[4]),
+           "local_no_cache": float(np.mean([masked_psnr(adapter.full_edit(r).image, ref, r.mask)
+                                            for r, ref in zip(held, refs)]))}
     if other_image is not None:
         other = adapter.capture(EditRequest(other_image, base.mask, base.task, "", None, seed=base.seed))
         out["other"] = psnr({key: other.get(*key) for key in other.k})
@@ -155,6 +158,37 @@ def cache_sensitivity(adapter, base: EditRequest, profile: list[EditRequest], he
     return {k: round(v, 3) for k, v in out.items()} | {"requests": len(held)}
 
 
+def pack_sensitivity(template, model_path: str | Path, held: list[EditRequest]) -> dict:
+    """Masked PSNR vs the FP16-cache output of SAKURA's smallest and top stored levels, on a pack built
+    with the default build settings (every shard at its smallest / largest level), with each level's
+    bytes as a share of the FP16 cache."""
+    import tempfile
+
+    from sakura.editing import model_for
+    from sakura.formats import encoding_from_header
+    from sakura.offline.builder import build_template, capture_request
+
+    adapter = model_for(template, model_path)
+    with tempfile.TemporaryDirectory() as tmp:
+        report = build_template(template, tmp, model_path=model_path, encodings=("sakura", "sakura-v1"))
+        raw = (Path(tmp) / f"{template.id}.pack").read_bytes()
+    enc = encoding_from_header("sakura", raw).fresh()
+    cache = adapter.capture(capture_request(template, adapter)).to(torch.float16)
+    refs = [adapter.masked_edit(r, cache.provider()).image for r in held]
+    out = {}
+    for name, pick in (("smallest_level", min), ("top_level", max)):
+        kv, nbytes = {}, 0
+        for unit in enc.units:
+            level = pick(unit.levels, key=lambda lv: lv.nbytes)
+            ranges = enc.ranges(unit, level)
+            nbytes += sum(n for _, n in ranges)
+            kv.update(enc.decode(unit, level, [raw[o:o + n] for o, n in ranges]))
+        out[name] = round(float(np.mean([masked_psnr(adapter.masked_edit(r, lambda s, l: kv[(s, l)]).image, ref,
+                                                     r.mask) for r, ref in zip(held, refs)])), 3)
+        out[f"{name}_fp16_share"] = round(nbytes / report.fp16_bytes, 5)
+    return out
+
+
 def synthetic_templates(name: str, heldout: int):
     """Fallback when no catalog is installed: held-out synthetic templates with random requests."""
     synth = EditSynth("heldout")
@@ -167,7 +201,7 @@ def synthetic_templates(name: str, heldout: int):
         yield f"synthetic-{task}", EditRequest(tpl, mask, task, "", None), reqs[:5], reqs[5:]
 
 
-def catalog_templates(name: str, heldout: int):
+def catalog_templates(name: str, heldout: int, with_template: bool = False):
     try:
         from sakura.catalog import load_catalog
     except ImportError:
@@ -175,7 +209,21 @@ def catalog_templates(name: str, heldout: int):
         return
     for t in load_catalog():
         if t.model == name:
-            yield (t.id, *catalog_requests(t, heldout))
+            yield (t.id, *catalog_requests(t, heldout)) + ((t,) if with_template else ())
+
+
+SENSITIVITY_KEYS = ("int2", "int4", "zeroed", "other", "local_no_cache", "smallest_level", "top_level",
+                    "smallest_level_fp16_share", "top_level_fp16_share")
+
+
+def by_task(per_template: dict, tasks: dict) -> dict:
+    """Per task, the mean of each sensitivity measure over that task's templates."""
+    out = {}
+    for task in sorted(set(tasks.values())):
+        rows = [v for tid, v in per_template.items() if tasks[tid] == task]
+        out[task] = {k: round(float(np.mean([r[k] for r in rows])), 3) for k in SENSITIVITY_KEYS
+                     if all(k in r for r in rows)} | {"templates": len(rows)}
+    return out
 
 
 def trained_adapter(name: str, weights: str | None):
@@ -198,6 +246,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--skip-attention", action="store_true")
     ap.add_argument("--skip-sensitivity", action="store_true")
+    ap.add_argument("--skip-packs", action="store_true", help="no pack build for smallest / top level PSNR")
     ap.add_argument("--sensitivity-requests", type=int, default=3, help="evaluation requests per template for "
                                                                          "the cache sensitivity")
     args = ap.parse_args(argv)
@@ -225,16 +274,23 @@ def main(argv: list[str] | None = None) -> None:
                 rep["attention_mean"] = {w: {m: round(float(np.mean([v[w][m] for v in att.values()])), 4)
                                              for m in ("top10_share", "top10_overlap")} for w in ("trained", "seeded")}
         if not args.skip_sensitivity:
-            tpls = list(catalog_templates(name, max(args.heldout, args.sensitivity_requests)))
-            rep["sensitivity"] = {}
-            for i, (tid, base, prof, held) in enumerate(tqdm(tpls, desc="sensitivity", leave=False)):
+            tpls = list(catalog_templates(name, max(args.heldout, args.sensitivity_requests), with_template=True))
+            per_template = {}
+            for i, (tid, base, prof, held, tpl) in enumerate(tqdm(tpls, desc="sensitivity", leave=False)):
                 other = next((o[1].template for o in tpls[i + 1:] + tpls[:i] if o[1].task == base.task), None)
-                rep["sensitivity"][tid] = cache_sensitivity(trained, base, prof, held[:args.sensitivity_requests],
-                                                            other)
+                held = held[:args.sensitivity_requests]
+                per_template[tid] = cache_sensitivity(trained, base, prof, held, other)
+                if not args.skip_packs:
+                    per_template[tid] |= pack_sensitivity(tpl, args.weights, held)
+            rep["sensitivity"] = by_task(per_template, {t[0]: t[1].task for t in tpls})
+            rep["sensitivity_templates"] = per_template
         grid_ex = [e for e in heldout_examples(2) if e.task in tasks]
-        fname = "samples.png" if name == "sakura-tiny" else f"samples_{name.split('-')[-1]}.png"
-        render_grid(trained, grid_ex, out / fname, title=f"{name}: held-out synthetic edits (trained weights)",
+        suffix = "" if name == "sakura-tiny" else f"_{name.split('-')[-1]}"
+        render_grid(trained, grid_ex, out / f"samples{suffix}.png",
+                    title=f"{name}: held-out synthetic edits (trained weights)",
                     extra={"seeded model": lambda e, s=seeded: s.full_edit(_request(e)).image})
+        render_catalog_edits(trained, [t[-1] for t in catalog_templates(name, 0, with_template=True)],
+                             out / f"edits{suffix}.png", title=f"{name}: catalog edits (held-out requests)")
         rep["seconds"] = round(time.perf_counter() - t0, 1)
         report["models"][name] = rep
         print(json.dumps({name: {"psnr_masked": quality["all"], "attention_mean": rep.get("attention_mean"),

@@ -16,11 +16,16 @@ def unpatchify(tokens: torch.Tensor, p: int, h: int, w: int, c: int = 3) -> torc
     return tokens.reshape(h // p, w // p, p, p, c).permute(0, 2, 1, 3, 4).reshape(h, w, c)
 
 
-def blank_masked(x0: torch.Tensor, mask_px: torch.Tensor) -> torch.Tensor:
-    """Template tokens (..., N, p·p·3) with the masked pixels set to 0 (mid-gray in [-1, 1]);
-    ``mask_px`` is the patchified pixel mask (..., N, p·p)."""
-    keep = (1 - mask_px).unsqueeze(-1)
-    return (x0.unflatten(-1, (-1, 3)) * keep).flatten(-2)
+def template_condition(x0: torch.Tensor, mask_px: torch.Tensor, blank: bool, patch_context: bool) -> torch.Tensor:
+    """What the model sees of the template, (..., N, p·p·3). ``blank``: the pixels under the mask are
+    hidden (fill-style). Without ``patch_context`` a masked token (one with any masked pixel) also
+    hides the pixels of its patch that lie outside the mask: the context then reaches the masked
+    tokens only through attention, i.e. from the reusable tokens' K/V."""
+    keep = 1 - mask_px if blank else torch.ones_like(mask_px)
+    if not patch_context:
+        masked_token = (mask_px.amax(-1, keepdim=True) > 0).to(mask_px.dtype)
+        keep = keep * (1 - masked_token * (1 - mask_px))
+    return (x0.unflatten(-1, (-1, 3)) * keep.unsqueeze(-1)).flatten(-2)
 
 
 def resize_bilinear(img: np.ndarray, h: int, w: int) -> np.ndarray:

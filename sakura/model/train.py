@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from sakura.model.base import CodecConfig, EditRequest, blank_masked, patchify, unpatchify
+from sakura.model.base import CodecConfig, EditRequest, patchify, template_condition, unpatchify
 from sakura.model.edit_data import TASKS, EditExample, EditSynth, heldout_examples
 from sakura.model.embedded import (
     WEIGHTS_DIR,
@@ -38,6 +38,7 @@ from sakura.model.embedded import (
     save_model,
     seeded_model,
 )
+from sakura.model.portable_ckpt import load_portable, portable_config, save_portable
 from sakura.model.sample_grid import render_grid
 from sakura.model.text_encoder import tokenize
 
@@ -66,7 +67,11 @@ class Trainer:
         self.transformer = self.adapter.transformer.to(self.device).train()
         self.text_encoder = self.adapter.text_encoder.to(self.device).train()
         params = list(self.transformer.parameters()) + list(self.text_encoder.parameters())
-        self.opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.99), weight_decay=0.01)
+        # no weight decay on gains and biases: decay would pull the q/k norm gains, i.e. the attention
+        # temperature, toward zero
+        groups = [{"params": [p for p in params if p.ndim >= 2]},
+                  {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+        self.opt = torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.99), weight_decay=0.01)
         self.ema_tr = copy.deepcopy(self.transformer).eval().requires_grad_(False) if ema > 0 else None
         self.ema_te = copy.deepcopy(self.text_encoder).eval().requires_grad_(False) if ema > 0 else None
         if self.adapter.needs_processors:  # the model's attention is ours (locality bias), in training too
@@ -103,8 +108,8 @@ class Trainer:
         tgt = torch.stack([patchify(to(e.target) * 2 - 1, p) for e in examples])
         mpx = torch.stack([patchify(to(e.mask)[..., None], p) for e in examples])
         tmask = mpx.amax(-1) > 0
-        if examples[0].task in self.codec.blank_tasks:  # what the model is conditioned on (base._sample)
-            x0 = blank_masked(x0, mpx)
+        # what the model is conditioned on (DiTAdapter.conditioning_tokens)
+        x0 = template_condition(x0, mpx, examples[0].task in self.codec.blank_tasks, self.codec.patch_context)
         text = torch.stack([tokenize(e.prompt, self.text_encoder.cfg) for e in examples])
         reqs = [EditRequest(e.template, e.mask, e.task, e.prompt, e.reference) for e in examples]
         ref = aligned = None
@@ -343,15 +348,18 @@ def checkpoint_codec(state: dict, model: str) -> CodecConfig:
     return codec
 
 
-def run_codec(model: str, args, ckpt: Path) -> CodecConfig:
+def run_codec(model: str, args, ckpt: Path, portable: Path | None = None) -> CodecConfig:
     """A resumed run keeps its checkpoint's codec (flags may only repeat it); a new run takes the
-    embedded codec with the flags' changes."""
-    given = {k: v for k, v in (("blank_tasks", args.blank_tasks), ("ref_mode", args.ref_mode),
-                               ("locality", args.locality)) if v is not None}
+    embedded codec with the flags' changes. Without ``ckpt``, a ``portable`` checkpoint stands for it."""
+    given = {k: getattr(args, k, None) for k in ("blank_tasks", "ref_mode", "locality", "patch_context", "ref_size")}
+    given = {k: v for k, v in given.items() if v is not None}
     parse = {"blank_tasks": lambda v: tuple(t for t in v.split(",") if t), "ref_mode": str,
-             "locality": lambda v: tuple(float(x) for x in v.split(",") if x)}
-    if ckpt.exists() and (args.resume or args.ship):
-        codec = checkpoint_codec(torch.load(ckpt, map_location="cpu", weights_only=False), model)
+             "locality": lambda v: tuple(float(x) for x in v.split(",") if x), "patch_context": lambda v: v == "yes", "ref_size": int}
+    resuming = args.resume or args.ship
+    if resuming and (ckpt.exists() or (portable is not None and portable.exists())):
+        state = (torch.load(ckpt, map_location="cpu", weights_only=False) if ckpt.exists()
+                 else portable_config(portable))
+        codec = checkpoint_codec(state, model)
         for k, v in given.items():
             if getattr(codec, k) != parse[k](v):
                 raise SystemExit(f"--{k.replace('_', '-')} {v} differs from the checkpoint's "
@@ -361,6 +369,13 @@ def run_codec(model: str, args, ckpt: Path) -> CodecConfig:
     for k, v in given.items():
         setattr(codec, k, parse[k](v))
     return codec
+
+
+def save_all(trainer: Trainer, portable: Path | None) -> None:
+    trainer.save()
+    if portable is not None:
+        save_portable(trainer, portable)
+    trainer.plot_loss()
 
 
 def ship(trainer: Trainer, folder: Path | None = None, ema: bool = True) -> Path:
@@ -390,12 +405,20 @@ def main(argv: list[str] | None = None) -> None:
                                                          "under the mask), e.g. fs,vton; default: the model's codec")
     ap.add_argument("--ref-mode", default=None, choices=["tokens", "aligned", "both"],
                     help="how references enter (default: the model's codec)")
+    ap.add_argument("--ref-size", default=None, help="side a reference is prepared at (default: the model's codec)")
+    ap.add_argument("--patch-context", default=None, choices=["yes", "no"],
+                    help="no: masked tokens see no template pixels outside the mask (default: the model's codec)")
     ap.add_argument("--locality", default=None, help="per-head distance-bias slopes, e.g. 0,0.25,0.5,1 "
                                                       "(default: the model's codec)")
+    ap.add_argument("--qk-gain", type=float, default=1.0, help="a new run starts with every attention logit "
+                                                                  "multiplied by this (q/k norm gains × √gain)")
     ap.add_argument("--init-from", default=None, help="warm start a new run from a model folder's weights")
+    ap.add_argument("--portable", default=None, help="also write a compact resumable checkpoint here at every "
+                                                      "save (fp16 weights, int8 √v); resume from it when the run "
+                                                      "folder has no ckpt.pt")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--ckpt-minutes", type=float, default=5.0)
+    ap.add_argument("--ckpt-minutes", type=float, default=10.0)
     ap.add_argument("--sample-minutes", type=float, default=15.0)
     ap.add_argument("--ship", action="store_true", help="save the run's EMA weights to sakura/weights/<model> and exit")
     ap.add_argument("--ship-to", default=None, help="folder for --ship (default sakura/weights/<model>)")
@@ -404,18 +427,28 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     out = Path(args.out or f"runs/{args.model}")
     device = torch.device(args.device) if args.device else default_device()
-    codec = run_codec(args.model, args, out / "ckpt.pt")
+    portable = Path(args.portable) if args.portable else None
+    codec = run_codec(args.model, args, out / "ckpt.pt", portable)
     tr = Trainer(args.model, out, args.batch, args.lr, args.schedule, args.ema, args.seed, args.t_sampling,
                  args.full_prob, device, codec=codec)
     if args.resume or args.ship:
         if (out / "ckpt.pt").exists():
             tr.load()
             print(f"resumed {out / 'ckpt.pt'} at step {tr.step} ({tr.elapsed / 60:.1f} min)")
+        elif portable is not None and portable.exists():
+            load_portable(tr, portable)
+            print(f"resumed the portable checkpoint {portable} at step {tr.step} ({tr.elapsed / 60:.1f} min)")
         elif args.ship:
             raise SystemExit(f"no checkpoint in {out}")
     if args.init_from and tr.step == 0:
         fresh = tr.init_from(args.init_from)
         print(f"warm start from {args.init_from}; at seed values: {', '.join(fresh) or 'none'}")
+    if args.qk_gain != 1.0 and tr.step == 0:  # a new run only: a resumed one has its gains
+        from sakura.model.sharpen import sharpen
+
+        sharpen(tr.adapter, args.qk_gain)
+        if tr.ema_tr is not None:
+            tr.ema_tr.load_state_dict(tr.transformer.state_dict())
     if args.ship:
         folder = ship(tr, Path(args.ship_to) if args.ship_to else None)
         print(f"shipped {args.model} step {tr.step} → {folder}")
@@ -446,16 +479,14 @@ def main(argv: list[str] | None = None) -> None:
                         spb=f"{tr.elapsed / max(1, tr.step):.2f}", refresh=False)
         bar.update(0)
         if now - last_ckpt > args.ckpt_minutes * 60:
-            tr.save()
-            tr.plot_loss()
+            save_all(tr, portable)
             last_ckpt = time.perf_counter()
         if now - last_sample > args.sample_minutes * 60:
             tr.sample_grid(out / f"samples_{tr.step:06d}.png")
             last_sample = time.perf_counter()
             t0, start_elapsed = time.perf_counter(), tr.elapsed  # sampling time is not training time
     bar.close()
-    tr.save()
-    tr.plot_loss()
+    save_all(tr, portable)
     tr.sample_grid(out / "samples_final.png")
     print(json.dumps({"model": args.model, "steps": tr.step, "minutes": round(tr.elapsed / 60, 2),
                       "final_loss_mean50": float(np.mean(recent)) if recent else None}))

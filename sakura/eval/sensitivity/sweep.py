@@ -140,7 +140,7 @@ def summaries(records: list[dict], benches: list[TemplateBench]) -> dict:
         masked = int(m.token_mask(req.mask).sum())
         out[bench.template.id] = {
             "resolution": m.codec.resolution, "image_tokens": m.codec.num_tokens, "masked_tokens": masked,
-            "token_ratio": masked / m.codec.num_tokens, "reference_tokens": (m.codec.ref_size // m.codec.patch) ** 2,
+            "token_ratio": masked / m.codec.num_tokens, "reference_tokens": 0 if (ref := m.reference_tokens(req)) is None else int(ref.shape[0]),
             "fp16_cache_bytes": bench.fp16_bytes, "storage_bytes": dict(bench.storage),
             "masked_s": bench.compute.masked_s, "local_full_s": bench.compute.local_full_s,
             # device memory is Fig. 12's business (and the CPU-clock replay does not track rebuilt bytes)
