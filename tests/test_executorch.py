@@ -113,6 +113,35 @@ def test_pte_key_follows_geometry_and_weights(setup, pte_cache):
             w[0, 0] -= 1.0
 
 
+def test_executorch_shard_with_locality_bias_equals_eager(tmp_path):
+    """A model with a locality bias exports with its bias baked in for this mask: the program matches
+    eager, and a mask of the same token counts elsewhere gets a program of its own."""
+    pytest.importorskip("executorch")
+    from dataclasses import replace
+
+    from sakura.model import seeded_model
+    from sakura.runtime.executors.eager import EagerExecutor
+    from sakura.runtime.executors.executorch_backend import shard_path
+    from test_model import LOCAL
+
+    model = seeded_model("sakura-tiny", codec=replace(load_model("sakura-tiny").codec, **LOCAL))
+    tpl = load_catalog().get(TEMPLATE)
+    req = edit_request(tpl, tpl.eval_requests[0], resolution=model.codec.resolution, ref_size=model.codec.ref_size)
+    cache = random_cache(model, req)
+    ref = model.masked_edit(req, cache.provider())
+    ex = get_executor("executorch", model, cache_dir=tmp_path, offload={(2, 3)})
+    run = ex.prepare(req, 1)
+    assert ex.exports[0]["max_abs_vs_eager"] <= 1e-3
+    err = float(np.abs(run.run(cache.provider()) - ref.image).max())
+    assert err <= IMAGE_TOL, f"ExecuTorch image differs from eager by {err}"
+    moved = edit_request(tpl, tpl.eval_requests[0], resolution=model.codec.resolution, ref_size=model.codec.ref_size)
+    moved.mask = np.roll(req.mask, 8, axis=1)  # one token to the right: same counts, other positions
+    other = EagerExecutor(model).prepare(moved, 1, load=False)
+    base = EagerExecutor(model).prepare(req, 1, load=False)
+    assert other.signature(2, 3) == base.signature(2, 3)
+    assert shard_path(other, 2, 3, cache_dir=tmp_path) != shard_path(base, 2, 3, cache_dir=tmp_path)
+
+
 def test_shard_protocol_errors(setup):
     model, req, cache, _ = setup
     run = get_executor("eager", model).prepare(req, 4)

@@ -176,7 +176,8 @@ def test_training_forward_is_the_samplers_velocity(tmp_path, changes):
     a._mask_feat, a._aligned = b["mpx"][0], a.aligned_reference(req)
     with torch.no_grad():
         pred, _, _ = tr.predict(b)
-        vel = a._velocity(xt, cond, b["tmask"][0], 0.75, a.text_encoder.encode(req.prompt), a.reference_tokens(req), None)
+        vel = a._velocity(xt, cond, b["tmask"][0], 0.75, a.text_encoder.encode(req.prompt), a.reference_tokens(req),
+                          None)
     torch.testing.assert_close(pred[0], vel, atol=1e-4, rtol=1e-4)
 
 
@@ -198,7 +199,8 @@ def test_codec_follows_the_checkpoint(tmp_path):
     shipped = load_model_folder(ship(again, tmp_path / "w"))
     assert shipped.codec == tr.codec and shipped.codec.locality == (0.0, 0.25, 0.5, 1.0)
     with pytest.raises(SystemExit, match="ref-mode"):
-        run_codec("sakura-tiny", argparse.Namespace(**vars(flags) | {"ref_mode": "tokens"}), tmp_path / "run" / "ckpt.pt")
+        run_codec("sakura-tiny", argparse.Namespace(**vars(flags) | {"ref_mode": "tokens"}),
+                  tmp_path / "run" / "ckpt.pt")
     with pytest.raises(ValueError, match="codec"):  # a trainer built for another codec cannot load it
         Trainer("sakura-tiny", tmp_path / "run", batch=2, device=torch.device("cpu")).load()
 

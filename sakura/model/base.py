@@ -24,10 +24,10 @@ import torch.nn.functional as F
 from sakura.kvcache import KVCache
 from sakura.model.pixels import (  # noqa: F401
     mask_bbox_crop,
-    template_condition,
     patchify,
     place_in_bbox,
     resize_image,
+    template_condition,
     unpatchify,
 )
 
@@ -427,7 +427,8 @@ class DiTAdapter(ABC):
         """Run the model from inside a run (a provider callback): snapshot and restore the run's state."""
         ctx = self.ctx
         saved = dict(vars(ctx))
-        per_request = {a: getattr(self, a) for a in ("_num_txt", "_mask_feat", "_aligned", "_mask_px") if hasattr(self, a)}
+        per_request = {a: getattr(self, a) for a in ("_num_txt", "_mask_feat", "_aligned", "_mask_px")
+                       if hasattr(self, a)}
         try:
             yield
         finally:

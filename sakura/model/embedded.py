@@ -2,7 +2,9 @@
 
 A model folder (ours, or any local diffusers-style folder) holds::
 
-    sakura.json                  codec + family: {"family": "flux2"|"sd3", "resolution", "patch", "ref_size", "num_steps"}
+    sakura.json                  family + codec: {"family": "flux2"|"sd3", "resolution", "patch", "ref_size",
+                                 "num_steps"} and, where not the default, "blank_tasks", "ref_mode",
+                                 "locality", "patch_context" (``CodecConfig``)
     transformer/                 a diffusers transformer (config.json + diffusion_pytorch_model.safetensors)
     text_encoder/                ours: config.json + model.safetensors
 

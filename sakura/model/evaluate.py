@@ -27,6 +27,7 @@ import argparse
 import json
 import math
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -201,14 +202,14 @@ def synthetic_templates(name: str, heldout: int):
         yield f"synthetic-{task}", EditRequest(tpl, mask, task, "", None), reqs[:5], reqs[5:]
 
 
-def catalog_templates(name: str, heldout: int, with_template: bool = False):
+def catalog_templates(name: str, heldout: int, with_template: bool = False, only: set[str] | None = None):
     try:
         from sakura.catalog import load_catalog
     except ImportError:
         yield from synthetic_templates(name, heldout)
         return
     for t in load_catalog():
-        if t.model == name:
+        if t.model == name and (not only or t.id in only):
             yield (t.id, *catalog_requests(t, heldout)) + ((t,) if with_template else ())
 
 
@@ -247,6 +248,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--skip-attention", action="store_true")
     ap.add_argument("--skip-sensitivity", action="store_true")
     ap.add_argument("--skip-packs", action="store_true", help="no pack build for smallest / top level PSNR")
+    ap.add_argument("--templates", default=None,
+                    help="comma list of catalog template ids (default: all of the model's)")
     ap.add_argument("--sensitivity-requests", type=int, default=3, help="evaluation requests per template for "
                                                                          "the cache sensitivity")
     args = ap.parse_args(argv)
@@ -254,11 +257,12 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     names = [m.strip() for m in args.models.split(",") if m.strip()]
+    only = {t for t in args.templates.split(",") if t} if args.templates else None
     report: dict = {"top_fraction": TOP, "n_per_task": args.n_per_task, "models": {}}
     for name in names:
         t0 = time.perf_counter()
         trained = trained_adapter(name, args.weights)
-        seeded = seeded_model(name)
+        seeded = seeded_model(name, codec=replace(trained.codec))  # the same architecture, untrained
         tasks = ("mb",) if name.endswith("sd3") else TASKS
         examples = [e for e in heldout_examples(args.n_per_task) if e.task in tasks]
         print(f"[{name}] edit quality on {len(examples)} held-out synthetic edits …", flush=True)
@@ -266,7 +270,8 @@ def main(argv: list[str] | None = None) -> None:
         quality = edit_quality({"seeded": seeded, "trained": trained}, tqdm(examples, leave=False), ssim_masked)
         rep = {"psnr_masked": quality, "ssim_masked": ssim_masked, "attention": {}}
         if not args.skip_attention:
-            for tid, base, prof, held in tqdm(list(catalog_templates(name, args.heldout)), desc="attention", leave=False):
+            att_tpls = list(catalog_templates(name, args.heldout, only=only))
+            for tid, base, prof, held in tqdm(att_tpls, desc="attention", leave=False):
                 rep["attention"][tid] = {w: attention_structure(a, base, prof, held)
                                          for w, a in (("trained", trained), ("seeded", seeded))}
             att = rep["attention"]
@@ -274,7 +279,7 @@ def main(argv: list[str] | None = None) -> None:
                 rep["attention_mean"] = {w: {m: round(float(np.mean([v[w][m] for v in att.values()])), 4)
                                              for m in ("top10_share", "top10_overlap")} for w in ("trained", "seeded")}
         if not args.skip_sensitivity:
-            tpls = list(catalog_templates(name, max(args.heldout, args.sensitivity_requests), with_template=True))
+            tpls = list(catalog_templates(name, max(args.heldout, args.sensitivity_requests), True, only))
             per_template = {}
             for i, (tid, base, prof, held, tpl) in enumerate(tqdm(tpls, desc="sensitivity", leave=False)):
                 other = next((o[1].template for o in tpls[i + 1:] + tpls[:i] if o[1].task == base.task), None)
@@ -289,7 +294,7 @@ def main(argv: list[str] | None = None) -> None:
         render_grid(trained, grid_ex, out / f"samples{suffix}.png",
                     title=f"{name}: held-out synthetic edits (trained weights)",
                     extra={"seeded model": lambda e, s=seeded: s.full_edit(_request(e)).image})
-        render_catalog_edits(trained, [t[-1] for t in catalog_templates(name, 0, with_template=True)],
+        render_catalog_edits(trained, [t[-1] for t in catalog_templates(name, 0, True, only)],
                              out / f"edits{suffix}.png", title=f"{name}: catalog edits (held-out requests)")
         rep["seconds"] = round(time.perf_counter() - t0, 1)
         report["models"][name] = rep

@@ -93,8 +93,8 @@ def load_portable(trainer, path: str | Path) -> None:
         weights = {name: t[f"raw.{part}.{name}"].to(own[name].dtype) for name in own}
         raw.load_state_dict(weights)
         if ema is not None:
-            ema.load_state_dict({name: w + _dequantize(t[f"emad.{part}.{name}"], t[f"emas.{part}.{name}"], w).to(w.dtype)
-                                 for name, w in weights.items()})
+            ema.load_state_dict({name: w + _dequantize(t[f"emad.{part}.{name}"], t[f"emas.{part}.{name}"],
+                                                       w).to(w.dtype) for name, w in weights.items()})
     params = [p for g in trainer.opt.param_groups for p in g["params"]]
     steps = json.loads(meta["adam_steps"])
     state = {}

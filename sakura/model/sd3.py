@@ -58,6 +58,11 @@ class SD3JointProcessor:
 class SD3Adapter(DiTAdapter):
     family = "sd3"
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.codec.locality:
+            raise ModelInputError("the locality bias is implemented for the Flux2 family only")
+
     @property
     def attention_modules(self):
         mods = []

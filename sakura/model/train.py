@@ -21,6 +21,7 @@ import argparse
 import copy
 import json
 import math
+import signal
 import time
 from pathlib import Path
 
@@ -354,7 +355,8 @@ def run_codec(model: str, args, ckpt: Path, portable: Path | None = None) -> Cod
     given = {k: getattr(args, k, None) for k in ("blank_tasks", "ref_mode", "locality", "patch_context", "ref_size")}
     given = {k: v for k, v in given.items() if v is not None}
     parse = {"blank_tasks": lambda v: tuple(t for t in v.split(",") if t), "ref_mode": str,
-             "locality": lambda v: tuple(float(x) for x in v.split(",") if x), "patch_context": lambda v: v == "yes", "ref_size": int}
+             "locality": lambda v: tuple(float(x) for x in v.split(",") if x), "patch_context": lambda v: v == "yes",
+             "ref_size": int}
     resuming = args.resume or args.ship
     if resuming and (ckpt.exists() or (portable is not None and portable.exists())):
         state = (torch.load(ckpt, map_location="cpu", weights_only=False) if ckpt.exists()
@@ -462,7 +464,10 @@ def main(argv: list[str] | None = None) -> None:
     last_ckpt = last_sample = time.perf_counter()
     start_elapsed, t0 = tr.elapsed, time.perf_counter()
     recent: list[float] = []
-    while True:
+    stop = []  # SIGTERM / Ctrl-C: finish the step, save, exit (resume with --resume)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.append(True))
+    while not stop:
         progress = tr.elapsed / budget
         if args.steps:
             progress = max(progress, tr.step / args.steps)
@@ -486,8 +491,11 @@ def main(argv: list[str] | None = None) -> None:
             last_sample = time.perf_counter()
             t0, start_elapsed = time.perf_counter(), tr.elapsed  # sampling time is not training time
     bar.close()
+    if stop:
+        print(f"stopped at step {tr.step}; saved (resume with --resume)")
     save_all(tr, portable)
-    tr.sample_grid(out / "samples_final.png")
+    if not stop:
+        tr.sample_grid(out / "samples_final.png")
     print(json.dumps({"model": args.model, "steps": tr.step, "minutes": round(tr.elapsed / 60, 2),
                       "final_loss_mean50": float(np.mean(recent)) if recent else None}))
 

@@ -138,9 +138,10 @@ def summaries(records: list[dict], benches: list[TemplateBench]) -> dict:
         m = bench.model
         req = bench.request(0)
         masked = int(m.token_mask(req.mask).sum())
+        ref = m.reference_tokens(req)
         out[bench.template.id] = {
             "resolution": m.codec.resolution, "image_tokens": m.codec.num_tokens, "masked_tokens": masked,
-            "token_ratio": masked / m.codec.num_tokens, "reference_tokens": 0 if (ref := m.reference_tokens(req)) is None else int(ref.shape[0]),
+            "token_ratio": masked / m.codec.num_tokens, "reference_tokens": 0 if ref is None else int(ref.shape[0]),
             "fp16_cache_bytes": bench.fp16_bytes, "storage_bytes": dict(bench.storage),
             "masked_s": bench.compute.masked_s, "local_full_s": bench.compute.local_full_s,
             # device memory is Fig. 12's business (and the CPU-clock replay does not track rebuilt bytes)

@@ -101,6 +101,11 @@ class ShardRun(ABC):
     @abstractmethod
     def signature(self, l0: int, l1: int) -> ShardSignature: ...
 
+    def graph_constants(self) -> str:
+        """What an exported shard bakes in beyond its signature and weights (e.g. a locality bias that
+        depends on where the masked and reusable tokens lie); part of the exported program's key."""
+        return ""
+
     @abstractmethod
     def shard_module(self, l0: int, l1: int) -> torch.nn.Module:
         """The blocks of ``[l0, l1)`` as a module taking ``self.example_inputs(l0, l1)`` positionally."""

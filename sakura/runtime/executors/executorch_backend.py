@@ -93,7 +93,8 @@ def shard_key(run: ShardRun, l0: int, l1: int, backend: str, extra: str = "") ->
     sig = run.signature(l0, l1)
     fp = weights_fingerprint(run.shard_module(l0, l1))
     text = json.dumps({"sig": sig.__dict__, "weights": fp, "backend": backend, "torch": torch.__version__,
-                       "executorch": require_executorch(), "attention": "explicit", "extra": extra},
+                       "executorch": require_executorch(), "attention": "explicit", "extra": extra,
+                       "constants": run.graph_constants()},
                       sort_keys=True)
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 

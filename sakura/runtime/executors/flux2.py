@@ -14,6 +14,8 @@ Replicates ``Flux2Transformer2DModel.forward`` in pieces, with the model's own s
 
 from __future__ import annotations
 
+import hashlib
+import json
 from contextlib import contextmanager
 
 import numpy as np
@@ -114,6 +116,13 @@ class Flux2Run(ShardRun):
         return ShardSignature("flux2", a.model_id, int(self.rows.numel()) + self.nref, self.num_txt,
                               int(self.reuse.numel()), a.heads, a.head_dim, l0, l1,
                               str(self.dt).removeprefix("torch."))
+
+    def graph_constants(self) -> str:
+        codec = self.adapter.codec
+        if not codec.locality:
+            return ""
+        where = hashlib.sha1(self.rows.numpy().tobytes() + self.reuse.numpy().tobytes()).hexdigest()[:16]
+        return json.dumps({"locality": list(codec.locality), "grid": codec.grid, "tokens": where})
 
     def shard_module(self, l0: int, l1: int) -> Flux2Shard:
         return Flux2Shard(self.adapter, l0, l1, self.num_txt)
