@@ -18,8 +18,15 @@ from PIL import Image
 
 from app.device import COMPARE_ORDER, SYSTEM_TITLES, EditRun
 from app.edit_inputs import check_trace_upload, network_spec
-from app.edit_panels import (COMPARE_HEADERS, PRIVACY_HEADERS, compare_rows, metrics_html, privacy_html, privacy_rows,
-                             status_html)
+from app.edit_panels import (
+    COMPARE_HEADERS,
+    PRIVACY_HEADERS,
+    compare_rows,
+    metrics_html,
+    privacy_html,
+    privacy_rows,
+    status_html,
+)
 from app.images import UploadError, diff_heatmap, from_b64
 from app.timeline import latency_figure, timeline_figure
 from device_bridge import EditProgress, EditRejected, Job, NetworkSpec, Photo

@@ -23,10 +23,27 @@ _SOURCES = {
 
 if TYPE_CHECKING:
     from device_bridge.agent import DeviceAgent
-    from device_bridge.protocol import (COMPRESSED, PROTOCOL_VERSION, SYSTEMS, EditFailed, EditProgress, EditRejected,
-                                        Job, NetworkSpec, Photo, TraceUpload)
-    from device_bridge.transport import (AdbBridge, Bridge, BridgeError, InProcessBridge, SubprocessBridge, WsBridge,
-                                         connect)
+    from device_bridge.protocol import (
+        COMPRESSED,
+        PROTOCOL_VERSION,
+        SYSTEMS,
+        EditFailed,
+        EditProgress,
+        EditRejected,
+        Job,
+        NetworkSpec,
+        Photo,
+        TraceUpload,
+    )
+    from device_bridge.transport import (
+        AdbBridge,
+        Bridge,
+        BridgeError,
+        InProcessBridge,
+        SubprocessBridge,
+        WsBridge,
+        connect,
+    )
 
 
 def __getattr__(name: str) -> Any:

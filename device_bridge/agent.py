@@ -24,8 +24,18 @@ import httpx
 from device_bridge.links import AuditedLink, EditCancelled
 from device_bridge.media import mask_overlay, png_b64
 from device_bridge.prefetcher import DEFAULT_THINK_S, Prefetcher
-from device_bridge.protocol import (DEFAULT_TIMEOUT_S, PROTOCOL_VERSION, EditFailed, EditRejected, Job, event, jsonable,
-                                    one_line, parse_job, parse_network)
+from device_bridge.protocol import (
+    DEFAULT_TIMEOUT_S,
+    PROTOCOL_VERSION,
+    EditFailed,
+    EditRejected,
+    Job,
+    event,
+    jsonable,
+    one_line,
+    parse_job,
+    parse_network,
+)
 from device_bridge.slot import EditSlot
 from sakura.catalog import TASK_NAMES, Catalog, CatalogError, load_catalog
 from sakura.formats import PackFormatError, file_id

@@ -24,7 +24,8 @@ from device_bridge.agent import DeviceAgent
 from device_bridge.errors import EditFailed, EditRejected, one_line
 from sakura.formats.container import loads_json
 from sakura.net.listen import bind_socket, serve_in_thread, url_of
-from sakura.server.limits import ServerLimits, uvicorn_config as bounded_config
+from sakura.server.limits import ServerLimits
+from sakura.server.limits import uvicorn_config as bounded_config
 
 READY_PREFIX = "sakura device agent listening on "
 WS_MAX_BYTES = 64 * 1024 * 1024  # a 20 MB photo in base64 plus the job must fit one message

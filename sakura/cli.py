@@ -264,9 +264,7 @@ def bench(
     torch.set_num_threads(threads)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from sakura.eval import bench
-    from sakura.eval import figures
-
+    from sakura.eval import bench, figures
     from sakura.runtime.calibration import default_path
 
     if clock not in ("sim", "real", "both"):
@@ -310,8 +308,7 @@ def report(
 ):
     """Offline observations: token importance (Fig. 2), rank-precision trade-off (Fig. 8), q sweep (Fig. 19)."""
     from sakura.catalog import load_catalog
-    from sakura.eval import bench
-    from sakura.eval import reports
+    from sakura.eval import bench, reports
 
     if kind not in ("importance", "tradeoff", "q-sweep"):
         raise UserError("report kind must be importance, tradeoff or q-sweep")

@@ -10,13 +10,12 @@ import torch
 
 from sakura.formats import PackFormatError, chunkcodec
 from sakura.formats.allocated import MEAN, MEAN_F16, MEAN_U8, AllocatedPackInfo, PrefixConfig, decode_means
-from sakura.formats.container import write_container
 from sakura.formats.bitplanes import dequantize, truncate
+from sakura.formats.container import write_container
 from sakura.formats.pack import PackEncoding, PackReader, decode_factors
 from sakura.offline import pack_cache, quantize_factors
+from sakura.offline.allocate import ChunkRef, UnitModel, exact_error, shard_table, uniform_error
 from sakura.offline.compress import SHARED_TOP_SHARE, quantize_shared
-from sakura.offline.allocate import UnitModel, exact_error, shard_table, uniform_error
-from sakura.offline.allocate import ChunkRef
 from sakura.offline.lowrank import shared_lowrank, weighted_lowrank
 from sakura.offline.synthetic import synthetic_cache
 
@@ -233,7 +232,7 @@ def test_shared_basis_stores_one_a_and_reaches_v1s_top_in_fewer_bytes(shared):
     cache, imp, folder, v1, unit, sh = shared
     assert sh.geometry.shared_basis == 1 and sh.header["shared_shards"] == [1] and sh.a_units(0) == 1
     assert unit.header.get("shared_shards") is None and unit.a_units(0) == 4
-    top1, top_unit, top = v1.frontier(0)[-1], unit.frontier(0)[-1], sh.frontier(0)[-1]
+    top1, top = v1.frontier(0)[-1], sh.frontier(0)[-1]
     assert top.error <= SHARED_TOP_SHARE * top1.error * 1.01  # a shared basis stops at half v1's error
     # the units share their token structure: one A serves all four, in well under the per-unit pack's
     # bytes at the same error

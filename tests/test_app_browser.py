@@ -103,8 +103,8 @@ class Stack:
 def stack(app_packs, tmp_path_factory):
     from app.cli import start_app
     from app.server import create_app
-    from sakura.eval.explorer import Explorer
     from device_bridge import connect
+    from sakura.eval.explorer import Explorer
     from sakura.server.run import start_server
 
     data = tmp_path_factory.mktemp("app-data")

@@ -4,8 +4,7 @@ import json
 
 import pytest
 
-from sakura.eval import bench
-from sakura.eval import figures
+from sakura.eval import bench, figures
 from sakura.eval.projection import project_paper
 
 

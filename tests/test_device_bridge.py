@@ -355,8 +355,8 @@ def test_connect_rejects_unknown_specs_and_unreachable_agents():
 
 
 def test_device_side_shaping_follows_the_trace():
-    from sakura.net.paced import PacedLink
     from sakura.net.client import Transfer
+    from sakura.net.paced import PacedLink
     from sakura.net.traces import Trace
 
     class Instant:

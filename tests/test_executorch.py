@@ -18,7 +18,7 @@ from sakura.catalog import load_catalog
 from sakura.editing import edit_request
 from sakura.kvcache import KVCache
 from sakura.model import load_model
-from sakura.runtime.executors import (BackendUnavailable, ShardExecutionError, export_shards, get_executor)
+from sakura.runtime.executors import BackendUnavailable, ShardExecutionError, export_shards, get_executor
 
 TEMPLATE = "fs-astronaut"
 SHARD_SIZE = 3
@@ -119,10 +119,11 @@ def test_executorch_shard_with_locality_bias_equals_eager(tmp_path):
     pytest.importorskip("executorch")
     from dataclasses import replace
 
+    from test_model import LOCAL
+
     from sakura.model import seeded_model
     from sakura.runtime.executors.eager import EagerExecutor
     from sakura.runtime.executors.executorch_backend import shard_path
-    from test_model import LOCAL
 
     model = seeded_model("sakura-tiny", codec=replace(load_model("sakura-tiny").codec, **LOCAL))
     tpl = load_catalog().get(TEMPLATE)

@@ -7,8 +7,14 @@ import pytest
 from sakura.model import LocalSwitch
 from sakura.net.folder import FolderSource
 from sakura.net.traces import Trace
-from sakura.online.fallback import (CHECK_EVERY_S, FallbackContext, InFlight, choose_fallback, observed_rate_bps,
-                                    predict_ready)
+from sakura.online.fallback import (
+    CHECK_EVERY_S,
+    FallbackContext,
+    InFlight,
+    choose_fallback,
+    observed_rate_bps,
+    predict_ready,
+)
 from sakura.runtime.calibration import CalibrationStore
 from sakura.runtime.compute import ComputeProfile
 from sakura.runtime.session import DeviceRuntime, Network

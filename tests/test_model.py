@@ -8,7 +8,6 @@ from sakura.model import EditRequest, ModelInputError, ModelLoadError, load_mode
 from sakura.model.base import resize_image
 from sakura.model.embedded import load_model_folder, save_model
 
-
 # the embedded model's newer codec: references aligned onto the mask, a 2-D locality bias, fill-style fs/vton
 LOCAL = {"ref_mode": "aligned", "locality": (0.0, 0.3, 0.6, 1.2), "blank_tasks": ("fs", "vton")}
 

@@ -1,11 +1,11 @@
 """Attention sharpening (sakura.model.sharpen) and the cache-sensitivity quantiser (issue 17)."""
 
 import torch
+from test_model import request
 
 from sakura.model import seeded_model
 from sakura.model.evaluate import per_token_quant
 from sakura.model.sharpen import sharpen, step0_checkpoint
-from test_model import request
 
 
 def test_sharpen_scales_logits_and_keeps_cache_reuse_exact():
@@ -49,9 +49,10 @@ def test_per_token_quant_is_per_token():
 def test_cache_sensitivity_orders_degradations():
     """INT4 closer to the exact cache than INT2, a zeroed cache further still; every field the model
     card reports (a full local run included)."""
+    from test_model import sharpened
+
     from sakura.model import EditRequest
     from sakura.model.evaluate import cache_sensitivity
-    from test_model import sharpened
 
     m = sharpened("sakura-tiny")
     req = request("mb")

@@ -8,9 +8,20 @@ import pytest
 from sakura.catalog import load_catalog
 from sakura.eval.sensitivity.resolution import growth_factors
 from sakura.eval.sensitivity.sweep import measure_compute_cpu
-from sakura.eval.sensitivity.variants import (BASE_TEMPLATE, MASK_RATIOS, fit_mask, mask_variant_id, model_fingerprint,
-                                              res_variant_id, resolution_variant, save_resolution_models, scale_mask,
-                                              write_manifest, write_mask_manifest, write_resolution_manifest)
+from sakura.eval.sensitivity.variants import (
+    BASE_TEMPLATE,
+    MASK_RATIOS,
+    fit_mask,
+    mask_variant_id,
+    model_fingerprint,
+    res_variant_id,
+    resolution_variant,
+    save_resolution_models,
+    scale_mask,
+    write_manifest,
+    write_mask_manifest,
+    write_resolution_manifest,
+)
 
 
 def test_manifest_writer_round_trips(tmp_path):

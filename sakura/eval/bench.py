@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from sakura.editing import edit_request
+from sakura.eval.summary_stats import edit_key, fallback_stats, paired_over_oracle, summarize  # noqa: F401
 from sakura.formats import PackFormatError, file_id
 from sakura.kvcache import KVCache
 from sakura.net.folder import FolderSource
@@ -34,7 +35,6 @@ from sakura.online.monitor import DEFAULT_ESTIMATOR
 from sakura.quality import quality
 from sakura.runtime.calibration import CalibrationStore, spread
 from sakura.runtime.session import DeviceRuntime, Network, network_scale
-from sakura.eval.summary_stats import edit_key, fallback_stats, paired_over_oracle, summarize  # noqa: F401
 from sakura.systems import STREAMING, SYSTEMS
 
 WORKLOADS = {"fs": ("fs", "sakura-tiny"), "vton": ("vton", "sakura-tiny"), "mb": ("mb", "sakura-tiny"),

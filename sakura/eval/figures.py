@@ -16,13 +16,13 @@ import torch
 from sakura.eval import bench
 from sakura.eval import plots as P
 from sakura.eval.equal_bytes import fig15_bytes_quality
-from sakura.quality import quality
 from sakura.eval.sensitivity import fig16_mask_ratio, fig18_resolution
 from sakura.formats import FetchUnit, Level, StreamEncoding
 from sakura.formats.pack import PackEncoding, PackInfo, decode_shard
 from sakura.net.traces import load_trace
 from sakura.offline.compress import pack_cache
 from sakura.online.policies import SakuraPolicy
+from sakura.quality import quality
 
 
 def _dump(out: Path, name: str, data) -> Path:

@@ -28,6 +28,7 @@ from sakura.runtime.sim import LinkModel, simulate, simulate_masked
 from sakura.runtime.timeline import Timeline
 from sakura.systems import SYSTEMS
 
+
 @dataclass(frozen=True)
 class PaperSetting:
     name: str

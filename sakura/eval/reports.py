@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 from sakura.eval import bench
-from sakura.formats.intq import decode_unit, encode_unit
 from sakura.formats import FORMATS, file_id
+from sakura.formats.intq import decode_unit, encode_unit
 from sakura.formats.pack import PackInfo, decode_shard
 from sakura.offline.builder import load_importance, profile_importance
 

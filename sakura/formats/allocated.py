@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from sakura.formats import chunkcodec
-from sakura.formats.groupdequant import dequantize_groups
 from sakura.formats.bitplanes import HEAD_BYTES, QuantizedFactors, plane_bytes, plane_records
 from sakura.formats.container import Blobs, PackFormatError, StoredInfo, coalesce
+from sakura.formats.groupdequant import dequantize_groups
 from sakura.formats.pack import Config, Geometry, PackInfo, _geometry
 from sakura.kvcache import shard_plan
 

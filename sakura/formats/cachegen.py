@@ -33,18 +33,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from sakura.formats import cachegen_codec as codec
 from sakura.formats.base import KV, FetchUnit, Level, Range, StreamEncoding, shard_label
-from sakura.formats.container import (Blobs, PackFormatError, StoredInfo, checked_plan, geometry_ints,
-                                      write_container)
+from sakura.formats.container import Blobs, PackFormatError, StoredInfo, checked_plan, geometry_ints, write_container
 from sakura.kvcache import KVCache, kv_pairs, shard_plan, shard_units
-
-if TYPE_CHECKING:
-    import torch  # imported inside the functions that make tensors, not here: see sakura.kvcache
 
 FORMAT = "sakura-cachegen"
 VERSION = 2  # 2: shard → level → token chunk layout, per-level lzma tables, ANS

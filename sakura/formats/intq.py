@@ -22,8 +22,15 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from sakura.formats.base import KV, Level, Range, ShardEncoding
-from sakura.formats.container import (Blobs, PackFormatError, StoredInfo, check_lengths, checked_plan,
-                                      geometry_ints, write_container)
+from sakura.formats.container import (
+    Blobs,
+    PackFormatError,
+    StoredInfo,
+    check_lengths,
+    checked_plan,
+    geometry_ints,
+    write_container,
+)
 from sakura.kvcache import KVCache, kv_pairs, shard_plan, shard_units
 
 FORMAT = "sakura-intq"

@@ -24,8 +24,16 @@ import numpy as np
 from sakura.formats import anytime
 from sakura.formats.base import KV, Level, Range, ShardEncoding
 from sakura.formats.bitplanes import FactorBytes, QuantizedFactors, plane_records
-from sakura.formats.container import (Blobs, PackFormatError, StoredInfo, check_lengths, checked_plan, coalesce,
-                                      geometry_ints, write_container)
+from sakura.formats.container import (
+    Blobs,
+    PackFormatError,
+    StoredInfo,
+    check_lengths,
+    checked_plan,
+    coalesce,
+    geometry_ints,
+    write_container,
+)
 from sakura.formats.packgeometry import Config, Geometry
 from sakura.kvcache import CacheUnit, kv_pairs, shard_plan, shard_units
 

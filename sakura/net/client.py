@@ -29,10 +29,22 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 from websockets.sync.client import ClientConnection, connect
 
-from sakura.net.byteranges import (CONTENT_RANGE, MAX_HEADER_BYTES, MAX_RANGE_HEADER, FetchError, Transfer,
-                                   check_header_length, check_ranges, header_bytes_via_ranges, merged_spans,
-                                   parse_multipart_byteranges, raise_for_error, range_headers, read_body,
-                                   slice_segments)
+from sakura.net.byteranges import (
+    CONTENT_RANGE,
+    MAX_HEADER_BYTES,
+    MAX_RANGE_HEADER,
+    FetchError,
+    Transfer,
+    check_header_length,
+    check_ranges,
+    header_bytes_via_ranges,
+    merged_spans,
+    parse_multipart_byteranges,
+    raise_for_error,
+    range_headers,
+    read_body,
+    slice_segments,
+)
 from sakura.net.shaping import RateSpec
 
 __all__ = ["FetchError", "MAX_HEADER_BYTES", "MAX_RANGE_HEADER", "RangeClient", "Transfer", "WsRangeClient",

@@ -19,7 +19,6 @@ from sakura.net.client import Transfer
 from sakura.net.traces import Trace
 from sakura.online.fallback import in_flight
 
-
 # Every streaming policy keeps the same number of requests outstanding (the real runtime and the
 # simulated clock alike), so round trips hide behind transfers for all of them equally.
 DEFAULT_INFLIGHT = 2

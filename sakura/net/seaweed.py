@@ -127,9 +127,8 @@ def _die_with_parent() -> None:
 
 def _wait_ready(store: LocalS3, timeout: float) -> None:
     """Until a bucket can be created and written (the S3 port opens before volumes are ready)."""
-    from botocore.config import Config
-
     import boto3
+    from botocore.config import Config
 
     client = boto3.client("s3", endpoint_url=store.endpoint, aws_access_key_id=store.access_key,
                           aws_secret_access_key=store.secret_key, region_name="us-east-1",

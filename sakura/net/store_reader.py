@@ -25,8 +25,17 @@ from typing import TypeVar
 
 import httpx
 
-from sakura.net.byteranges import (FetchError, Transfer, check_header_length, check_ranges, header_bytes_via_ranges,
-                                   merged_spans, raise_for_error, read_body, slice_segments)
+from sakura.net.byteranges import (
+    FetchError,
+    Transfer,
+    check_header_length,
+    check_ranges,
+    header_bytes_via_ranges,
+    merged_spans,
+    raise_for_error,
+    read_body,
+    slice_segments,
+)
 
 T = TypeVar("T")
 PARALLEL_RANGES = 4  # separate ranges of one fetch travel on this many connections at once

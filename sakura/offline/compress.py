@@ -20,10 +20,17 @@ from sakura.formats.allocated import MEAN_U8, AllocatedShard, ChunkRef, decode_m
 from sakura.formats.bitplanes import PLANES, QuantizedFactors, quantize
 from sakura.formats.pack import DEFAULT_GROUP, Config, Geometry, PackInfo, PackSource, write_pack
 from sakura.kvcache import KVCache, shard_units
-from sakura.offline.lowrank import (SMALL_UNIT, Factors, mean_importance, normalized_importance, shared_lowrank,
-                                    single_threaded, weighted_lowrank)
-from sakura.offline.tradeoff import DEFAULT_BITS, QUALITY_METRIC, pareto, profile_shard, rank_grid, step_errors
 from sakura.offline.allocate import UnitModel, exact_error, exact_stop, greedy_order, shard_table, thin, uniform_error
+from sakura.offline.lowrank import (
+    SMALL_UNIT,
+    Factors,
+    mean_importance,
+    normalized_importance,
+    shared_lowrank,
+    single_threaded,
+    weighted_lowrank,
+)
+from sakura.offline.tradeoff import DEFAULT_BITS, QUALITY_METRIC, pareto, profile_shard, rank_grid, step_errors
 
 TOLERANCE = 0.01  # an allocated pack stops within 1 % (0.04 dB) of the reference configuration's error
 # A shared-basis shard stops at this share of v1's top error instead (by default; an ``auto`` build tries

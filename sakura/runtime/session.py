@@ -27,7 +27,6 @@ from typing import Callable
 import numpy as np
 
 from sakura.editing import edit_request, model_for
-from sakura.quality import quality
 from sakura.formats import FORMATS, KV, StreamEncoding, encoding_from_header, file_id
 from sakura.formats.fp16 import Fp16Info
 from sakura.model import DiTAdapter, EditRequest
@@ -37,6 +36,7 @@ from sakura.net.traces import Trace, paper_regime_scale
 from sakura.online.fallback import BOUND_SHARE, FallbackContext
 from sakura.online.monitor import DEFAULT_ESTIMATOR
 from sakura.online.policies import Policy, get_policy
+from sakura.quality import quality
 from sakura.runtime.calibration import CalibrationStore
 from sakura.runtime.compute import ComputeProfile
 from sakura.runtime.errors import StreamError, TemplateUnavailable

@@ -20,8 +20,15 @@ from sakura.formats import KV, FetchUnit, Level, StreamEncoding
 from sakura.net.paced import DEFAULT_INFLIGHT, DEFAULT_REQUEST_OVERHEAD_S, cut_point
 from sakura.net.traces import Trace
 from sakura.online.deadline import predict_need
-from sakura.online.fallback import (CHECK_EVERY_S, FallbackContext, choose_fallback, in_flight, mean_or_none,
-                                   observed_rate_bps, predict_ready)
+from sakura.online.fallback import (
+    CHECK_EVERY_S,
+    FallbackContext,
+    choose_fallback,
+    in_flight,
+    mean_or_none,
+    observed_rate_bps,
+    predict_ready,
+)
 from sakura.online.monitor import DEFAULT_ESTIMATOR, RuntimeMonitor
 from sakura.online.policies import Policy
 from sakura.runtime.compute import ComputeProfile

@@ -24,8 +24,14 @@ from sakura.kvcache import shard_of_layers
 from sakura.model import DiTAdapter, EditRequest, EditResult, LocalSwitch
 from sakura.net.paced import DEFAULT_INFLIGHT
 from sakura.online.deadline import predict_need
-from sakura.online.fallback import (CHECK_EVERY_S, FallbackContext, choose_fallback, mean_or_none, observed_rate_bps,
-                                   predict_ready)
+from sakura.online.fallback import (
+    CHECK_EVERY_S,
+    FallbackContext,
+    choose_fallback,
+    mean_or_none,
+    observed_rate_bps,
+    predict_ready,
+)
 from sakura.online.monitor import DEFAULT_ESTIMATOR, RuntimeMonitor
 from sakura.online.policies import Policy
 from sakura.runtime.compute import ComputeProfile

@@ -8,8 +8,17 @@ from pathlib import Path
 from sakura.catalog import load_catalog
 from sakura.editing import model_for
 from sakura.eval.plots import COLORS, NAMES, plt
-from sakura.eval.sensitivity.sweep import (STREAMED, finish_figure, fresh_packs, prepare_variants, run_variants,
-                                           studied_systems, study_result, summaries, write_study)
+from sakura.eval.sensitivity.sweep import (
+    STREAMED,
+    finish_figure,
+    fresh_packs,
+    prepare_variants,
+    run_variants,
+    studied_systems,
+    study_result,
+    summaries,
+    write_study,
+)
 from sakura.eval.sensitivity.variants import BASE_TEMPLATE, MASK_RATIOS, model_fingerprint, write_mask_manifest
 
 

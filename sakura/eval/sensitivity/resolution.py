@@ -14,10 +14,25 @@ from matplotlib.ticker import FuncFormatter
 from sakura.catalog import load_catalog
 from sakura.editing import model_for
 from sakura.eval.plots import COLORS, NAMES, plt
-from sakura.eval.sensitivity.sweep import (STREAMED, finish_figure, fresh_packs, prepare_variants, run_variants,
-                                           studied_systems, study_result, summaries, write_study)
-from sakura.eval.sensitivity.variants import (BASE_TEMPLATE, RESOLUTIONS, model_fingerprint, resolution_model_paths,
-                                              save_resolution_models, write_resolution_manifest)
+from sakura.eval.sensitivity.sweep import (
+    STREAMED,
+    finish_figure,
+    fresh_packs,
+    prepare_variants,
+    run_variants,
+    studied_systems,
+    study_result,
+    summaries,
+    write_study,
+)
+from sakura.eval.sensitivity.variants import (
+    BASE_TEMPLATE,
+    RESOLUTIONS,
+    model_fingerprint,
+    resolution_model_paths,
+    save_resolution_models,
+    write_resolution_manifest,
+)
 
 
 def fig18_resolution(cfg, out, cache, progress, say, resolutions=RESOLUTIONS, template_id: str = BASE_TEMPLATE,

@@ -167,9 +167,11 @@ def export_qnn(run: ShardRun, l0: int, l1: int, path: Path, soc: str = DEFAULT_S
     require_executorch()
     from executorch.backends.qualcomm.quantizer.quantizer import QnnQuantizer, QuantDtype
     from executorch.backends.qualcomm.serialization.qc_schema import QcomChipset
-    from executorch.backends.qualcomm.utils.utils import (generate_htp_compiler_spec,
-                                                          generate_qnn_executorch_compiler_spec,
-                                                          to_edge_transform_and_lower_to_qnn)
+    from executorch.backends.qualcomm.utils.utils import (
+        generate_htp_compiler_spec,
+        generate_qnn_executorch_compiler_spec,
+        to_edge_transform_and_lower_to_qnn,
+    )
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
     if not hasattr(QcomChipset, soc):
