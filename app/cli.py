@@ -4,8 +4,8 @@ This is the app's start-up, and the one module of ``app/`` that imports ``sakura
 template server on the pack store (a folder, or ``s3://bucket/prefix``: then the server hands out
 presigned URLs and the device reads pack bytes straight from the store), builds missing packs into
 that store in the background (a template the user picks goes first), connects to the device agent
-through ``device_bridge`` and hands the app the quality explorer. Registered as the ``demo`` command through the ``sakura.commands`` entry point; also
-runnable as ``python -m app``.
+through ``device_bridge`` and hands the app the quality explorer. Registered as the ``demo`` command
+through the ``sakura.commands`` entry point; also runnable as ``python -m app``.
 """
 
 from __future__ import annotations
@@ -130,13 +130,21 @@ def _after_start(server: uvicorn.Server, builds: BuildQueue, bridge, templates: 
 def demo(
     host: str = typer.Option("127.0.0.1", "--host", help="Address the app listens on."),
     port: int = typer.Option(7860, "--port", help="Port of the app."),
-    packs: str = typer.Option("packs", "--packs", help="Pack folder, or s3://bucket/prefix (endpoint and credentials "
-                              "from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY); missing packs are "
-                              "built into it in the background."),
-    device: str = typer.Option("subprocess", "--device",
-                               help="Device agent: subprocess, inprocess, tcp://HOST:PORT, ws://HOST:PORT or adb[:SERIAL]."),
-    templates: Optional[str] = typer.Option(None, "--templates", help="Comma-separated template ids to offer "
-                                            "(default: every template in the catalog)."),
+    packs: str = typer.Option(
+        "packs",
+        "--packs",
+        help="Pack folder, or s3://bucket/prefix (endpoint and credentials "
+        "from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY); missing packs are "
+        "built into it in the background.",
+    ),
+    device: str = typer.Option(
+        "subprocess",
+        "--device",
+        help="Device agent: subprocess, inprocess, tcp://HOST:PORT, ws://HOST:PORT or adb[:SERIAL].",
+    ),
+    templates: Optional[str] = typer.Option(
+        None, "--templates", help="Comma-separated template ids to offer (default: every template in the catalog)."
+    ),
     data: Path = typer.Option(Path("runs/app"), "--data", help="App data: study votes, explorer cache, logs."),
 ):
     """Run the demo: template server, a device agent, and the app (missing packs build behind it)."""

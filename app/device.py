@@ -49,7 +49,9 @@ class EditRun:
         except BridgeError as e:
             self.problem = EditProblem(f"The device is not reachable: {e}")
         except Exception as e:  # noqa: BLE001 - never a traceback in the page
-            self.problem = EditProblem(f"The edit failed unexpectedly ({type(e).__name__}: {' '.join(str(e).split())[:200]})")
+            self.problem = EditProblem(
+                f"The edit failed unexpectedly ({type(e).__name__}: {' '.join(str(e).split())[:200]})"
+            )
         finally:
             self._q.put(None)
 

@@ -106,8 +106,14 @@ class EditPage:
                                 type="filepath", elem_id="photo-upload", height=110)
                 preview = gr.Image(label="Photo the device will use", type="pil", interactive=False, height=160,
                                    elem_id="photo-preview", visible=self._task(default) != "mb")
-                prompt = gr.Textbox(label="Instruction — stays on the device", placeholder="e.g. make it a red sports car",
-                                    lines=2, max_lines=4, elem_id="prompt", visible=self._task(default) == "mb")
+                prompt = gr.Textbox(
+                    label="Instruction — stays on the device",
+                    placeholder="e.g. make it a red sports car",
+                    lines=2,
+                    max_lines=4,
+                    elem_id="prompt",
+                    visible=self._task(default) == "mb",
+                )
                 gr.Markdown("### 3 · Network")
                 network = gr.Radio(NETWORKS, value="5g", label="Link", elem_id="network")
                 with gr.Row():
@@ -125,10 +131,26 @@ class EditPage:
                                        label="Prefetch: start downloading a template's cache when it is picked "
                                        "(a single SAKURA run uses it; Compare all never does)")
                 run = gr.Button("Run edit", variant="primary", elem_id="run-btn")
-        return dict(builds=builds, galleries=galleries, template=template, template_info=template_info, photo=photo, preview=preview,
-                    prompt=prompt, network=network, fixed=fixed, start=start, trace_file=trace_file, regime=regime,
-                    system=system, prefetch=prefetch, run=run, photo_state=photo_state, trace_state=trace_state,
-                    runs_state=runs_state)
+        return dict(
+            builds=builds,
+            galleries=galleries,
+            template=template,
+            template_info=template_info,
+            photo=photo,
+            preview=preview,
+            prompt=prompt,
+            network=network,
+            fixed=fixed,
+            start=start,
+            trace_file=trace_file,
+            regime=regime,
+            system=system,
+            prefetch=prefetch,
+            run=run,
+            photo_state=photo_state,
+            trace_state=trace_state,
+            runs_state=runs_state,
+        )
 
     def _outputs(self, runs_state) -> None:
         """The results area: status, live timeline, images, metrics, comparison, privacy."""
@@ -174,8 +196,13 @@ class EditPage:
                                [c["builds"], template_info], show_progress="hidden", queue=False)
         for g, gids in galleries:
             g.select(self._picker(gids), None, template, show_progress="hidden", queue=False)
-        template.change(self.on_template, [template, network, fixed, trace_state, start, regime, prefetch],
-                        [template_info, preview, prompt, photo, photo_state, status], show_progress="hidden", queue=False)
+        template.change(
+            self.on_template,
+            [template, network, fixed, trace_state, start, regime, prefetch],
+            [template_info, preview, prompt, photo, photo_state, status],
+            show_progress="hidden",
+            queue=False,
+        )
         photo.upload(self.on_photo, photo, [preview, photo_state, status, photo], show_progress="minimal")
         photo.clear(lambda: (None, None, status_html("Photo removed.")), None, [preview, photo_state, status],
                     queue=False)
@@ -184,8 +211,14 @@ class EditPage:
         trace_file.clear(lambda: (None, status_html("Trace file removed.")), None, [trace_state, status], queue=False)
         outs = [self._c[k] for k in ("status", "timeline", "out_img", "ref_img", "diff_img", "metrics", "latency",
                                      "compare", "outputs_gallery", "privacy", "privacy_table", "view", "runs_state")]
-        run.click(self.run, [template, photo_state, prompt, network, fixed, trace_state, start, regime, system, prefetch],
-                  outs, show_progress="minimal", concurrency_limit=1, concurrency_id="device")
+        run.click(
+            self.run,
+            [template, photo_state, prompt, network, fixed, trace_state, start, regime, system, prefetch],
+            outs,
+            show_progress="minimal",
+            concurrency_limit=1,
+            concurrency_id="device",
+        )
         view = self._c["view"]
         view.change(self.on_view, [view, runs_state, photo_state, prompt, template],
                     [self._c[k] for k in ("timeline", "out_img", "ref_img", "diff_img", "metrics", "privacy",
@@ -318,7 +351,9 @@ class EditPage:
             prefix = f"[{k + 1}/{len(systems)}] " if len(systems) > 1 else ""
             progress = EditProgress(system=SYSTEM_TITLES[name])
             # prefetched bytes only for a single SAKURA run: the side-by-side stays paper-comparable
-            edit = EditRun(self.bridge, Job(tid, name, text, photo, net, prefetch=bool(prefetch) and len(systems) == 1)).start()
+            edit = EditRun(
+                self.bridge, Job(tid, name, text, photo, net, prefetch=bool(prefetch) and len(systems) == 1)
+            ).start()
             for batch in edit.events():
                 for ev in batch:
                     progress.apply(ev)

@@ -30,11 +30,21 @@ def frontier_figure(data: dict, budget_bytes: float | None = None, metric: str =
     fig = go.Figure()
     for s in SYSTEMS_SHOWN:
         pts = sorted((p for p in data["points"] if p["system"] == s), key=lambda p: p["bytes"])
-        fig.add_trace(go.Scatter(x=[p["bytes"] / 1e6 for p in pts], y=[p[metric] for p in pts], mode="lines+markers",
-                                 name=names[s], line=dict(color=colors[s], width=2), marker=dict(size=8),
-                                 customdata=[[p["config"], p["ssim"], p["psnr_masked"]] for p in pts],
-                                 hovertemplate=("%{x:.2f} MB · %{y:.2f}<br>%{customdata[0]}<br>SSIM %{customdata[1]:.4f}"
-                                                " · masked PSNR %{customdata[2]:.2f} dB<extra>" + names[s] + "</extra>")))
+        fig.add_trace(
+            go.Scatter(
+                x=[p["bytes"] / 1e6 for p in pts],
+                y=[p[metric] for p in pts],
+                mode="lines+markers",
+                name=names[s],
+                line=dict(color=colors[s], width=2),
+                marker=dict(size=8),
+                customdata=[[p["config"], p["ssim"], p["psnr_masked"]] for p in pts],
+                hovertemplate=(
+                    "%{x:.2f} MB · %{y:.2f}<br>%{customdata[0]}<br>SSIM %{customdata[1]:.4f}"
+                    " · masked PSNR %{customdata[2]:.2f} dB<extra>" + names[s] + "</extra>"
+                ),
+            )
+        )
     # shapes and annotations on a log axis take log10 coordinates
     xs = [p["bytes"] / 1e6 for p in data["points"]] + [data["fp16_bytes"] / 1e6]
     lo, hi = math.log10(min(xs)) - 0.08, math.log10(max(xs)) + 0.08
@@ -46,10 +56,17 @@ def frontier_figure(data: dict, budget_bytes: float | None = None, metric: str =
         fig.add_shape(type="line", xref="x", yref="paper", x0=x, x1=x, y0=0, y1=1, line=dict(color=color, dash=dash))
         fig.add_annotation(x=x, y=1.0, xref="x", yref="paper", text=text, showarrow=False, yanchor="bottom",
                            font=dict(size=11, color=color))
-    fig.update_layout(title=dict(text=f"quality vs bytes sent — {data['template_id']}, request “{data['request_label']}”",
-                                 x=0.01, font=dict(size=14)),
-                      xaxis=dict(title="bytes sent (MB, log scale)", type="log", range=[lo, hi]),
-                      yaxis=dict(title={"psnr": "PSNR vs FP16-cache output (dB)", "ssim": "SSIM"}.get(metric, metric)),
-                      height=440, margin=dict(l=10, r=10, t=90, b=40), template="plotly_white",
-                      legend=dict(orientation="h", y=1.1, yanchor="bottom", x=1, xanchor="right"))
+    fig.update_layout(
+        title=dict(
+            text=f"quality vs bytes sent — {data['template_id']}, request “{data['request_label']}”",
+            x=0.01,
+            font=dict(size=14),
+        ),
+        xaxis=dict(title="bytes sent (MB, log scale)", type="log", range=[lo, hi]),
+        yaxis=dict(title={"psnr": "PSNR vs FP16-cache output (dB)", "ssim": "SSIM"}.get(metric, metric)),
+        height=440,
+        margin=dict(l=10, r=10, t=90, b=40),
+        template="plotly_white",
+        legend=dict(orientation="h", y=1.1, yanchor="bottom", x=1, xanchor="right"),
+    )
     return fig

@@ -130,9 +130,11 @@ class ExplorerPage:
                 continue
             images.append(gr.update(value=Image.open(folder / p["image"]).convert("RGB"),
                                     label=f"{NAMES[s]} · {p['bytes'] / 1e6:.2f} MB · {p['psnr']:.1f} dB"))
-            rows.append(f"<tr><td>{NAMES[s]}</td><td>{p['bytes'] / 1e6:.3f}</td>"
-                        f"<td>{p['bytes'] / data['fp16_bytes']:.1%}</td><td>{p['psnr']:.2f} / {p['psnr_masked']:.2f}</td>"
-                        f"<td>{p['ssim']:.4f} / {p['ssim_masked']:.4f}</td><td>{html.escape(p['config'])}</td></tr>")
+            rows.append(
+                f"<tr><td>{NAMES[s]}</td><td>{p['bytes'] / 1e6:.3f}</td>"
+                f"<td>{p['bytes'] / data['fp16_bytes']:.1%}</td><td>{p['psnr']:.2f} / {p['psnr_masked']:.2f}</td>"
+                f"<td>{p['ssim']:.4f} / {p['ssim_masked']:.4f}</td><td>{html.escape(p['config'])}</td></tr>"
+            )
         table = ("<table class='sk-table'><tr><th>system</th><th>MB sent</th><th>vs FP16</th><th>PSNR whole / masked"
                  "</th><th>SSIM whole / masked</th><th>configuration</th></tr>" + "".join(rows) + "</table>")
         txt = (f"<div class='sk-budget'>Budget <b>{b / 1e6:.3f} MB</b> = {b / data['fp16_bytes']:.1%} of the "

@@ -161,7 +161,9 @@ class StudyStore:
                 order = balanced_order(self.items, f"{self.seed}:{pid}")
                 db.execute("BEGIN IMMEDIATE")
                 if not db.execute("SELECT 1 FROM queue WHERE participant=? LIMIT 1", (pid,)).fetchone():
-                    db.executemany("INSERT INTO queue VALUES (?, ?, ?)", [(pid, i, it.key) for i, it in enumerate(order)])
+                    db.executemany(
+                        "INSERT INTO queue VALUES (?, ?, ?)", [(pid, i, it.key) for i, it in enumerate(order)]
+                    )
                 db.execute("COMMIT")
                 rows = db.execute("SELECT item FROM queue WHERE participant=? ORDER BY pos", (pid,)).fetchall()
         return [self.by_key[k] for (k,) in rows if k in self.by_key]

@@ -49,10 +49,18 @@ def make_generator(bridge, trace: str = STUDY_TRACE, regime: str = "paper"):
         try:
             res = bridge.edit(job)
         except Exception as e:  # noqa: BLE001
-            raise EditProblem(f"the device could not produce this candidate: {' '.join(str(e).split())[:200]}") from None
+            raise EditProblem(
+                f"the device could not produce this candidate: {' '.join(str(e).split())[:200]}"
+            ) from None
         m, s = res.get("metrics") or {}, res.get("summary") or {}
-        return {"image": base64.b64decode(res["image_png_b64"]), "reference": base64.b64decode(res["reference_png_b64"]),
-                "psnr": m.get("psnr"), "ssim": m.get("ssim"), "latency_s": s.get("latency_s"), "bytes": s.get("bytes")}
+        return {
+            "image": base64.b64decode(res["image_png_b64"]),
+            "reference": base64.b64decode(res["reference_png_b64"]),
+            "psnr": m.get("psnr"),
+            "ssim": m.get("ssim"),
+            "latency_s": s.get("latency_s"),
+            "bytes": s.get("bytes"),
+        }
 
     return generate
 
@@ -149,8 +157,14 @@ class StudyPage:
         item, done, total = self.store.next_item(pid)
         off = gr.update(interactive=False)
         if item is None:
-            yield (_msg(f"All {total} answered — thank you, {pid}! Your answers are saved.", "ok"), None, None, off, off,
-                   None)
+            yield (
+                _msg(f"All {total} answered — thank you, {pid}! Your answers are saved.", "ok"),
+                None,
+                None,
+                off,
+                off,
+                None,
+            )
             return
         cand = self.store.candidate(item)
         if cand is None:

@@ -128,10 +128,20 @@ def _shards(progress: EditProgress, fig: go.Figure) -> None:
                              hovertemplate="rebuild %{x:.3f} s<extra></extra>"), 2, 1)
     ex = [s for s in tl.shards if s.exec_start_t is not None]
     if ex:
-        fig.add_trace(go.Bar(y=[s.shard + 0.2 for s in ex], base=[s.exec_start_t for s in ex],
-                             x=[max((s.exec_end_t if s.exec_end_t is not None else now) - s.exec_start_t, 1e-4) for s in ex],
-                             orientation="h", width=0.36, marker=dict(color=COLORS["execute"]), name="execute",
-                             hovertemplate="execute from %{base:.3f} s for %{x:.3f} s<extra></extra>"), 2, 1)
+        fig.add_trace(
+            go.Bar(
+                y=[s.shard + 0.2 for s in ex],
+                base=[s.exec_start_t for s in ex],
+                x=[max((s.exec_end_t if s.exec_end_t is not None else now) - s.exec_start_t, 1e-4) for s in ex],
+                orientation="h",
+                width=0.36,
+                marker=dict(color=COLORS["execute"]),
+                name="execute",
+                hovertemplate="execute from %{base:.3f} s for %{x:.3f} s<extra></extra>",
+            ),
+            2,
+            1,
+        )
     stalls = [s for s in ex if s.stall_s > 1e-3]
     if stalls:
         fig.add_trace(go.Bar(y=[s.shard + 0.2 for s in stalls], base=[s.exec_start_t - s.stall_s for s in stalls],
@@ -155,14 +165,25 @@ def _fallbacks(progress: EditProgress, fig: go.Figure) -> None:
     fired = progress.timeline.fallbacks
     if not fired:
         return
-    fig.add_trace(go.Scatter(y=[f["shard"] for f in fired], x=[f["t"] for f in fired], mode="markers+text",
-                             marker=dict(symbol="star", size=13, color="#f03e3e", line=dict(color="#222", width=1)),
-                             text=[FALLBACK_TEXT.get(f["kind"], f["kind"]) for f in fired], textposition="middle right",
-                             textfont=dict(size=10, color="#c92a2a"), name="fallback",
-                             customdata=[[f["kind"], ", ".join(f"{k} {v:.2f} s" for k, v in
-                                                               (f.get("predicted_end_s") or {}).items())] for f in fired],
-                             hovertemplate="fallback %{customdata[0]} at %{x:.3f} s<br>predicted end: "
-                                           "%{customdata[1]}<extra></extra>"), 2, 1)
+    fig.add_trace(
+        go.Scatter(
+            y=[f["shard"] for f in fired],
+            x=[f["t"] for f in fired],
+            mode="markers+text",
+            marker=dict(symbol="star", size=13, color="#f03e3e", line=dict(color="#222", width=1)),
+            text=[FALLBACK_TEXT.get(f["kind"], f["kind"]) for f in fired],
+            textposition="middle right",
+            textfont=dict(size=10, color="#c92a2a"),
+            name="fallback",
+            customdata=[
+                [f["kind"], ", ".join(f"{k} {v:.2f} s" for k, v in (f.get("predicted_end_s") or {}).items())]
+                for f in fired
+            ],
+            hovertemplate="fallback %{customdata[0]} at %{x:.3f} s<br>predicted end: %{customdata[1]}<extra></extra>",
+        ),
+        2,
+        1,
+    )
     local = next((f for f in fired if f["kind"] == "local"), None)
     if local is not None:
         end = max(progress.now, local["t"] + 1e-3)

@@ -58,6 +58,23 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_SOURCES))
 
 
-__all__ = ["COMPRESSED", "AdbBridge", "Bridge", "BridgeError", "DeviceAgent", "EditFailed", "EditProgress", "EditRejected",
-           "InProcessBridge", "Job", "NetworkSpec", "PROTOCOL_VERSION", "Photo", "SYSTEMS", "SubprocessBridge",
-           "TraceUpload", "WsBridge", "connect"]
+__all__ = [
+    "COMPRESSED",
+    "AdbBridge",
+    "Bridge",
+    "BridgeError",
+    "DeviceAgent",
+    "EditFailed",
+    "EditProgress",
+    "EditRejected",
+    "InProcessBridge",
+    "Job",
+    "NetworkSpec",
+    "PROTOCOL_VERSION",
+    "Photo",
+    "SYSTEMS",
+    "SubprocessBridge",
+    "TraceUpload",
+    "WsBridge",
+    "connect",
+]

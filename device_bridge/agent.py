@@ -258,13 +258,23 @@ class DeviceAgent:
                 raise EditCancelled("cancelled")
         finally:
             source.close()
-        return event("result", job_id=job_id, template_id=template.id, system=spec.system,
-                     image_png_b64=png_b64(outcome.image),
-                     reference_png_b64=png_b64(reference) if reference is not None else None,
-                     mask_png_b64=png_b64(req.mask), metrics=metrics, summary=session.summary(outcome),
-                     sent_to_server=sent, pack_bytes_from=self._bytes_from or "server", link_emulation={"trace": net.trace, "start": session.start,
-                                                          "scale": session.scale, "shaped_by": "device"}
-                     if session.system.streams else None, timing=timing)
+        return event(
+            "result",
+            job_id=job_id,
+            template_id=template.id,
+            system=spec.system,
+            image_png_b64=png_b64(outcome.image),
+            reference_png_b64=png_b64(reference) if reference is not None else None,
+            mask_png_b64=png_b64(req.mask),
+            metrics=metrics,
+            summary=session.summary(outcome),
+            sent_to_server=sent,
+            pack_bytes_from=self._bytes_from or "server",
+            link_emulation={"trace": net.trace, "start": session.start, "scale": session.scale, "shaped_by": "device"}
+            if session.system.streams
+            else None,
+            timing=timing,
+        )
 
     def _describe(self, e: BaseException) -> tuple[str, str]:
         """(one-line message, error code) for an exception of an edit."""

@@ -36,14 +36,24 @@ def run_agent(listen: str = "127.0.0.1:8700", server: str | None = None, packs: 
 
 
 def device(
-    listen: str = typer.Option("127.0.0.1:8700", "--listen", help="HOST:PORT for the agent's websocket (port 0 = any)."),
+    listen: str = typer.Option(
+        "127.0.0.1:8700", "--listen", help="HOST:PORT for the agent's websocket (port 0 = any)."
+    ),
     server: Optional[str] = typer.Option(None, "--server", help="Template server URL; default: serve --packs here."),
     packs: Path = typer.Option(Path("packs"), "--packs", help="Packs folder served when no --server is given."),
-    catalog: Optional[Path] = typer.Option(None, "--catalog", help="Catalog manifest (TOML); default: the embedded one."),
+    catalog: Optional[Path] = typer.Option(
+        None, "--catalog", help="Catalog manifest (TOML); default: the embedded one."
+    ),
     link: str = typer.Option("ws", "--link", help="How the device fetches cache ranges: ws or http."),
-    timeout: float = typer.Option(DEFAULT_TIMEOUT_S, "--timeout", help="Seconds a shard may be late before the edit fails."),
-    warmup: Optional[list[str]] = typer.Option(None, "--warmup", help="Template to load and calibrate before serving (repeatable)."),
-    calibration: Optional[Path] = typer.Option(None, "--calibration", help="JSON file keeping measured device compute across restarts."),
+    timeout: float = typer.Option(
+        DEFAULT_TIMEOUT_S, "--timeout", help="Seconds a shard may be late before the edit fails."
+    ),
+    warmup: Optional[list[str]] = typer.Option(
+        None, "--warmup", help="Template to load and calibrate before serving (repeatable)."
+    ),
+    calibration: Optional[Path] = typer.Option(
+        None, "--calibration", help="JSON file keeping measured device compute across restarts."
+    ),
 ):
     """Run the device agent: edits arrive over a websocket (docs/device-protocol.md); the user's photo
     and prompt stay on this side; packs are streamed from the template server."""

@@ -167,7 +167,9 @@ class TraceUpload:
                 isinstance(x, (int, float)) and not isinstance(x, bool) for x in obj["edges"] + obj["mbps"]):
             raise EditRejected(f'network.samples must be {{"name", "edges": [...], "mbps": [...]}} with at most '
                                f'{MAX_TRACE_SAMPLES} numbers')
-        up = cls(str(obj.get("name") or "uploaded")[:80], tuple(map(float, obj["edges"])), tuple(map(float, obj["mbps"])))
+        up = cls(
+            str(obj.get("name") or "uploaded")[:80], tuple(map(float, obj["edges"])), tuple(map(float, obj["mbps"]))
+        )
         up.trace()  # validates
         return up
 

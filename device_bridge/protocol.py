@@ -24,8 +24,22 @@ from sakura.net.traces import SYNTHETIC_NAMES, Trace, TraceError, load_trace
 from sakura.runtime.timeline import Timeline
 from sakura.systems import COMPRESSED, SYSTEMS, get_system
 
-__all__ = ["COMPRESSED", "EditFailed", "EditProgress", "EditRejected", "Job", "NetworkSpec", "Photo", "PROTOCOL_VERSION",
-           "SYSTEMS", "TraceUpload", "event", "jsonable", "one_line", "parse_job"]
+__all__ = [
+    "COMPRESSED",
+    "EditFailed",
+    "EditProgress",
+    "EditRejected",
+    "Job",
+    "NetworkSpec",
+    "Photo",
+    "PROTOCOL_VERSION",
+    "SYSTEMS",
+    "TraceUpload",
+    "event",
+    "jsonable",
+    "one_line",
+    "parse_job",
+]
 
 PROTOCOL_VERSION = 1
 REGIMES = ("paper", "none")
@@ -241,7 +255,9 @@ class EditProgress:
         done = sum(1 for s in tl.shards if s.exec_end_t is not None)
         arrived = sum(1 for u in tl.units if u.arrival_t is not None)
         held = self.plan.get("prefetched") or {}
-        on_device = f" · {held['bytes'] / 1e6:.2f} MB were on the device at Run (prefetched)" if held.get("bytes") else ""
+        on_device = (
+            f" · {held['bytes'] / 1e6:.2f} MB were on the device at Run (prefetched)" if held.get("bytes") else ""
+        )
         fired = {}
         for f in tl.fallbacks:
             fired[f["kind"]] = fired.get(f["kind"], 0) + 1

@@ -69,19 +69,30 @@ def edit(
     out: Path = typer.Option(Path("edit.png"), "--out", "-o"),
     as_json: bool = typer.Option(False, "--json", help="Run both modes and print timings and reuse-vs-full quality."),
     catalog: Optional[Path] = CatalogOpt,
-    model_path: Optional[Path] = typer.Option(None, "--model-path", help="Local model folder instead of the embedded model."),
-    stream: bool = typer.Option(False, "--stream", help="Stream the cache from a template server (see `sakura serve`)."),
+    model_path: Optional[Path] = typer.Option(
+        None, "--model-path", help="Local model folder instead of the embedded model."
+    ),
+    stream: bool = typer.Option(
+        False, "--stream", help="Stream the cache from a template server (see `sakura serve`)."
+    ),
     policy: str = typer.Option("sakura", "--policy", help=f"With --stream: {', '.join(SYSTEMS)}."),
     trace: str = typer.Option("5g", "--trace", help="With --stream: 5g, 4g5g, wifi, fixed:MBPS or a trace file."),
     start: float = typer.Option(0.0, "--start", help="With --stream: offset into the trace (s)."),
     trace_scale: Optional[float] = typer.Option(None, "--trace-scale", help="Multiply the trace's bandwidth."),
-    regime: str = typer.Option("paper", "--regime", help="paper: scale the trace to the paper's 23 s / 13 s regime; none."),
+    regime: str = typer.Option(
+        "paper", "--regime", help="paper: scale the trace to the paper's 23 s / 13 s regime; none."
+    ),
     server: Optional[str] = typer.Option(None, "--server", help="Template server URL (default: start one on --packs)."),
     packs: str = typer.Option("packs", "--packs", help="Pack folder or s3://bucket/prefix (built if missing)."),
-    executor: str = typer.Option("eager", "--executor", help="With --stream: eager | executorch (shard .pte programs)."),
+    executor: str = typer.Option(
+        "eager", "--executor", help="With --stream: eager | executorch (shard .pte programs)."
+    ),
     reconstructor: str = typer.Option("torch", "--reconstructor", help="With --stream: torch | opencl."),
-    calibration: Optional[Path] = typer.Option(None, "--calibration", help="With --stream: JSON file of measured "
-                                               "device compute, shared with `sakura device --calibration`."),
+    calibration: Optional[Path] = typer.Option(
+        None,
+        "--calibration",
+        help="With --stream: JSON file of measured device compute, shared with `sakura device --calibration`.",
+    ),
 ):
     """Edit a template locally: full recomputation or masked execution with template KV reuse."""
     check_image_file(reference)
@@ -203,15 +214,25 @@ def pack_info(path: Path = typer.Argument(..., help="PACKDIR/ID (the template's 
     for name, nbytes in info["storage"].items():
         table.add_row(name, f"{nbytes:,}", f"{nbytes / info['fp16_bytes']:.3f}")
     Console().print(table)
-    typer.echo(f"shards {info['shards']}, frontier sizes {info['frontier_sizes'][:4]}…, header {info['header_bytes']:,} B")
+    typer.echo(
+        f"shards {info['shards']}, frontier sizes {info['frontier_sizes'][:4]}…, header {info['header_bytes']:,} B"
+    )
 
 
 @app.command()
 @friendly
-def serve(packs: str = typer.Option("packs", "--packs", help="Pack folder, or s3://bucket/prefix: then the server "
-                                   "gives catalog, headers and presigned URLs and devices read the store."), host: str = typer.Option("127.0.0.1", "--host"),
-          port: int = typer.Option(8600, "--port"), access_log: Optional[Path] = typer.Option(None, "--access-log"),
-          trace_dir: Optional[Path] = typer.Option(None, "--trace-dir", help="Folder of trace files clients may name.")):
+def serve(
+    packs: str = typer.Option(
+        "packs",
+        "--packs",
+        help="Pack folder, or s3://bucket/prefix: then the server "
+        "gives catalog, headers and presigned URLs and devices read the store.",
+    ),
+    host: str = typer.Option("127.0.0.1", "--host"),
+    port: int = typer.Option(8600, "--port"),
+    access_log: Optional[Path] = typer.Option(None, "--access-log"),
+    trace_dir: Optional[Path] = typer.Option(None, "--trace-dir", help="Folder of trace files clients may name."),
+):
     """Run the stateless template server over a pack folder or an object store."""
     from sakura.net.stores import is_store_url
     from sakura.server.run import serve as run_server
@@ -231,30 +252,61 @@ def bench(
     starts: int = typer.Option(100, "--starts", help="Random start offsets per workload."),
     regime: str = typer.Option("paper", "--regime", help="paper | none"),
     trace_scale: Optional[float] = typer.Option(None, "--trace-scale"),
-    clock: str = typer.Option("sim", "--clock", help="sim (replays measured compute) | real (server + sockets) | "
-                                                     "both (both sweeps and the sim-vs-real table)."),
+    clock: str = typer.Option(
+        "sim",
+        "--clock",
+        help="sim (replays measured compute) | real (server + sockets) | both (both sweeps and the sim-vs-real table).",
+    ),
     quick: bool = typer.Option(False, "--quick", help="10 offsets, the fs workload only: minutes."),
     packs: str = typer.Option("packs", "--packs", help="Pack folder or s3://bucket/prefix (missing packs are built)."),
-    figure: Optional[str] = typer.Option(None, "--figure", help="Regenerate one figure: 11,12,13,15,16,17,18,19,20,21,table2,estimators,tails,packs (v2 vs v1 pack), rebuild-pricing, or all."),
+    figure: Optional[str] = typer.Option(
+        None,
+        "--figure",
+        help="Regenerate one figure: 11,12,13,15,16,17,18,19,20,21,table2,estimators,tails,"
+        "packs (v2 vs v1 pack), rebuild-pricing, or all.",
+    ),
     project: Optional[str] = typer.Option(None, "--project", help="Paper-scale projection, e.g. flux2-klein-4b."),
     seed: int = typer.Option(0, "--seed"),
     append: bool = typer.Option(False, "--append", help="Keep other workloads already in OUT/summary.json."),
     threads: int = typer.Option(1, "--threads", help="torch threads (1: steady timings on a shared machine)."),
-    calibration: Optional[Path] = typer.Option(None, "--calibration", help="Calibration file (measured compute and "
-                                               "request round trip, reused until the machine or model changes); "
-                                               "default: ~/.cache/sakura/calibration.json."),
-    fallbacks: bool = typer.Option(True, "--fallbacks/--no-fallbacks", help="Let every streaming system's runtime "
-                                   "reuse the previous step's K/V, recompute step 0 or go local instead of waiting "
-                                   "(--no-fallbacks: always wait, the paper's runtime)."),
-    think_time: Optional[float] = typer.Option(None, "--think-time", help="Also run `sakura+prefetch`: the template "
-                                               "was picked S seconds before the edit and its pack prefetched meanwhile."),
-    calibration_runs: int = typer.Option(7, "--calibration-runs", help="Local-generation runs per template when "
-                                         "calibrating (the regime scale rests on their median)."),
-    quality_requests: int = typer.Option(2, "--quality-requests", min=1, help="Fig. 15: held-out requests per "
-                                         "template at every operating point (the catalog has 6–7)."),
-    rebuild_clock: str = typer.Option("wall", "--rebuild-clock", help="wall | cpu: time the simulated clock's "
-                                      "rebuilds by elapsed time, or by the rebuilding thread's CPU time (on a shared, "
-                                      "busy machine; compute is replayed from the calibration either way)."),
+    calibration: Optional[Path] = typer.Option(
+        None,
+        "--calibration",
+        help="Calibration file (measured compute and "
+        "request round trip, reused until the machine or model changes); "
+        "default: ~/.cache/sakura/calibration.json.",
+    ),
+    fallbacks: bool = typer.Option(
+        True,
+        "--fallbacks/--no-fallbacks",
+        help="Let every streaming system's runtime "
+        "reuse the previous step's K/V, recompute step 0 or go local instead of waiting "
+        "(--no-fallbacks: always wait, the paper's runtime).",
+    ),
+    think_time: Optional[float] = typer.Option(
+        None,
+        "--think-time",
+        help="Also run `sakura+prefetch`: the template "
+        "was picked S seconds before the edit and its pack prefetched meanwhile.",
+    ),
+    calibration_runs: int = typer.Option(
+        7,
+        "--calibration-runs",
+        help="Local-generation runs per template when calibrating (the regime scale rests on their median).",
+    ),
+    quality_requests: int = typer.Option(
+        2,
+        "--quality-requests",
+        min=1,
+        help="Fig. 15: held-out requests per template at every operating point (the catalog has 6–7).",
+    ),
+    rebuild_clock: str = typer.Option(
+        "wall",
+        "--rebuild-clock",
+        help="wall | cpu: time the simulated clock's "
+        "rebuilds by elapsed time, or by the rebuilding thread's CPU time (on a shared, "
+        "busy machine; compute is replayed from the calibration either way).",
+    ),
 ):
     """Reproduce the paper's evaluation: every system, same trace offsets, same metrics."""
     import torch
@@ -320,18 +372,25 @@ def report(
 
         tasks = {t.task for t in chosen}
         workload = "fs" if "fs" in tasks else sorted(tasks)[0]
-        for path in figures.fig19_q_sweep(bench.BenchConfig(workloads=(workload,), packs=packs), out, {}, None, typer.echo):
+        for path in figures.fig19_q_sweep(
+            bench.BenchConfig(workloads=(workload,), packs=packs), out, {}, None, typer.echo
+        ):
             typer.echo(f"wrote {path}")
         return
     for tpl in chosen:
         prepared = bench.prepare_template(tpl, packs, say=lambda s: typer.echo(s, err=True), repeats=1)
         result = (reports.importance_report if kind == "importance" else reports.tradeoff_report)(prepared, packs, out)
         if kind == "importance":
-            typer.echo(f"{tpl.id}: top decile carries {100 * result['decile_error_share'][0]:.0f}% of the INT2 error; "
-                       f"top-10% overlap {result['top10_overlap_mean']:.2f}; top-10% attention mass {result['top10_mass_share_mean']:.2f}")
+            typer.echo(
+                f"{tpl.id}: top decile carries {100 * result['decile_error_share'][0]:.0f}% of the INT2 error; "
+                f"top-10% overlap {result['top10_overlap_mean']:.2f}; "
+                f"top-10% attention mass {result['top10_mass_share_mean']:.2f}"
+            )
         else:
             ratios = ", ".join(f"{k} {v:.2f}x" for k, v in result["fp16_over"].items() if k.startswith("sakura"))
-            typer.echo(f"{tpl.id}: frontier of shard 0 has {len(result['frontier'])} configurations; FP16 / pack: {ratios}")
+            typer.echo(
+                f"{tpl.id}: frontier of shard 0 has {len(result['frontier'])} configurations; FP16 / pack: {ratios}"
+            )
     typer.echo(f"figures in {out}")
 
 
@@ -375,7 +434,9 @@ def _register_plugins() -> None:
 def main() -> None:
     from PIL import Image
 
-    Image.MAX_IMAGE_PIXELS = MAX_IMAGE_SIDE * MAX_IMAGE_SIDE  # any image the CLI decodes (PIL warns above, refuses at 2×)
+    Image.MAX_IMAGE_PIXELS = (
+        MAX_IMAGE_SIDE * MAX_IMAGE_SIDE
+    )  # any image the CLI decodes (PIL warns above, refuses at 2×)
     _register_runtime_commands()
     _register_plugins()
     try:

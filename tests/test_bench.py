@@ -30,7 +30,10 @@ def test_bench_summary_contract_and_figures(fs_packs, tmp_path):
     assert abs(fs["regime"]["fp16_transfer_s_at_median"] / fs["regime"]["local_full_s"] / (23 / 13) - 1) < 0.03
     assert fs["oracle"]["psnr_mean"] == 100.0 and fs["oracle"]["bytes_mean"] == 0
     fp16 = fs["fp16"]  # exact wherever the edit streamed it all (a local fallback may cut a slow FP16 edit short)
-    assert fp16["psnr_masked_without_fallbacks"] in (None, 100.0) and fp16["bytes_mean"] <= fs["regime"]["fp16_cache_bytes"]
+    assert (
+        fp16["psnr_masked_without_fallbacks"] in (None, 100.0)
+        and fp16["bytes_mean"] <= fs["regime"]["fp16_cache_bytes"]
+    )
     assert (fp16["bytes_mean"] == fs["regime"]["fp16_cache_bytes"]) == (fp16["fallback_rate"] == 0)
     assert set(fs["sakura"]["fallbacks_mean"]) <= {"reuse", "recompute", "local"}
     # (what FP16 streams when it streams it all: a recompute or local fallback can cut its bytes below SAKURA's)

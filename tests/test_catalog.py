@@ -202,8 +202,14 @@ def custom_manifest(tmp_path):
     eval = ["skimage:gravel", "skimage:brick", {{ref = "img/ref.jpg", hue = 0.5}}, "sklearn:flower",
             "skimage:colorwheel"]
 
-    {_fs_template("my-mb", "mb", mask="[{box = [0.1, 0.1, 0.3, 0.3]}, {polygon = [[0.6, 0.6], [0.9, 0.6], [0.75, 0.9]]}]",
-                  extra='model = "sakura-tiny-sd3"')}
+    {
+        _fs_template(
+            "my-mb",
+            "mb",
+            mask="[{box = [0.1, 0.1, 0.3, 0.3]}, {polygon = [[0.6, 0.6], [0.9, 0.6], [0.75, 0.9]]}]",
+            extra='model = "sakura-tiny-sd3"',
+        )
+    }
     """
     return _write_manifest(tmp_path, body)
 

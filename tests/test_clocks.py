@@ -111,8 +111,10 @@ def test_simulated_clock_matches_real_clock(served, system):
                 compared += 1
                 agree += choice(a) == choice(b)
             elif choice(a) != choice(b):
-                report.append(f"{trace_name}@{start:.1f}: unit {a.unit} sim {a.level} (budget {a.budget_bytes:.0f} B, "
-                              f"{a.rate_mbps:.1f} Mbps) vs real {b.level} ({b.budget_bytes:.0f} B, {b.rate_mbps:.1f} Mbps)")
+                report.append(
+                    f"{trace_name}@{start:.1f}: unit {a.unit} sim {a.level} (budget {a.budget_bytes:.0f} B, "
+                    f"{a.rate_mbps:.1f} Mbps) vs real {b.level} ({b.budget_bytes:.0f} B, {b.rate_mbps:.1f} Mbps)"
+                )
                 # a policy is monotone in its budget: the clock that allowed itself less never asked for more
                 small, large = (a, b) if a.budget_bytes < b.budget_bytes else (b, a)
                 assert asked_bytes(small) <= asked_bytes(large), report[-1]

@@ -67,7 +67,11 @@ def test_an_edit_in_the_demo_reads_the_store_and_matches_the_folder(demo_store, 
     events: list[dict] = []
     res = d.bridge.edit(Job(FS, system="fp16", photo=photo, network=LINK, prefetch=False), events.append)
     assert [e["type"] for e in events][-1] == "result" and not any(e["type"] == "error" for e in events)
-    assert res["pack_bytes_from"] == "store" and res["summary"]["bytes"] > 0 and all(e["file_id"].startswith(FS) for e in res["sent_to_server"])
+    assert (
+        res["pack_bytes_from"] == "store"
+        and res["summary"]["bytes"] > 0
+        and all(e["file_id"].startswith(FS) for e in res["sent_to_server"])
+    )
 
     # the same edit on the same photo, its bytes read from the local folder (no link in between)
     with FolderSource(d.packs) as folder:

@@ -452,7 +452,10 @@ def test_picking_a_template_prefetches_its_pack_and_the_edit_uses_it(agent, agen
     assert plan["prefetched"]["bytes"] > 0 and plan["prefetched"]["units"] > 0
     prefetched = [e for e in events if e["type"] == "request" and e.get("prefetched")]
     assert prefetched and all(e["bytes"] == 0 for e in prefetched)
-    assert res["summary"]["bytes"] < sum(e["bytes"] for e in events if e["type"] == "request") + plan["prefetched"]["bytes"]
+    assert (
+        res["summary"]["bytes"]
+        < sum(e["bytes"] for e in events if e["type"] == "request") + plan["prefetched"]["bytes"]
+    )
     log = access_log.read_text()[len(before):]
     assert TEMPLATE in log  # the prefetch went to the template server, over the same range interface
     bad = httpx.post(agent_ws.replace("ws://", "http://") + "/v1/prefetch/no-such-template", json={}, timeout=60)

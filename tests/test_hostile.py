@@ -171,6 +171,8 @@ def test_pack_info_peak_memory_on_a_hostile_header(packs, tmp_path):
     folder = hostile_copy(packs, tmp_path, *HOSTILE[0])
     (rc_ok, _, peak_ok), (rc, err, peak) = run_clis(["pack-info", str(packs / TEMPLATE)],
                                                     ["pack-info", str(folder / TEMPLATE)])
-    print(f"pack-info peak RSS: intact {peak_ok / MB:.0f} MB, chunk_lengths [[1, 1e9]] {peak / MB:.0f} MB: {err.strip()}")
+    print(
+        f"pack-info peak RSS: intact {peak_ok / MB:.0f} MB, chunk_lengths [[1, 1e9]] {peak / MB:.0f} MB: {err.strip()}"
+    )
     assert rc_ok == 0 and rc == 2 and err.startswith("error: ") and err.count("\n") == 1, err[-1500:]
     assert 0 < peak < peak_ok + 200 * MB

@@ -39,7 +39,9 @@ def opencl():
 
 def test_pack_exercises_dead_zones(pack):
     sb = shard_bytes(pack.info, 0, RANK, 8, 8, pack.read(0, RANK, 8, 8))
-    recs = np.frombuffer(sb.a.raw, np.uint8, count=RANK * len(sb.units) * (5 + sb.a.pb)).reshape(RANK, len(sb.units), -1)
+    recs = np.frombuffer(sb.a.raw, np.uint8, count=RANK * len(sb.units) * (5 + sb.a.pb)).reshape(
+        RANK, len(sb.units), -1
+    )
     assert (recs[..., 4] != 0).any()
 
 
@@ -88,7 +90,9 @@ def test_opencl_checks_crc(pack, opencl):
     bad = bytearray(data)
     bad[n // 2] ^= 0xFF
     with pytest.raises(PackFormatError, match="checksum"):
-        opencl.rebuild(pack.info, 0, 16, 2, 2, {(off, n): bytes(bad), **{k: v for k, v in blobs.items() if k != (off, n)}})
+        opencl.rebuild(
+            pack.info, 0, 16, 2, 2, {(off, n): bytes(bad), **{k: v for k, v in blobs.items() if k != (off, n)}}
+        )
 
 
 def test_unknown_platform_is_a_clear_error():

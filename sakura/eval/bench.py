@@ -170,8 +170,9 @@ def run_one(prepared: TemplateBench, req_index: int, system: str, trace: Trace, 
 
     ``policy`` / ``encoding`` / ``estimator`` replace the system's own, ``fallbacks`` / ``anytime`` turn
     the runtime's off (ablation variants, recorded as ``name``); ``timer`` is the clock the rebuilds
-    are measured on (default: the process's rebuild clock, :func:`use_rebuild_clock`). ``think_s``: the template was picked that long before the
-    edit, and the device prefetched its pack meanwhile (``sakura+prefetch``)."""
+    are measured on (default: the process's rebuild clock, :func:`use_rebuild_clock`). ``think_s``: the
+    template was picked that long before the edit, and the device prefetched its pack meanwhile
+    (``sakura+prefetch``)."""
     session = prepared.session(system, Network(trace, trace.name, start, scale=1.0), policy=policy, encoding=encoding,
                                estimator=estimator, fallbacks=fallbacks)
     if think_s:
@@ -327,9 +328,18 @@ def run_bench(cfg: BenchConfig, out: Path, progress=None, say: Callable[[str], N
                 for system in cfg.systems:
                     rows = [run_edit(prepared, req_index, system, base_trace, scales[prepared.template.id], start)]
                     if system == "sakura" and cfg.think_time and clock == "sim":  # beside, never instead of
-                        rows.append(run_one(prepared, req_index, system, base_trace.scaled(scales[prepared.template.id]),
-                                            start, think_s=cfg.think_time, name="sakura+prefetch",
-                                            fallbacks=cfg.fallbacks))
+                        rows.append(
+                            run_one(
+                                prepared,
+                                req_index,
+                                system,
+                                base_trace.scaled(scales[prepared.template.id]),
+                                start,
+                                think_s=cfg.think_time,
+                                name="sakura+prefetch",
+                                fallbacks=cfg.fallbacks,
+                            )
+                        )
                     for r in rows:
                         r["workload"] = workload
                         records.append(r)
@@ -352,8 +362,12 @@ def describe_calibration(store: CalibrationStore) -> str:
     where = (f"reusing {store.loaded_from}" if store.loaded_from
              else f"measuring now, kept in {store.path}" if store.path else "measuring now, in memory only")
     rt = store.request_overhead_s
-    link = f"request round trip {rt * 1e3:.1f} ms (measured)" if rt is not None else "request round trip not measured yet"
-    return f"calibration: {where} ({m['cpu']}, {m['cores']} cores, torch {m['torch']}, {m['threads']} thread(s)); {link}"
+    link = (
+        f"request round trip {rt * 1e3:.1f} ms (measured)" if rt is not None else "request round trip not measured yet"
+    )
+    return (
+        f"calibration: {where} ({m['cpu']}, {m['cores']} cores, torch {m['torch']}, {m['threads']} thread(s)); {link}"
+    )
 
 
 def describe_regime(workload: str, prepared_all: list[TemplateBench], scales: dict[str, float]) -> str:

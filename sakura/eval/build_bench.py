@@ -34,7 +34,9 @@ def project(seconds: dict[str, float], ours: dict, paper_name: str = "flux2-klei
     d_paper, d_ours = p.heads * p.head_dim, ours["d"]
     n_paper, n_ours = 0.9 * p.tokens, ours["n"]  # reusable tokens: ~90% of the image at a 10% mask
     model = (p.layers * p.tokens * d_paper ** 2) / (ours["layers"] * ours["tokens"] * d_ours ** 2)
-    svd = (p.layers * n_paper * d_paper * min(n_paper, d_paper)) / (ours["layers"] * n_ours * d_ours * min(n_ours, d_ours))
+    svd = (p.layers * n_paper * d_paper * min(n_paper, d_paper)) / (
+        ours["layers"] * n_ours * d_ours * min(n_ours, d_ours)
+    )
     stream = (p.layers * d_paper) / (ours["layers"] * d_ours)
     factor = {"capture": model, "importance": model, "sakura": svd}
     projected = {k: v * factor.get(k, stream) for k, v in seconds.items()}

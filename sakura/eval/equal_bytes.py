@@ -5,8 +5,9 @@ system, the chosen byte ranges are read from the pack folder, decoded with the s
 encoding (as the device runtime gets it) and the masked edit runs on the rebuilt cache; quality is
 measured against the FP16-cache output of the same request. Operating points:
 
-* SAKURA (v2 pack) and SAKURA v1 pack (the ``sakura-v1`` file, the same rule) — per-shard byte budgets, geometric from the smallest frontier point to the largest; each
-  shard takes the best frontier level within the budget (the allocator's rule);
+* SAKURA (v2 pack) and SAKURA v1 pack (the ``sakura-v1`` file, the same rule) — per-shard byte budgets,
+  geometric from the smallest frontier point to the largest; each shard takes the best frontier level
+  within the budget (the allocator's rule);
 * IntQ — each stored bit width for the whole edit; CacheGen — each stored level for the whole edit
   (a level is its ``label`` within a fetch unit, whatever the units are).
 

@@ -51,7 +51,9 @@ class StepCoarseEncoding(PackEncoding):
             levels = []
             for key in sorted(common):
                 per = [next(lv for lv in self._units[s].levels if lv.key == key) for s in shards]
-                levels.append(Level(per[0].label, sum(lv.nbytes for lv in per), float(np.mean([lv.error for lv in per])), key))
+                levels.append(
+                    Level(per[0].label, sum(lv.nbytes for lv in per), float(np.mean([lv.error for lv in per])), key)
+                )
             units.append(FetchUnit(i, shards[0], f"step {i}", tuple(sorted(levels, key=lambda lv: lv.nbytes))))
         self._coarse = units
 
@@ -83,10 +85,20 @@ class Fixed8Encoding(PackEncoding):
         g = info.geometry
         ranks = list(range(g.group, g.rank + 1, g.group)) or [g.rank]
         bits = min(8, g.planes)
-        self._units = [FetchUnit(u.index, u.needed_by, u.label,
-                                 tuple(Level(f"r{r}/a{bits}/b{bits}", info.config_bytes(u.index, r, bits, bits), -float(r),
-                                             (r, bits, bits)) for r in ranks))
-                       for u in self._units]
+        self._units = [
+            FetchUnit(
+                u.index,
+                u.needed_by,
+                u.label,
+                tuple(
+                    Level(
+                        f"r{r}/a{bits}/b{bits}", info.config_bytes(u.index, r, bits, bits), -float(r), (r, bits, bits)
+                    )
+                    for r in ranks
+                ),
+            )
+            for u in self._units
+        ]
 
 
 class _Variant(SakuraPolicy):
@@ -159,7 +171,9 @@ def fig17_traces(cfg, out, cache, progress, say) -> list[Path]:
         systems = list(res)
         x = np.arange(len(systems))
         ax.bar(x - 0.2, [res[s]["p50"] for s in systems], 0.4, color=[P.COLORS[s] for s in systems])
-        ax.bar(x + 0.2, [res[s]["p90"] for s in systems], 0.4, color=[P.COLORS[s] for s in systems], alpha=0.5, hatch="//")
+        ax.bar(
+            x + 0.2, [res[s]["p90"] for s in systems], 0.4, color=[P.COLORS[s] for s in systems], alpha=0.5, hatch="//"
+        )
         ax.set_xticks(x, [P.NAMES[s] for s in systems], rotation=40, ha="right", fontsize=8)
         ax.set_yscale("log")
         ax.set_title(f"{workload} on {name}: p50 / p90 (s)")
@@ -186,11 +200,17 @@ def fig20_21_ablations(cfg, out, cache, progress, say) -> list[Path]:
                               encoding=Fixed8Encoding(info))]
 
         rows = _sweep(cfg, workload, benches, run, progress, f"fig 20/21 {workload}")
-        res20[workload] = {s: {"miss_rate": float(np.mean([r["deadline_misses"] / r["shards"] for r in rows if r["system"] == s])),
-                               "stall_share": float(np.sum([r["stall_s"] for r in rows if r["system"] == s])
-                                                    / np.sum([r["latency_s"] for r in rows if r["system"] == s])),
-                               "p90_s": float(np.percentile([r["latency_s"] for r in rows if r["system"] == s], 90))}
-                           for s in ("sakura", "sakura-coarse")}
+        res20[workload] = {
+            s: {
+                "miss_rate": float(np.mean([r["deadline_misses"] / r["shards"] for r in rows if r["system"] == s])),
+                "stall_share": float(
+                    np.sum([r["stall_s"] for r in rows if r["system"] == s])
+                    / np.sum([r["latency_s"] for r in rows if r["system"] == s])
+                ),
+                "p90_s": float(np.percentile([r["latency_s"] for r in rows if r["system"] == s], 90)),
+            }
+            for s in ("sakura", "sakura-coarse")
+        }
         res21[workload] = {s: {"psnr_p10": float(np.percentile([r["psnr"] for r in rows if r["system"] == s], 10)),
                                "ssim_p10": float(np.percentile([r["ssim"] for r in rows if r["system"] == s], 10)),
                                "psnr_mean": float(np.mean([r["psnr"] for r in rows if r["system"] == s]))}

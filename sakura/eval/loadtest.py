@@ -59,7 +59,9 @@ class ClientResult:
     pid: int = field(default_factory=os.getpid)  # the generator process that ran the client
 
 
-def one_edit(client: ServerStoreClient, template_id: str, trace, start: float, cfg: LoadConfig, out: ClientResult) -> None:
+def one_edit(
+    client: ServerStoreClient, template_id: str, trace, start: float, cfg: LoadConfig, out: ClientResult
+) -> None:
     """The fetch pattern of one streamed SAKURA edit, compute simulated (see the module docstring)."""
     fid = file_id(template_id, "sakura")
     enc = encoding_from_header("sakura", client.header_bytes(fid)).fresh()
@@ -93,7 +95,9 @@ def one_edit(client: ServerStoreClient, template_id: str, trace, start: float, c
     link.close()
 
 
-def run_client(index: int, cfg: LoadConfig, templates: list[str], barrier: threading.Barrier, out: ClientResult) -> None:
+def run_client(
+    index: int, cfg: LoadConfig, templates: list[str], barrier: threading.Barrier, out: ClientResult
+) -> None:
     rng = random.Random(cfg.seed * 100003 + index)
     trace = load_trace(cfg.trace).scaled(cfg.trace_scale)
     barrier.wait()
@@ -209,7 +213,11 @@ def _first_failure(out, queue_mod) -> str:
 
 
 def summarize(cfg: LoadConfig, results: list[ClientResult], wall: float, templates: list[str]) -> dict:
-    tts = np.array([x for r in results for x in r.time_to_shard]) if any(r.time_to_shard for r in results) else np.zeros(1)
+    tts = (
+        np.array([x for r in results for x in r.time_to_shard])
+        if any(r.time_to_shard for r in results)
+        else np.zeros(1)
+    )
     stall = [sum(r.stall_s) for r in results]
     errors = [e for r in results for e in r.errors]
     nbytes = sum(r.nbytes for r in results)

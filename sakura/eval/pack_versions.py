@@ -23,12 +23,16 @@ SAME_S = 1e-3  # latencies this close count as equal (rebuilds are timed, so the
 
 def _stats(rows: list[dict]) -> dict:
     lat = [r["latency_s"] for r in rows]
-    return {"edits": len(rows), "latency_p50_s": float(np.percentile(lat, 50)),
-            "latency_p90_s": float(np.percentile(lat, 90)), "stall_s_mean": float(np.mean([r["stall_s"] for r in rows])),
-            "bytes_mean": float(np.mean([r["bytes"] for r in rows])),
-            "psnr_masked_mean": float(np.mean([r["psnr_masked"] for r in rows])),
-            "ssim_masked_mean": float(np.mean([r["ssim_masked"] for r in rows])),
-            "psnr_mean": float(np.mean([r["psnr"] for r in rows]))}
+    return {
+        "edits": len(rows),
+        "latency_p50_s": float(np.percentile(lat, 50)),
+        "latency_p90_s": float(np.percentile(lat, 90)),
+        "stall_s_mean": float(np.mean([r["stall_s"] for r in rows])),
+        "bytes_mean": float(np.mean([r["bytes"] for r in rows])),
+        "psnr_masked_mean": float(np.mean([r["psnr_masked"] for r in rows])),
+        "ssim_masked_mean": float(np.mean([r["ssim_masked"] for r in rows])),
+        "psnr_mean": float(np.mean([r["psnr"] for r in rows])),
+    }
 
 
 def paired(rows: list[dict]) -> dict:
@@ -40,14 +44,27 @@ def paired(rows: list[dict]) -> dict:
     pairs = [(e["sakura"], e["sakura-v1"]) for e in by_edit.values() if set(VERSIONS) <= set(e)]
     delta = np.array([a["latency_s"] - b["latency_s"] for a, b in pairs])
     dpsnr = np.array([a["psnr_masked"] - b["psnr_masked"] for a, b in pairs])
-    return {"faster": int((delta < -SAME_S).sum()), "same": int((abs(delta) <= SAME_S).sum()),
-            "slower": int((delta > SAME_S).sum()), "latency_delta_median_s": float(np.median(delta)),
-            "latency_delta_max_s": float(delta.max()), "latency_delta_min_s": float(delta.min()),
-            "psnr_masked_delta_median_db": float(np.median(dpsnr)),
-            "edits": [{"template": a["template"], "request": a["request"], "start_s": a["start_s"],
-                       "latency_s": [a["latency_s"], b["latency_s"]], "psnr_masked": [a["psnr_masked"], b["psnr_masked"]],
-                       "bytes": [a["bytes"], b["bytes"]], "fallbacks": [a["fallbacks"], b["fallbacks"]]}
-                      for a, b in pairs]}
+    return {
+        "faster": int((delta < -SAME_S).sum()),
+        "same": int((abs(delta) <= SAME_S).sum()),
+        "slower": int((delta > SAME_S).sum()),
+        "latency_delta_median_s": float(np.median(delta)),
+        "latency_delta_max_s": float(delta.max()),
+        "latency_delta_min_s": float(delta.min()),
+        "psnr_masked_delta_median_db": float(np.median(dpsnr)),
+        "edits": [
+            {
+                "template": a["template"],
+                "request": a["request"],
+                "start_s": a["start_s"],
+                "latency_s": [a["latency_s"], b["latency_s"]],
+                "psnr_masked": [a["psnr_masked"], b["psnr_masked"]],
+                "bytes": [a["bytes"], b["bytes"]],
+                "fallbacks": [a["fallbacks"], b["fallbacks"]],
+            }
+            for a, b in pairs
+        ],
+    }
 
 
 def fig_pack_versions(cfg, out: Path, cache: dict, progress, say) -> list[Path]:
@@ -72,10 +89,13 @@ def fig_pack_versions(cfg, out: Path, cache: dict, progress, say) -> list[Path]:
         pairs = paired(rows)
         result["workloads"][workload] = {"templates": [p.template.id for p in benches], **stats, "paired": pairs}
         a, b = stats["sakura"], stats["sakura-v1"]
-        say(f"{workload}: p50 {a['latency_p50_s']:.2f} s (v1 {b['latency_p50_s']:.2f}), p90 {a['latency_p90_s']:.2f} s "
-            f"(v1 {b['latency_p90_s']:.2f}), masked PSNR {a['psnr_masked_mean']:.2f} dB (v1 {b['psnr_masked_mean']:.2f}), "
-            f"{a['bytes_mean'] / 1e6:.2f} MB sent (v1 {b['bytes_mean'] / 1e6:.2f}); per edit sooner on {pairs['faster']}, "
-            f"same on {pairs['same']}, later on {pairs['slower']} (by at most {pairs['latency_delta_max_s']:.3f} s)")
+        say(
+            f"{workload}: p50 {a['latency_p50_s']:.2f} s (v1 {b['latency_p50_s']:.2f}), p90 {a['latency_p90_s']:.2f} s "
+            f"(v1 {b['latency_p90_s']:.2f}), masked PSNR {a['psnr_masked_mean']:.2f} dB "
+            f"(v1 {b['psnr_masked_mean']:.2f}), {a['bytes_mean'] / 1e6:.2f} MB sent "
+            f"(v1 {b['bytes_mean'] / 1e6:.2f}); per edit sooner on {pairs['faster']}, "
+            f"same on {pairs['same']}, later on {pairs['slower']} (by at most {pairs['latency_delta_max_s']:.3f} s)"
+        )
     js, png = out / "pack_versions.json", out / "pack_versions.png"
     js.write_text(json.dumps(result, indent=1))
     plot_pack_versions(result, png)

@@ -128,7 +128,9 @@ def fig_example_trace(rows: list[dict], trace_t: np.ndarray, trace_mbps: np.ndar
     for s in NAMES:
         rs = sorted((r for r in rows if r["system"] == s), key=lambda r: r["start_s"])
         if rs:
-            ax.plot([r["start_s"] for r in rs], [r["latency_s"] for r in rs], "-o", ms=3, color=COLORS[s], label=NAMES[s])
+            ax.plot(
+                [r["start_s"] for r in rs], [r["latency_s"] for r in rs], "-o", ms=3, color=COLORS[s], label=NAMES[s]
+            )
     ax.set_xlabel("edit start time in the trace (s)")
     ax.set_ylabel("latency (s)")
     ax.set_yscale("log")
@@ -142,19 +144,27 @@ def summary_markdown(summary: dict) -> str:
     lines = ["# sakura bench summary", ""]
     for w, ws in summary["workloads"].items():
         reg = ws["regime"]
-        lines += [f"## {w}", "",
-                  f"templates {', '.join(reg['templates'])}; mask (tokens) {100 * reg['mask_ratio']:.1f}%; "
-                  f"trace {reg['trace']} ×{reg['trace_scale']:.3g} (median {reg['trace_median_mbps_scaled']:.1f} Mbps); "
-                  f"local full {reg['local_full_s']:.3f} s; masked compute {reg['masked_s']:.3f} s; "
-                  f"FP16 cache {reg['fp16_cache_bytes'] / 1e6:.1f} MB = {reg['fp16_transfer_s_at_median']:.2f} s at the median",
-                  "", "| system | p50 (s) | p90 (s) | stall (s) | MB sent | PSNR | SSIM | PSNR mask | SSIM mask | storage MB | miss rate |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            f"## {w}",
+            "",
+            f"templates {', '.join(reg['templates'])}; mask (tokens) {100 * reg['mask_ratio']:.1f}%; "
+            f"trace {reg['trace']} ×{reg['trace_scale']:.3g} (median {reg['trace_median_mbps_scaled']:.1f} Mbps); "
+            f"local full {reg['local_full_s']:.3f} s; masked compute {reg['masked_s']:.3f} s; "
+            f"FP16 cache {reg['fp16_cache_bytes'] / 1e6:.1f} MB = "
+            f"{reg['fp16_transfer_s_at_median']:.2f} s at the median",
+            "",
+            "| system | p50 (s) | p90 (s) | stall (s) | MB sent | PSNR | SSIM | PSNR mask | SSIM mask | storage MB "
+            "| miss rate |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
         for s in _systems(ws):
             r = ws[s]
-            lines.append(f"| {NAMES[s]} | {r['latency_p50_s']:.3f} | {r['latency_p90_s']:.3f} | {r['stall_s_mean']:.3f} | "
-                         f"{r['bytes_mean'] / 1e6:.2f} | {r['psnr_mean']:.2f} | {r['ssim_mean']:.4f} | "
-                         f"{r['psnr_masked_mean']:.2f} | {r['ssim_masked_mean']:.4f} | {r['storage_bytes'] / 1e6:.1f} | "
-                         f"{r['deadline_miss_rate']:.2f} |")
+            lines.append(
+                f"| {NAMES[s]} | {r['latency_p50_s']:.3f} | {r['latency_p90_s']:.3f} | {r['stall_s_mean']:.3f} | "
+                f"{r['bytes_mean'] / 1e6:.2f} | {r['psnr_mean']:.2f} | {r['ssim_mean']:.4f} | "
+                f"{r['psnr_masked_mean']:.2f} | {r['ssim_masked_mean']:.4f} | {r['storage_bytes'] / 1e6:.1f} | "
+                f"{r['deadline_miss_rate']:.2f} |"
+            )
         if "sakura" in ws:
             sk = ws["sakura"]
             ratios = []

@@ -117,9 +117,14 @@ def run_both_clocks(cfg: BenchConfig, out: Path, progress=None, say=print) -> di
 
 def clock_table(check: dict) -> str:
     """The clock check as a markdown table."""
-    lines = ["| workload | system | p50 sim (s) | p50 real (s) | sim − real | same level |", "|---|---|---|---|---|---|"]
+    lines = [
+        "| workload | system | p50 sim (s) | p50 real (s) | sim − real | same level |",
+        "|---|---|---|---|---|---|",
+    ]
     for workload, systems in check.items():
         for name, c in systems.items():
-            lines.append(f"| {workload} | {name} | {c['p50_sim_s']:.3f} | {c['p50_real_s']:.3f} | {100 * c['diff']:+.1f}% "
-                         f"| {100 * c['same_level_share']:.0f}% |")
+            lines.append(
+                f"| {workload} | {name} | {c['p50_sim_s']:.3f} | {c['p50_real_s']:.3f} | {100 * c['diff']:+.1f}% "
+                f"| {100 * c['same_level_share']:.0f}% |"
+            )
     return "\n".join(lines)

@@ -68,10 +68,12 @@ def checks(results: dict) -> list[str]:
     for workload, by_trace in results.items():
         for trace, r in by_trace.items():
             s, loc, orc = r["sakura"], r["local"], r["oracle"]
-            lines.append(f"{workload} {trace}: sakura p90 {s['p90_s']:.2f} s vs local {loc['p90_s']:.2f} s "
-                         f"({'ok' if s['p90_s'] <= loc['p90_s'] else 'OVER'}), p90/oracle {s['p90_s'] / orc['p90_s']:.2f}, "
-                         f"p50/oracle {s['p50_s'] / orc['p50_s']:.2f} (each edit over its oracle: p50 "
-                         f"{s.get('over_oracle_p50', float('nan')):.3f}, p90 {s.get('over_oracle_p90', float('nan')):.2f})")
+            lines.append(
+                f"{workload} {trace}: sakura p90 {s['p90_s']:.2f} s vs local {loc['p90_s']:.2f} s "
+                f"({'ok' if s['p90_s'] <= loc['p90_s'] else 'OVER'}), p90/oracle {s['p90_s'] / orc['p90_s']:.2f}, "
+                f"p50/oracle {s['p50_s'] / orc['p50_s']:.2f} (each edit over its oracle: p50 "
+                f"{s.get('over_oracle_p50', float('nan')):.3f}, p90 {s.get('over_oracle_p90', float('nan')):.2f})"
+            )
     return lines
 
 

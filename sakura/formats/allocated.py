@@ -157,14 +157,20 @@ class AllocatedPackInfo(PackInfo):
         self.geometry = g = _geometry(header)
         plan = shard_plan(g.num_steps, g.num_layers, g.shard_size)
         counts = header.get("shard_chunks")
-        if (not isinstance(counts, list) or len(counts) != len(plan) or not all(type(c) is int and c >= 1 for c in counts)
-                or sum(counts) != len(index)):
+        if (
+            not isinstance(counts, list)
+            or len(counts) != len(plan)
+            or not all(type(c) is int and c >= 1 for c in counts)
+            or sum(counts) != len(index)
+        ):
             raise PackFormatError("pack v2 shard_chunks do not match the geometry and the chunk index")
         if header.get("shards") != [list(s) for s in plan]:
             raise PackFormatError("pack shard list does not match the geometry")
         self.shards = plan
         try:
-            layout = np.frombuffer(base64.b64decode(str(header.get("layout", "")).encode("ascii"), validate=True), np.uint8)
+            layout = np.frombuffer(
+                base64.b64decode(str(header.get("layout", "")).encode("ascii"), validate=True), np.uint8
+            )
         except Exception:  # noqa: BLE001 - binascii.Error, UnicodeError
             raise PackFormatError("pack v2 layout is not base64") from None
         if len(layout) != 2 * len(index):
@@ -216,7 +222,9 @@ class AllocatedPackInfo(PackInfo):
         if not 0 <= shard < self.num_shards:
             raise PackFormatError(f"shard {shard} out of range (pack has {self.num_shards})")
         if rest or type(k) is not int or not 0 <= k <= len(self._refs[shard]):
-            raise PackFormatError(f"level {(k, *rest)} invalid: a v2 pack level is a chunk count 0..{len(self._refs[shard])}")
+            raise PackFormatError(
+                f"level {(k, *rest)} invalid: a v2 pack level is a chunk count 0..{len(self._refs[shard])}"
+            )
 
     def chunks(self, shard: int, k: int, *rest) -> list[int]:  # type: ignore[override]
         """Chunk ids of the level ``k`` (the mean and the first ``k`` chunks): contiguous."""
@@ -271,7 +279,11 @@ class AllocatedPackInfo(PackInfo):
         bits, done, out = np.zeros((2, g.num_groups), np.int64), 0, []
         try:
             for k, nbytes, err in rows[shard]:
-                if type(k) is not int or not done <= k <= len(self._refs[shard]) or nbytes != self.config_bytes(shard, k):
+                if (
+                    type(k) is not int
+                    or not done <= k <= len(self._refs[shard])
+                    or nbytes != self.config_bytes(shard, k)
+                ):
                     raise ValueError
                 for ref in self._refs[shard][done:k]:  # one pass over the chunks for all rows
                     bits[ref.factor, ref.group] += 1

@@ -154,8 +154,10 @@ def checked_plan(header: Mapping[str, Any], index: "ChunkIndex", g: Mapping[str,
     it implies (so a hostile geometry fails cheaply); the header's ``"shards"`` list must equal it."""
     num_shards = g["num_steps"] * -(-g["num_layers"] // g["shard_size"])
     if num_shards * chunks_per_shard + extra_chunks != len(index):
-        raise PackFormatError(f"{what} index has {len(index)} chunks, its geometry implies "
-                              f"{num_shards} shards × {chunks_per_shard}" + (f" + {extra_chunks}" if extra_chunks else ""))
+        raise PackFormatError(
+            f"{what} index has {len(index)} chunks, its geometry implies "
+            f"{num_shards} shards × {chunks_per_shard}" + (f" + {extra_chunks}" if extra_chunks else "")
+        )
     shards = header.get("shards")
     if not isinstance(shards, list) or len(shards) != num_shards or not all(isinstance(s, list) for s in shards):
         raise PackFormatError(f"{what} shard list does not match the geometry")

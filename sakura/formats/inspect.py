@@ -16,7 +16,9 @@ def pack_summary(pack_dir: str | Path, template_id: str) -> dict:
     pack_dir = Path(pack_dir)
     main = pack_dir / f"{FORMATS['sakura'].file_id(template_id)}.pack"
     if not main.exists():
-        raise FileNotFoundError(f"no pack {main} (build it with `sakura build --out {pack_dir} --templates {template_id}`)")
+        raise FileNotFoundError(
+            f"no pack {main} (build it with `sakura build --out {pack_dir} --templates {template_id}`)"
+        )
     reader = PackReader(main)
     info = reader.info
     out: dict = {"template_id": info.template_id, "model_id": info.model_id, "shards": info.num_shards,

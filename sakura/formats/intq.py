@@ -153,7 +153,9 @@ class IntQEncoding(ShardEncoding):
     name, info_cls = "intq", IntQInfo
 
     def _levels(self, shard):
-        return tuple(Level(f"int{b}", self.info.config_bytes(shard, b), 1.0 / 2**b, (b,)) for b in sorted(self.info.bits))
+        return tuple(
+            Level(f"int{b}", self.info.config_bytes(shard, b), 1.0 / 2**b, (b,)) for b in sorted(self.info.bits)
+        )
 
     def ranges(self, fetch_unit, level):
         return self.info.ranges(fetch_unit.index, *level.key)

@@ -110,7 +110,8 @@ class PackInfo(StoredInfo):
         return out
 
     def ranges(self, shard: int, *key: int) -> list[Range]:
-        """Absolute ``(offset, length)`` byte ranges of a level (v1 ``r, b_a, b_b``; v2 ``k``), merged where they touch."""
+        """Absolute ``(offset, length)`` byte ranges of a level (v1 ``r, b_a, b_b``; v2 ``k``), merged where
+        they touch."""
         return coalesce([self.index.span(i) for i in self.chunks(shard, *key)])
 
     def config_bytes(self, shard: int, *key: int) -> int:
@@ -312,9 +313,9 @@ def decode_shard(info: PackInfo, shard: int, *key_blobs, dtype: torch.dtype | No
                  device: str | torch.device = "cpu", verify: bool = True) -> KV:
     """Rebuild K, V (n, d) for every (step, layer) of a shard from the bytes of its ranges only.
 
-    Called ``decode_shard(info, shard, *level_key, blobs)``. ``blobs`` maps ``(offset, length)`` → bytes as received; any blob covering a chunk will do, so
-    ranges merged across shards work too. Each chunk is CRC-checked unless ``verify=False``. ``dtype``:
-    float32 when None.
+    Called ``decode_shard(info, shard, *level_key, blobs)``. ``blobs`` maps ``(offset, length)`` → bytes as
+    received; any blob covering a chunk will do, so ranges merged across shards work too. Each chunk is
+    CRC-checked unless ``verify=False``. ``dtype``: float32 when None.
     """
     import torch
 

@@ -85,7 +85,11 @@ def load_model_folder(folder: str | Path, dtype: torch.dtype = torch.float32) ->
         raise ModelLoadError(f"model path {folder} does not exist or is not a folder")
     meta_path = folder / "sakura.json"
     if not meta_path.is_file():
-        hint = " (it looks like a diffusers pipeline: add a sakura.json codec file)" if (folder / "model_index.json").exists() else ""
+        hint = (
+            " (it looks like a diffusers pipeline: add a sakura.json codec file)"
+            if (folder / "model_index.json").exists()
+            else ""
+        )
         raise ModelLoadError(f"model path {folder} has no sakura.json{hint}")
     for part, files in {"transformer": ("config.json",), "text_encoder": ("config.json", "model.safetensors")}.items():
         for f in files:

@@ -109,7 +109,9 @@ class Flux2Adapter(DiTAdapter):
     def _ids(self, rows: torch.Tensor, ref_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
         g = self.codec.grid
         hw = torch.stack([rows // g, rows % g], dim=1)
-        img = torch.cat([torch.zeros(len(rows), 1, dtype=torch.long), hw, torch.zeros(len(rows), 1, dtype=torch.long)], 1)
+        img = torch.cat(
+            [torch.zeros(len(rows), 1, dtype=torch.long), hw, torch.zeros(len(rows), 1, dtype=torch.long)], 1
+        )
         if ref_tokens:
             rg = int(round(ref_tokens**0.5))
             r = torch.arange(ref_tokens)

@@ -456,8 +456,13 @@ def main(argv: list[str] | None = None) -> None:
         print(f"shipped {args.model} step {tr.step} → {folder}")
         return
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(tr.config() | {"minutes": args.minutes, "steps": args.steps,
-                                                               "threads": args.threads, "device": str(device)}, indent=1))
+    (out / "config.json").write_text(
+        json.dumps(
+            tr.config()
+            | {"minutes": args.minutes, "steps": args.steps, "threads": args.threads, "device": str(device)},
+            indent=1,
+        )
+    )
     budget = args.minutes * 60
     bar = tqdm(total=int(budget), initial=int(min(tr.elapsed, budget)), unit="s", dynamic_ncols=True,
                desc=args.model, mininterval=5)

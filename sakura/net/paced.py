@@ -100,8 +100,10 @@ class PacedLink:
     def _book(self, pending: Pending, free_at: float) -> None:
         tr = pending.transfer
         pending.begin = max(tr.t_first_byte, free_at)
-        pending.done = max(pending.begin + self.trace.time_to_send(tr.wire_bytes, self.start + (pending.begin - self._t0)),
-                           tr.t_last_byte)
+        pending.done = max(
+            pending.begin + self.trace.time_to_send(tr.wire_bytes, self.start + (pending.begin - self._t0)),
+            tr.t_last_byte,
+        )
         self._free_at = pending.done
 
     def receive(self, pending: Pending, cut: threading.Event | None = None,

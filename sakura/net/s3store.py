@@ -154,7 +154,9 @@ class S3Store(Store):
         if offset < 0 or length < 1 or offset + length > entry["size"]:
             raise FetchError(416, f"{fid}: range {offset}+{length} is outside the file ({entry['size']} bytes)")
         try:
-            r = self.client.get_object(Bucket=self.bucket, Key=entry["key"], Range=f"bytes={offset}-{offset + length - 1}")
+            r = self.client.get_object(
+                Bucket=self.bucket, Key=entry["key"], Range=f"bytes={offset}-{offset + length - 1}"
+            )
             return r["Body"].read()
         except Exception as e:  # noqa: BLE001
             raise _store_error(e, f"{fid} in {self.url}") from None

@@ -92,8 +92,19 @@ def start_local_s3(data_dir: str | Path | None = None, *, s3_port: int = 0, acce
     access_key = access_key or "sakura" + secrets.token_hex(4)
     secret_key = secret_key or secrets.token_hex(16)
     config = data / "s3.json"
-    config.write_text(json.dumps({"identities": [{"name": "sakura", "credentials": [
-        {"accessKey": access_key, "secretKey": secret_key}], "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
+    config.write_text(
+        json.dumps(
+            {
+                "identities": [
+                    {
+                        "name": "sakura",
+                        "credentials": [{"accessKey": access_key, "secretKey": secret_key}],
+                        "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+                    }
+                ]
+            }
+        )
+    )
     s3_port = s3_port or free_port()
     # master/volume/filer ports are picked free too: several stores (tests, engineers) share a host.
     # Every port (gRPC ones too: their default is port + 10000) is picked free: several stores (tests,

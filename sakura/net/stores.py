@@ -58,8 +58,15 @@ def build_key(template, model_id: str, settings: dict) -> str:
     """What a pack's bytes depend on: the model, the template's manifest entry, the build settings and each
     format's version. Two builds with the same key write the same packs, so a build whose key is
     published is skipped (a new format version rebuilds)."""
-    entry = {"id": template.id, "task": template.task, "image": repr(template.image_spec), "mask": repr(template.mask_spec),
-             "model": template.model, "seed": template.seed, "profile": repr(template.profile_requests)}
+    entry = {
+        "id": template.id,
+        "task": template.task,
+        "image": repr(template.image_spec),
+        "mask": repr(template.mask_spec),
+        "model": template.model,
+        "seed": template.seed,
+        "profile": repr(template.profile_requests),
+    }
     text = json.dumps({"model": model_id, "entry": entry, "settings": settings,
                        "formats": {name: list(getattr(fmt.info_cls, "versions", ())) for name, fmt in FORMATS.items()}},
                       sort_keys=True, default=str)
@@ -114,7 +121,9 @@ class Store(ABC):
 def staged_files(template_id: str, staged: Path) -> list[Path]:
     """The files of a staged build, the main pack last; refuses a build that lacks one of the packs."""
     main = f"{file_id(template_id, MAIN_FORMAT)}.pack"
-    missing = [f"{file_id(template_id, n)}.pack" for n in FORMATS if not (staged / f"{file_id(template_id, n)}.pack").is_file()]
+    missing = [
+        f"{file_id(template_id, n)}.pack" for n in FORMATS if not (staged / f"{file_id(template_id, n)}.pack").is_file()
+    ]
     if missing:
         raise StoreError(f"the build of {template_id} wrote no {', '.join(missing)}")
     return sorted((p for p in staged.iterdir() if p.is_file()), key=lambda p: (p.name == main, p.name))

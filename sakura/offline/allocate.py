@@ -155,8 +155,14 @@ def exact_error(models: Sequence[UnitModel], refs: Sequence[ChunkRef], group: in
     return float(np.mean([m.exact(bits[0], bits[1]) for m in models]))
 
 
-def exact_stop(models: Sequence[UnitModel], order: Sequence[ChunkRef], points: Sequence[tuple[int, float]], target: float, group: int,
-               guess: int) -> int:
+def exact_stop(
+    models: Sequence[UnitModel],
+    order: Sequence[ChunkRef],
+    points: Sequence[tuple[int, float]],
+    target: float,
+    group: int,
+    guess: int,
+) -> int:
     """The first greedy point (index into ``points``) whose exact error is at most ``target``,
     searched from the estimate's ``guess`` (gallop, then bisect); the last point if none is."""
     def ok(i: int) -> bool:

@@ -97,7 +97,9 @@ def capture_request(template, model: DiTAdapter) -> EditRequest:
     return model.self_conditioned(req)
 
 
-def profile_importance(model: DiTAdapter, template, cache: KVCache, requests=None) -> dict[tuple[int, int], torch.Tensor]:
+def profile_importance(
+    model: DiTAdapter, template, cache: KVCache, requests=None
+) -> dict[tuple[int, int], torch.Tensor]:
     """s_j = Σ_requests Σ_heads Σ_masked-queries a_ij² per (step, layer), from masked runs on the exact cache."""
     total: dict[tuple[int, int], torch.Tensor] = {}
     for r in requests if requests is not None else template.profile_requests:
@@ -229,8 +231,10 @@ def build_with_progress(templates, out_dir: str | Path, **kw) -> list[BuildRepor
 
             report = build_template(tpl, out_dir, progress=say, **kw)
             bar.advance(task)
-            bar.console.print(f"{tpl.id}: FP16 {report.fp16_bytes / 1e6:.1f} MB, SAKURA {report.storage['sakura'] / 1e6:.1f} MB "
-                              f"({report.fp16_bytes / report.storage['sakura']:.2f}x smaller)")
+            bar.console.print(
+                f"{tpl.id}: FP16 {report.fp16_bytes / 1e6:.1f} MB, SAKURA {report.storage['sakura'] / 1e6:.1f} MB "
+                f"({report.fp16_bytes / report.storage['sakura']:.2f}x smaller)"
+            )
             reports.append(report)
     return reports
 

@@ -41,7 +41,9 @@ TOLERANCE = 0.01  # an allocated pack stops within 1 % (0.04 dB) of the referenc
 # (not verified). At half the error it is −1.6…+3.5 dB (mean +1.2) for 20–26 % more stored bytes:
 # docs/results/issue18/shared_basis/top_psnr_targets.txt
 SHARED_TOP_SHARE = 0.5
-ALLOCATION_METRIC = "estimate of the tradeoff metric (cross terms between components dropped): see sakura.offline.allocate"
+ALLOCATION_METRIC = (
+    "estimate of the tradeoff metric (cross terms between components dropped): see sakura.offline.allocate"
+)
 Importance = Mapping[tuple[int, int], torch.Tensor]  # (step, layer) -> (n,) token importance
 
 

@@ -77,9 +77,19 @@ def init_ray(address: str | None, num_cpus: int | None = None):
     return ray
 
 
-def ray_build(templates, store_url: str, settings: BuildSettings = BuildSettings(), *, address: str | None = None,
-              num_cpus: int | None = None, catalog_path: str | Path | None = None, force: bool = False,
-              build: Callable | None = None, retries: int = TASK_RETRIES, on_done: Callable[[Published], None] | None = None) -> list[Published]:
+def ray_build(
+    templates,
+    store_url: str,
+    settings: BuildSettings = BuildSettings(),
+    *,
+    address: str | None = None,
+    num_cpus: int | None = None,
+    catalog_path: str | Path | None = None,
+    force: bool = False,
+    build: Callable | None = None,
+    retries: int = TASK_RETRIES,
+    on_done: Callable[[Published], None] | None = None,
+) -> list[Published]:
     """Build ``templates`` as Ray tasks into the store at ``store_url``; returns one result per template in
     completion order. ``build`` replaces the per-template builder (tests); it must be importable by workers."""
     from sakura.net.stores import open_store

@@ -39,7 +39,9 @@ KEEP_ROUND_TRIPS = 400  # most recent request round trips kept
 
 def default_path() -> Path:
     """Where `sakura bench` keeps its calibration between runs (``SAKURA_CACHE_DIR`` or the XDG cache)."""
-    root = os.environ.get("SAKURA_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "sakura"
+    root = (
+        os.environ.get("SAKURA_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "sakura"
+    )
     return Path(root) / "calibration.json"
 
 
@@ -159,14 +161,24 @@ class CalibrationStore:
         """What a benchmark used: where from, the machine, each template's local time and its spread,
         the request overhead."""
         rt = self._round_trips
-        return {"file": str(self.path) if self.path else None, "reused_from_file": self.loaded_from is not None,
-                "machine": self.machine,
-                "templates": {k: {"local_full_s": v["local_full_s"], "runs": len(v.get("local_full_samples", [])),
-                                  "local_full_spread": spread(v.get("local_full_samples", [])),
-                                  "measured_at": v.get("measured_at", "")} for k, v in sorted(self._profiles.items())},
-                "request_overhead_s": self.request_overhead_s, "round_trips": len(rt),
-                "request_overhead_p10_p90_s": [float(np.percentile(rt, 10)), float(np.percentile(rt, 90))] if rt else None,
-                "link_measured_at": self._link_measured_at}
+        return {
+            "file": str(self.path) if self.path else None,
+            "reused_from_file": self.loaded_from is not None,
+            "machine": self.machine,
+            "templates": {
+                k: {
+                    "local_full_s": v["local_full_s"],
+                    "runs": len(v.get("local_full_samples", [])),
+                    "local_full_spread": spread(v.get("local_full_samples", [])),
+                    "measured_at": v.get("measured_at", ""),
+                }
+                for k, v in sorted(self._profiles.items())
+            },
+            "request_overhead_s": self.request_overhead_s,
+            "round_trips": len(rt),
+            "request_overhead_p10_p90_s": [float(np.percentile(rt, 10)), float(np.percentile(rt, 90))] if rt else None,
+            "link_measured_at": self._link_measured_at,
+        }
 
     def _save(self) -> None:
         if self.path is None:

@@ -99,32 +99,64 @@ def bench_device_cmd(
     template: str = typer.Option("fs-astronaut", "--template", "-t", help="Template id (Flux2 model)."),
     shard_size: int = typer.Option(2, "--shard-size", help="Layers per shard (cache and program grouping)."),
     max_rank: int = typer.Option(128, "--max-rank", help="Rank of the pack built for the benchmark."),
-    config: Optional[list[str]] = typer.Option(None, "--config", "-c", help="r,b_A,b_B (R = stored rank); "
-                                               "repeatable; the 2nd is the main one. Default: R,8,8 64,4,4 32,3,2."),
+    config: Optional[list[str]] = typer.Option(
+        None,
+        "--config",
+        "-c",
+        help="r,b_A,b_B (R = stored rank); repeatable; the 2nd is the main one. Default: R,8,8 64,4,4 32,3,2.",
+    ),
     executor: Optional[list[str]] = typer.Option(None, "--executor", "-e", help="eager / executorch (repeatable)."),
-    reconstructor: Optional[list[str]] = typer.Option(None, "--reconstructor", "-r", help="torch / opencl (repeatable)."),
+    reconstructor: Optional[list[str]] = typer.Option(
+        None, "--reconstructor", "-r", help="torch / opencl (repeatable)."
+    ),
     repeats: int = typer.Option(3, "--repeats", help="Timed repetitions (medians)."),
     mbps: float = typer.Option(50.0, "--mbps", help="Link rate for the receive column."),
     pack: Optional[Path] = typer.Option(None, "--pack", help="Use this built pack instead of building one."),
     importance: bool = typer.Option(False, "--importance", help="Profile token importance for the pack (slower)."),
-    random_cache: bool = typer.Option(False, "--random-cache", help="Seeded random K/V instead of capturing the "
-                                      "template (times do not depend on values; skips the capture run)."),
-    catalog: Optional[Path] = typer.Option(None, "--catalog", help="Catalog manifest (TOML); default: the embedded one."),
-    model: Optional[Path] = typer.Option(None, "--model", help="A model folder (sakura.json + transformer/ + "
-                                         "text_encoder/) instead of the template's model."),
-    geometry: Optional[str] = typer.Option(None, "--geometry", help="Time a seeded random-weight model of this "
-                                           "geometry (flux2-klein-4b), built in memory: times only. Use with "
-                                           "--random-cache."),
-    geometry_layers: Optional[str] = typer.Option(None, "--geometry-layers", help="D,S: double and single blocks "
-                                                  "of the --geometry model (default: the real model's counts)."),
-    threads: Optional[int] = typer.Option(None, "--threads", min=1, help="torch intra-op threads (default: "
-                                          "torch's own setting)."),
-    layout: str = typer.Option("uniform", "--layout", help="Pack to build: uniform (v1, rank --max-rank) or "
-                               "allocated (v2 as `sakura build` writes it for top quality (--max-rank, 8, 8))."),
-    basis: str = typer.Option("shard", "--basis", help="v2 token basis: shard (one A shared by a shard's K/V units, "
-                              "factorised to 4 × --max-rank) or unit (one per unit, 2 × --max-rank)."),
-    rebuild_rank: Optional[int] = typer.Option(None, "--rebuild-rank", min=1, help="Cap the built pack's decoded "
-                                               "rank, as `sakura build --rebuild-rank` does."),
+    random_cache: bool = typer.Option(
+        False,
+        "--random-cache",
+        help="Seeded random K/V instead of capturing the "
+        "template (times do not depend on values; skips the capture run).",
+    ),
+    catalog: Optional[Path] = typer.Option(
+        None, "--catalog", help="Catalog manifest (TOML); default: the embedded one."
+    ),
+    model: Optional[Path] = typer.Option(
+        None,
+        "--model",
+        help="A model folder (sakura.json + transformer/ + text_encoder/) instead of the template's model.",
+    ),
+    geometry: Optional[str] = typer.Option(
+        None,
+        "--geometry",
+        help="Time a seeded random-weight model of this "
+        "geometry (flux2-klein-4b), built in memory: times only. Use with "
+        "--random-cache.",
+    ),
+    geometry_layers: Optional[str] = typer.Option(
+        None,
+        "--geometry-layers",
+        help="D,S: double and single blocks of the --geometry model (default: the real model's counts).",
+    ),
+    threads: Optional[int] = typer.Option(
+        None, "--threads", min=1, help="torch intra-op threads (default: torch's own setting)."
+    ),
+    layout: str = typer.Option(
+        "uniform",
+        "--layout",
+        help="Pack to build: uniform (v1, rank --max-rank) or "
+        "allocated (v2 as `sakura build` writes it for top quality (--max-rank, 8, 8)).",
+    ),
+    basis: str = typer.Option(
+        "shard",
+        "--basis",
+        help="v2 token basis: shard (one A shared by a shard's K/V units, "
+        "factorised to 4 × --max-rank) or unit (one per unit, 2 × --max-rank).",
+    ),
+    rebuild_rank: Optional[int] = typer.Option(
+        None, "--rebuild-rank", min=1, help="Cap the built pack's decoded rank, as `sakura build --rebuild-rank` does."
+    ),
     out: Path = typer.Option(Path("bench-device.json"), "--out", "-o", help="JSON report."),
 ):
     """Per shard: rebuild (torch vs OpenCL) vs execute (eager vs ExecuTorch), and how much rebuild hides."""

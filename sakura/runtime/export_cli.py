@@ -20,14 +20,23 @@ import typer
 
 def export_cmd(
     template: str = typer.Option(..., "--template", "-t", help="Template id (see `sakura catalog list`)."),
-    backend: str = typer.Option("xnnpack", "--backend", "-b", help="xnnpack (CPU, runs here) or qnn (Snapdragon HTP; "
-                                "needs QNN_SDK_ROOT)."),
+    backend: str = typer.Option(
+        "xnnpack", "--backend", "-b", help="xnnpack (CPU, runs here) or qnn (Snapdragon HTP; needs QNN_SDK_ROOT)."
+    ),
     shard_size: int = typer.Option(2, "--shard-size", help="Layers per shard (the cache shard grouping)."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Folder for the .pte files (default: "
-                                       "$SAKURA_PTE_CACHE or ~/.cache/sakura/pte, the runtime's cache)."),
+    out: Optional[Path] = typer.Option(
+        None,
+        "--out",
+        "-o",
+        help="Folder for the .pte files (default: $SAKURA_PTE_CACHE or ~/.cache/sakura/pte, the runtime's cache).",
+    ),
     soc: str = typer.Option("SM8650", "--soc", help="qnn only: target Snapdragon SoC (QcomChipset name)."),
-    catalog: Optional[Path] = typer.Option(None, "--catalog", help="Catalog manifest (TOML); default: the embedded one."),
-    model_path: Optional[Path] = typer.Option(None, "--model-path", help="Local model folder instead of the embedded model."),
+    catalog: Optional[Path] = typer.Option(
+        None, "--catalog", help="Catalog manifest (TOML); default: the embedded one."
+    ),
+    model_path: Optional[Path] = typer.Option(
+        None, "--model-path", help="Local model folder instead of the embedded model."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the export metadata as JSON."),
 ):
     """Export every shard of a template's masked run (static token counts) to a .pte program."""

@@ -64,9 +64,19 @@ class StreamRunner(Runner):
         def fetch(ranges):
             return session.source.fetch_timed(session.file_id, ranges).parts
 
-        tl, kv = simulate(session.encoding, session.policy, session.compute, session.link_model(), fetch,
-                          timer=timer, estimator=session.estimator, fallback=session.fallback_context(),
-                          prefetched=session.prefetched, recompute=lambda: session.model.recompute_first_step(req), **kw)
+        tl, kv = simulate(
+            session.encoding,
+            session.policy,
+            session.compute,
+            session.link_model(),
+            fetch,
+            timer=timer,
+            estimator=session.estimator,
+            fallback=session.fallback_context(),
+            prefetched=session.prefetched,
+            recompute=lambda: session.model.recompute_first_step(req),
+            **kw,
+        )
         local_from = tl.extras.get("local_from_step")
 
         def provider(step, layer):

@@ -325,10 +325,12 @@ class EditSession:
         least = sum(min(lv.nbytes for lv in u.levels) for u in self.encoding.units if u.needed_by == 0 and u.levels)
         need = self.trace.time_to_send(least, self.start)
         if need > self.timeout_s + self.compute.prelude_s:
-            raise StreamError(f"the link is too slow for this edit: the first shard's cache at its smallest level "
-                              f"({least / 1e3:.1f} kB) would take {need:.0f} s on {self.network.name} (×{self.scale:.3g})"
-                              f" from {self.start:g} s; the wait limit is {self.timeout_s:.0f} s. Use a faster trace, "
-                              "--trace-scale or --regime paper")
+            raise StreamError(
+                f"the link is too slow for this edit: the first shard's cache at its smallest level "
+                f"({least / 1e3:.1f} kB) would take {need:.0f} s on {self.network.name} (×{self.scale:.3g})"
+                f" from {self.start:g} s; the wait limit is {self.timeout_s:.0f} s. Use a faster trace, "
+                "--trace-scale or --regime paper"
+            )
 
     def simulate(self, req: EditRequest, *, request_key=None, **kw) -> Outcome:
         """The edit on the simulated clock: measured compute, real decodes, the trace integral.

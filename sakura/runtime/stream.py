@@ -2,8 +2,8 @@
 
 Three stages in four threads, bounded buffers: the receiver (a requester that decides and sends,
 up to ``inflight`` requests outstanding, and a collector that waits for their bytes in order) asks
-for a fetch unit once execution has started shard ``needed_by − ahead`` (so at most ``ahead`` shards wait, received or rebuilt, beside
-the one executing: peak cache memory ≤ ahead+1 shards whatever the template size); the
+for a fetch unit once execution has started shard ``needed_by − ahead`` (so at most ``ahead`` shards wait,
+received or rebuilt, beside the one executing: peak cache memory ≤ ahead+1 shards whatever the template size); the
 reconstructor rebuilds in arrival order (anytime: when execution reaches a shard still in flight,
 the collector stops at the best configuration that came through — a pack's configurations arrive
 smallest first — and the rest of that transfer is dropped); the executor is the model's own masked run, whose provider

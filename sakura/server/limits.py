@@ -63,8 +63,10 @@ class BoundedH11Protocol(H11Protocol):
         self._cancel_head_timer()
         if self.limit_concurrency is not None and len(self.connections) > self.limit_concurrency:
             body = b"too many connections: try again later"
-            self.transport.write(b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain\r\nconnection: close\r\n"
-                                 b"content-length: %d\r\n\r\n%s" % (len(body), body))
+            self.transport.write(
+                b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain\r\nconnection: close\r\n"
+                b"content-length: %d\r\n\r\n%s" % (len(body), body)
+            )
             self.transport.close()
             return
         super().handle_websocket_upgrade(event)

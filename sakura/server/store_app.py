@@ -78,7 +78,9 @@ def create_store_app(store: Store, *, presign_s: int = 300, access_log=None) -> 
                 headers[sha] = body
         except (StoreError, FetchError) as e:
             return failure(e)
-        return Response(body, media_type="application/json", headers={"cache-control": "public, max-age=31536000, immutable"})
+        return Response(
+            body, media_type="application/json", headers={"cache-control": "public, max-age=31536000, immutable"}
+        )
 
     @app.get("/packs/{fid}")
     def pack_redirect(fid: str):

@@ -103,7 +103,8 @@ def shard_path(run: ShardRun, l0: int, l1: int, backend: str = "xnnpack", cache_
                extra: str = "") -> Path:
     sig = run.signature(l0, l1)
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in sig.model_id) or "model"
-    name = f"{safe}-L{l0}_{l1}-i{sig.num_img}-t{sig.num_txt}-n{sig.num_reuse}-{backend}-{shard_key(run, l0, l1, backend, extra)}.pte"
+    key = shard_key(run, l0, l1, backend, extra)
+    name = f"{safe}-L{l0}_{l1}-i{sig.num_img}-t{sig.num_txt}-n{sig.num_reuse}-{backend}-{key}.pte"
     return Path(cache_dir or pte_cache_dir()) / name
 
 

@@ -259,7 +259,9 @@ class OpenCLReconstructor(Reconstructor):
                         parts.append(plane)
                         pos += len(plane)
                     j += size
-                raw = cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=np.frombuffer(b"".join(parts), np.uint8))
+                raw = cl.Buffer(
+                    self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=np.frombuffer(b"".join(parts), np.uint8)
+                )
                 offs = cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=off)
                 bits = cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=nbits)
                 res = np.empty((U, r, length), np.float32)
