@@ -33,12 +33,7 @@ def render_grid(adapter, examples: list[EditExample], path: Path, title: str = "
                 ax.text(0.5, 0.5, f"{e.task}:\n\"{e.prompt}\"", ha="center", va="center", fontsize=8, wrap=True)
             elif im is not None:
                 ax.imshow(np.clip(im, 0, 1), cmap="gray" if im.ndim == 2 else None, vmin=0, vmax=1)
-    if title:
-        fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    _save(fig, path, title)
 
 
 def render_catalog_edits(adapter, templates, path: Path, title: str = "", per_template: int = 3) -> None:
@@ -64,7 +59,8 @@ def render_catalog_edits(adapter, templates, path: Path, title: str = "", per_te
         panels = [(outlined, tpl.id)]
         for r in tpl.eval_requests[:per_template]:
             req = edit_request(tpl, r, resolution=c.resolution, ref_size=c.ref_size)
-            panels += [(req.reference, f'"{req.prompt}"'), (adapter.full_edit(req).image, "edit")]
+            label = f'"{req.prompt}"' if req.reference is None else str(r)
+            panels += [(req.reference, label), (adapter.full_edit(req).image, "edit")]
         for ax, (im, label) in zip(axes[i], panels):
             ax.axis("off")
             if im is None:
@@ -72,6 +68,12 @@ def render_catalog_edits(adapter, templates, path: Path, title: str = "", per_te
             else:
                 ax.imshow(np.clip(im, 0, 1))
                 ax.set_title(label, fontsize=7)
+    _save(fig, path, title)
+
+
+def _save(fig, path: Path, title: str) -> None:
+    import matplotlib.pyplot as plt
+
     if title:
         fig.suptitle(title, fontsize=9)
     fig.tight_layout()
