@@ -170,6 +170,23 @@ class Flux2Adapter(DiTAdapter):
             self._mask_feat = self._aligned = None
 
 
+QK_NORMS = ("norm_q", "norm_k", "norm_added_q", "norm_added_k")
+
+
+@torch.no_grad()
+def sharpen(adapter: Flux2Adapter, scale: float) -> int:
+    """Multiply every attention logit by ``scale`` (a temperature change): every q/k RMSNorm weight of the
+    Flux2 attention sites × √scale, in place. Returns how many norms were scaled."""
+    alpha, n = scale**0.5, 0
+    for module in adapter.attention_modules:
+        for name in QK_NORMS:
+            norm = getattr(module, name, None)
+            if norm is not None and getattr(norm, "weight", None) is not None:
+                norm.weight.mul_(alpha)
+                n += 1
+    return n
+
+
 def flux2_in_channels(patch: int, ref_aligned: bool = False) -> int:
     """[noisy patch, template patch, mask patch (, aligned reference patch)] per token."""
     return (3 if ref_aligned else 2) * patch * patch * 3 + patch * patch

@@ -15,33 +15,17 @@ Writes a model folder (the ``--ship`` format) and, with ``--ckpt``, a step-0 tra
 from __future__ import annotations
 
 import argparse
-import math
 from pathlib import Path
 
 import torch
 
 from sakura.model.embedded import load_model, save_model
-
-QK_NORMS = ("norm_q", "norm_k", "norm_added_q", "norm_added_k")
-
-
-@torch.no_grad()
-def sharpen(adapter, scale: float) -> int:
-    """Multiply every q/k RMSNorm weight by √scale in place; returns how many were scaled."""
-    alpha, n = math.sqrt(scale), 0
-    for module in adapter.attention_modules:
-        for name in QK_NORMS:
-            norm = getattr(module, name, None)
-            if norm is not None and getattr(norm, "weight", None) is not None:
-                norm.weight.mul_(alpha)
-                n += 1
-    return n
+from sakura.model.flux2 import sharpen
+from sakura.model.train import Trainer
 
 
 def step0_checkpoint(adapter, model: str, out: Path) -> Path:
     """A training checkpoint at step 0 holding ``adapter``'s weights as raw and EMA weights."""
-    from sakura.model.train import Trainer
-
     tr = Trainer(model, out, device=torch.device("cpu"), codec=adapter.codec)
     tr.transformer.load_state_dict(adapter.transformer.state_dict())
     tr.text_encoder.load_state_dict(adapter.text_encoder.state_dict())

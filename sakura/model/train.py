@@ -39,6 +39,7 @@ from sakura.model.embedded import (
     save_model,
     seeded_model,
 )
+from sakura.model.flux2 import sharpen
 from sakura.model.portable_ckpt import load_portable, portable_config, save_portable
 from sakura.model.sample_grid import render_grid
 from sakura.model.text_encoder import tokenize
@@ -446,8 +447,6 @@ def main(argv: list[str] | None = None) -> None:
         fresh = tr.init_from(args.init_from)
         print(f"warm start from {args.init_from}; at seed values: {', '.join(fresh) or 'none'}")
     if args.qk_gain != 1.0 and tr.step == 0:  # a new run only: a resumed one has its gains
-        from sakura.model.sharpen import sharpen
-
         sharpen(tr.adapter, args.qk_gain)
         if tr.ema_tr is not None:
             tr.ema_tr.load_state_dict(tr.transformer.state_dict())
