@@ -7,11 +7,12 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help venv test demo store lint catalog-sheet clean
+.PHONY: help venv test fuzz demo store lint catalog-sheet clean
 
 help:
 	@echo "make demo           run the demo on the embedded default catalog"
 	@echo "make test           run the test suite"
+	@echo "make fuzz           the property tests with 10 000 cases each (the suite runs 500)"
 	@echo "make store          run a local S3 object store (SeaweedFS) for packs; prints its endpoint"
 	@echo "make venv           create .venv and install (re-installs when pyproject.toml changes)"
 	@echo "make lint           ruff check (configuration in pyproject.toml; CI runs it before the tests)"
@@ -28,6 +29,9 @@ $(STAMP): pyproject.toml
 
 test: venv
 	$(BIN)/python -m pytest -q
+
+fuzz: venv
+	HYPOTHESIS_PROFILE=long $(BIN)/python -m pytest -q tests/test_parser_properties.py tests/test_hostile_rates.py
 
 demo: venv
 	$(BIN)/sakura demo

@@ -150,7 +150,9 @@ def demo(
     """Run the demo: template server, a device agent, and the app (missing packs build behind it)."""
     from device_bridge import BridgeError
     from sakura.catalog import CatalogError
+    from sakura.process import sigterm_as_interrupt
 
+    sigterm_as_interrupt()  # SIGTERM stops the server, agent and builds as Ctrl-C does
     ids = [t.strip() for t in templates.split(",") if t.strip()] if templates else None
     try:
         run_demo(host, port, packs, device, ids, data)

@@ -27,6 +27,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="JSON file keeping measured device compute across restarts")
     ap.add_argument("--log-level", default="warning")
     a = ap.parse_args(argv)
+    from sakura.process import sigterm_as_interrupt
+
+    sigterm_as_interrupt()  # SIGTERM cleans up (the local template server) as Ctrl-C does
     try:
         from device_bridge.cli import run_agent
 

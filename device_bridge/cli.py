@@ -57,6 +57,9 @@ def device(
 ):
     """Run the device agent: edits arrive over a websocket (docs/device-protocol.md); the user's photo
     and prompt stay on this side; packs are streamed from the template server."""
+    from sakura.process import sigterm_as_interrupt
+
+    sigterm_as_interrupt()  # SIGTERM cleans up (the local template server) as Ctrl-C does
     try:
         run_agent(listen, server, None if server else packs, catalog=catalog, link=link, timeout_s=timeout,
                   warmup=warmup or [], calibration_file=calibration)

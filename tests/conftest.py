@@ -9,6 +9,12 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("SAKURA_CACHE_DIR", __import__("tempfile").mkdtemp(prefix="sakura-test-cache-"))
 
 import pytest  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+# Property tests: 500 cases each in CI, 10 000 with HYPOTHESIS_PROFILE=long (`make fuzz`).
+settings.register_profile("ci", max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("long", max_examples=10_000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture(scope="session")

@@ -128,6 +128,16 @@ def test_zero_bandwidth_units():
     assert list(edges) == [0, 1, 2, 3, 4, 5] and not rates.any()  # an all-zero window is a link too
 
 
+def test_bench_on_a_trace_that_is_never_up_is_one_line(tmp_path, packs, calibration):
+    """issue #30 D4: an all-zero trace was a ZeroDivisionError in the regime block (a median-0 trace now scales
+    from its non-zero samples: tests/test_hostile_rates.py)."""
+    (tmp_path / "z.csv").write_text("time_s,mbps\n0,0\n1,0\n2,0\n")
+    code, err, _ = sakura("bench", "--workloads", "fs", "--systems", "sakura,local", "--starts", "2", "--trace",
+                          str(tmp_path / "z.csv"), "--packs", str(packs), "--calibration", str(calibration),
+                          "--out", str(tmp_path / "bench"))
+    assert one_line_error(code, err) and "0 Mbps throughout" in err, err
+
+
 @pytest.mark.parametrize("system", ["sakura", "intq", "fp16"])
 def test_simulated_edit_starting_in_an_outage(server, calibration, system):
     """`sakura bench --trace` on a measured trace crashed at offsets where the rate is 0."""

@@ -57,8 +57,9 @@ class Trainer:
     def __init__(self, model: str = "sakura-tiny", out: str | Path = "runs/tiny", batch: int = 4,
                  lr: float = 3e-4, schedule: str = "cosine", ema: float = 0.999, seed: int = 0,
                  t_sampling: str = "mixed", full_prob: float = 0.03, device: torch.device | None = None,
-                 warmup: int = 50, codec: CodecConfig | None = None):
+                 warmup: int = 50, codec: CodecConfig | None = None, task_mix: dict[str, float] | None = None):
         self.model_name, self.out = model, Path(out)
+        self.task_mix = dict(task_mix or TASK_PROBS[model])
         self.batch, self.lr, self.schedule, self.ema_decay = batch, lr, schedule, ema
         self.seed, self.t_sampling, self.full_prob, self.warmup = seed, t_sampling, full_prob, warmup
         self.device = device or default_device()
@@ -94,7 +95,7 @@ class Trainer:
 
     def make_batch(self, step: int) -> dict:
         rng = np.random.default_rng([self.seed, step])
-        probs = TASK_PROBS[self.model_name]
+        probs = self.task_mix
         task = str(rng.choice(list(probs), p=list(probs.values())))
         ty, tx, side = self._window(rng, task)
         p = self.codec.patch
@@ -247,6 +248,7 @@ class Trainer:
         return {"model": self.model_name, "batch": self.batch, "lr": self.lr, "schedule": self.schedule,
                 "ema": self.ema_decay, "seed": self.seed, "t_sampling": self.t_sampling,
                 "full_prob": self.full_prob, "warmup": self.warmup, "unmasked_weight": UNMASKED_WEIGHT,
+                "task_mix": self.task_mix,
                 "blank_tasks": list(self.codec.blank_tasks), "codec": self.codec.to_meta()}
 
     def save(self, path: Path | None = None) -> Path:
@@ -374,6 +376,26 @@ def run_codec(model: str, args, ckpt: Path, portable: Path | None = None) -> Cod
     return codec
 
 
+def parse_task_mix(text: str | None, model: str) -> dict[str, float] | None:
+    """``fs=0.2,vton=0.15,mb=0.65`` → shares normalised to 1, over the model's own tasks."""
+    if not text:
+        return None
+    mix = {}
+    for part in text.split(","):
+        name, _, share = part.partition("=")
+        name = name.strip()
+        if name not in TASK_PROBS[model]:
+            raise SystemExit(f"--task-mix: {name!r} is not a task of {model} ({', '.join(TASK_PROBS[model])})")
+        try:
+            mix[name] = float(share)
+        except ValueError:
+            raise SystemExit(f"--task-mix: {part!r} is not task=share") from None
+    total = sum(mix.values())
+    if total <= 0 or any(v < 0 for v in mix.values()):
+        raise SystemExit("--task-mix: shares must be ≥ 0 and not all 0")
+    return {k: v / total for k, v in mix.items()}
+
+
 def save_all(trainer: Trainer, portable: Path | None) -> None:
     trainer.save()
     if portable is not None:
@@ -419,6 +441,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--portable", default=None, help="also write a compact resumable checkpoint here at every "
                                                       "save (fp16 weights, int8 √v); resume from it when the run "
                                                       "folder has no ckpt.pt")
+    ap.add_argument("--task-mix", default=None, help="share of batches per task, e.g. fs=0.2,vton=0.15,mb=0.65 "
+                                                      "(default: TASK_PROBS; may change on a resume)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--ckpt-minutes", type=float, default=10.0)
@@ -433,7 +457,7 @@ def main(argv: list[str] | None = None) -> None:
     portable = Path(args.portable) if args.portable else None
     codec = run_codec(args.model, args, out / "ckpt.pt", portable)
     tr = Trainer(args.model, out, args.batch, args.lr, args.schedule, args.ema, args.seed, args.t_sampling,
-                 args.full_prob, device, codec=codec)
+                 args.full_prob, device, codec=codec, task_mix=parse_task_mix(args.task_mix, args.model))
     if args.resume or args.ship:
         if (out / "ckpt.pt").exists():
             tr.load()

@@ -29,6 +29,18 @@ from sakura.net.traces import Trace, TraceError, load_trace
 
 BUCKET_BYTES = 16 * 1024
 MAX_CHUNK = 64 * 1024
+# A link a client asks a server to emulate must average at least this (10 kbit/s: below GPRS). Slower
+# specs (fixed:1e-300, 5g;scale=1e-300) held a connection open for ever. A trace's own 0-Mbps samples
+# are bandwidth: only the average over the trace is held to the floor.
+MIN_CLIENT_MBPS = 0.01
+# A paced response must be done within DEADLINE_FACTOR × the time the trace needs for its bytes,
+# plus DEADLINE_SLACK_S: never reached by a reader that keeps up, and finite for every accepted spec.
+DEADLINE_FACTOR = 1.5
+DEADLINE_SLACK_S = 10.0
+
+
+class DeadlinePassed(Exception):
+    """A paced transfer that ran past its deadline (the reader is too slow, or the host starved)."""
 
 
 @dataclass(frozen=True)
@@ -41,7 +53,7 @@ class RateSpec:
 
     def __post_init__(self) -> None:
         if not self.trace or ";" in self.trace:
-            raise TraceError(f"bad trace name {self.trace!r}")
+            raise TraceError(f"bad trace name {self.trace[:80]!r}")
         if not (math.isfinite(self.start) and self.start >= 0):
             raise TraceError(f"trace start must be a finite number >= 0, got {self.start}")
         if not (math.isfinite(self.scale) and self.scale > 0):
@@ -55,11 +67,11 @@ class RateSpec:
         for opt in opts:
             key, eq, val = opt.partition("=")
             if not eq or key not in ("start", "scale"):
-                raise TraceError(f"bad trace option {opt!r} in {text!r}: use start=<s> and scale=<k>")
+                raise TraceError(f"bad trace option {opt[:40]!r} in {text[:80]!r}: use start=<s> and scale=<k>")
             try:
                 kw[key] = float(val)
             except ValueError:
-                raise TraceError(f"bad number in trace option {opt!r}") from None
+                raise TraceError(f"bad number in trace option {opt[:40]!r}") from None
         return cls(name, **kw)
 
     @classmethod
@@ -68,7 +80,7 @@ class RateSpec:
             raise TraceError('rate must be an object like {"trace": "5g", "start": 0, "scale": 1}')
         extra = set(obj) - {"trace", "start", "scale"}
         if extra:
-            raise TraceError(f"unknown rate fields: {sorted(extra)}")
+            raise TraceError(f"unknown rate fields: {str(sorted(extra))[:80]}")
         try:
             return cls(obj["trace"], float(obj.get("start", 0.0)), float(obj.get("scale", 1.0)))
         except (TypeError, ValueError):
@@ -86,6 +98,14 @@ class RateSpec:
 
     def load(self) -> Trace:
         return load_trace(self.trace, self.scale)
+
+
+def check_client_trace(trace: Trace) -> Trace:
+    """``trace`` if a client may ask for it, else TraceError (its average is below the floor)."""
+    if trace.mean_mbps < MIN_CLIENT_MBPS:
+        raise TraceError(f"{trace.name} averages {trace.mean_mbps:.3g} Mbps, below the floor of "
+                         f"{MIN_CLIENT_MBPS:g} Mbps for a link a client asks for")
+    return trace
 
 
 class TraceShaper:
@@ -108,6 +128,11 @@ class TraceShaper:
         self._anchor = start  # trace time at which the current bucket period began (full bucket)
         self._sent = 0  # bytes released since the anchor
         self.bytes_sent = 0  # lifetime total, for reports
+
+    def deadline(self, nbytes: int) -> float:
+        """Clock time by which ``nbytes`` released from now must be out (see DEADLINE_FACTOR)."""
+        return self.clock.now() + DEADLINE_SLACK_S + DEADLINE_FACTOR * self.trace.time_to_send(nbytes,
+                                                                                               self.trace_time())
 
     def trace_time(self, now: float | None = None) -> float:
         return self._start + ((self.clock.now() if now is None else now) - self._t0)

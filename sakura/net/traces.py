@@ -53,6 +53,9 @@ BYTES_PER_MBIT = 125_000.0
 # Paper, §6: full FP16 cache transfer at the trace median takes 23 s, local full generation 13 s.
 PAPER_FP16_TRANSFER_S = 23.0
 PAPER_LOCAL_FULL_S = 13.0
+# No link is faster than 1 Pbit/s; above this a rate is a typo or an attack (and overflows the byte
+# integrals: fixed:1e308 made NaN byte counts).
+MAX_MBPS = 1e9
 
 
 class TraceError(ValueError):
@@ -76,6 +79,8 @@ class Trace:
             raise TraceError(f"{self.name}: edges must start at 0 and increase strictly")
         if not np.all(np.isfinite(r)) or np.any(r < 0):
             raise TraceError(f"{self.name}: rates must be finite and >= 0")
+        if np.any(r > MAX_MBPS):
+            raise TraceError(f"{self.name}: rates must be at most {MAX_MBPS:g} Mbps, got {float(r.max()):g}")
         object.__setattr__(self, "edges", e)
         object.__setattr__(self, "mbps", r)
         # Cumulative bytes at each edge: makes every integral O(log n) and exact.
@@ -112,6 +117,19 @@ class Trace:
     @property
     def median_mbps(self) -> float:
         return self.percentile(50)
+
+    @property
+    def typical_mbps(self) -> float:
+        """The rate a regime is set from: the median, or for a trace down more than half the time the
+        median of its non-zero samples (a median of 0 would scale it to infinity); 0 only if the
+        trace is 0 throughout."""
+        if self.median_mbps > 0:
+            return self.median_mbps
+        up = self.mbps > 0
+        if not up.any():
+            return 0.0
+        w = np.diff(self.edges)[up]
+        return float(np.percentile(self.mbps[up], 50, weights=w, method="inverted_cdf"))
 
     @property
     def mean_mbps(self) -> float:
@@ -218,7 +236,7 @@ def parse_trace_text(text: str, name: str = "trace", where: str | None = None) -
     if "," in first:
         header = [c.strip().lower() for c in first.split(",")]
         if header != ["time_s", "mbps"]:
-            raise TraceError(f"{p}:{lines[0][0]}: CSV header must be 'time_s,mbps', got {first!r}")
+            raise TraceError(f"{p}:{lines[0][0]}: CSV header must be 'time_s,mbps', got {first[:60]!r}")
         rows, sep = lines[1:], ","
     else:
         rows, sep = lines, None
@@ -232,6 +250,8 @@ def parse_trace_text(text: str, name: str = "trace", where: str | None = None) -
         if not all(re.fullmatch(_NUM, c) for c in cols):
             raise TraceError(f"{p}:{n}: non-numeric value: {ln[:60]!r}")
         t, r = float(cols[0]), float(cols[1])
+        if not (math.isfinite(t) and math.isfinite(r)):
+            raise TraceError(f"{p}:{n}: number out of range: {ln[:60]!r}")
         if r < 0:
             raise TraceError(f"{p}:{n}: negative throughput {r:g}")
         if times and t <= times[-1]:
@@ -316,7 +336,7 @@ def synthetic(name: str, duration_s: int = 600, seed: int = 0) -> Trace:
         gen = {"5g": _mmwave, "lte": _lte, "wifi": _wifi}[name]
         rates = _calibrate(gen(n, 1000 + seed), SYNTHETIC_TARGETS[name])
     else:
-        raise TraceError(f"unknown synthetic profile {name!r} (known: {', '.join(SYNTHETIC_NAMES)})")
+        raise TraceError(f"unknown synthetic profile {name[:40]!r} (known: {', '.join(SYNTHETIC_NAMES)})")
     return Trace(np.arange(n + 1, dtype=np.float64), np.round(rates, 1), name)
 
 
@@ -329,15 +349,19 @@ def load_trace(spec: str | Path, scale: float = 1.0) -> Trace:
         try:
             mbps = float(s[len("fixed:") :])
         except ValueError:
-            raise TraceError(f"bad fixed trace {s!r}: expected fixed:<Mbps>, e.g. fixed:100") from None
+            raise TraceError(f"bad fixed trace {s[:60]!r}: expected fixed:<Mbps>, e.g. fixed:100") from None
         if not (mbps > 0 and math.isfinite(mbps)):
-            raise TraceError(f"bad fixed trace {s!r}: rate must be a positive number")
+            raise TraceError(f"bad fixed trace {s[:60]!r}: rate must be a positive number")
         tr = Trace.constant(mbps)
     else:
         p = Path(s)
-        if not p.is_file():
+        try:
+            is_file = p.is_file()
+        except (OSError, ValueError):  # a name too long for the file system, or with a NUL in it
+            is_file = False
+        if not is_file:
             raise TraceError(
-                f"trace {s!r} is neither a profile ({', '.join(SYNTHETIC_NAMES)}), fixed:<Mbps>, nor a file"
+                f"trace {s[:80]!r} is neither a profile ({', '.join(SYNTHETIC_NAMES)}), fixed:<Mbps>, nor a file"
             )
         tr = read_trace_file(p)
     return tr if scale == 1.0 else tr.scaled(scale)
@@ -353,11 +377,12 @@ def paper_regime_scale(trace: Trace, fp16_cache_bytes: float, local_full_s: floa
 
     makes ``fp16_cache_bytes / (scale * median) == local_full_s * 23/13``, i.e. the same ratio,
     so transfer and compute pressure relate as in the paper whatever the absolute speeds. A trace
-    that is down more than half the time has a median of 0: its mean rate stands in for it.
+    that is down more than half the time has a median of 0: the median of its non-zero samples
+    stands in for it (:attr:`Trace.typical_mbps`).
     """
     if fp16_cache_bytes <= 0 or local_full_s <= 0:
         raise ValueError("fp16_cache_bytes and local_full_s must be > 0")
-    median_bps = (trace.median_mbps or trace.mean_mbps) * 1e6
+    median_bps = trace.typical_mbps * 1e6
     if median_bps <= 0:
         return 1.0  # a dead link: there is no rate to scale
     return fp16_cache_bytes * 8 / (median_bps * local_full_s * PAPER_FP16_TRANSFER_S / PAPER_LOCAL_FULL_S)

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from sakura.net.shaping import DeadlinePassed
 from sakura.server.streaming import TRACE_HEADER
 
 Scope = dict[str, Any]
@@ -65,18 +66,21 @@ class AccessLog:
 
         try:
             await self.app(scope, receive, send_logged)
-        except Exception as e:  # noqa: BLE001 - only a stalled client is handled here
-            if not _stalled(e):
+        except Exception as e:  # noqa: BLE001 - only a stalled client or a paced body past its deadline
+            if _raised(e, SendStalled):
+                rec["error"] = f"client read nothing for {self.send_stall_s:g} s"
+            elif _raised(e, DeadlinePassed):
+                rec["error"] = "paced body ran past its deadline"
+            else:
                 raise
-            rec["error"] = f"client read nothing for {self.send_stall_s:g} s"
         finally:
             self.log(rec)
 
 
-def _stalled(e: BaseException) -> bool:
+def _raised(e: BaseException, kind: type[BaseException]) -> bool:
     if isinstance(e, BaseExceptionGroup):  # raised inside a task group (streaming responses)
-        return e.subgroup(SendStalled) is not None
-    return isinstance(e, SendStalled)
+        return e.subgroup(kind) is not None
+    return isinstance(e, kind)
 
 
 def make_logger(access_log: str | Path | logging.Handler | None) -> LogFn:

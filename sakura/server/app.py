@@ -175,7 +175,8 @@ async def _stream_file(
         now = os.fstat(f.fileno())
         if (now.st_size, now.st_mtime_ns) != (stat.st_size, stat.st_mtime_ns):
             raise OSError(f"{path.name} changed while serving it")  # aborts: client sees a short body
-        async for chunk in paced(frames(f.fileno(), pieces), shaper):
+        nbytes = sum(len(p) if isinstance(p, bytes) else p[1] for p in pieces)
+        async for chunk in paced(frames(f.fileno(), pieces), shaper, nbytes):
             yield chunk
 
 
@@ -199,5 +200,5 @@ def _add_header_route(app: FastAPI, store: PackStore, links: LinkShapes) -> None
             return error_response(422, f"pack {file_id!r} header is not valid JSON")
         if shaper is None:
             return Response(body, media_type="application/json")
-        return StreamingResponse(paced(iter([body]), shaper), media_type="application/json",
+        return StreamingResponse(paced(iter([body]), shaper, len(body)), media_type="application/json",
                                  headers={"content-length": str(len(body))})

@@ -18,6 +18,15 @@ class BadRange(Exception):
 
 
 _SPEC = re.compile(r"^\s*(\d*)\s*-\s*(\d*)\s*$")
+# A byte position with more digits than this exceeds any file; reading it as "huge" keeps int() off
+# numbers of thousands of digits (Python refuses those: a 500 before).
+_MAX_DIGITS = 18
+_HUGE = 10**_MAX_DIGITS
+
+
+def _position(digits: str) -> int:
+    digits = digits.lstrip("0") or "0"
+    return _HUGE if len(digits) > _MAX_DIGITS else int(digits)
 
 
 def parse_range(value: str, size: int) -> list[tuple[int, int]] | None:
@@ -42,12 +51,12 @@ def parse_range(value: str, size: int) -> list[tuple[int, int]] | None:
         if not m or (not m[1] and not m[2]):
             raise BadRange(f"bad byte range {p.strip()[:40]!r}")
         if not m[1]:  # suffix: the last N bytes
-            n = int(m[2])
+            n = _position(m[2])
             if n > 0 and size > 0:
                 out.append((max(size - n, 0), size - 1))
             continue
-        first = int(m[1])
-        last = int(m[2]) if m[2] else size - 1
+        first = _position(m[1])
+        last = _position(m[2]) if m[2] else size - 1
         if m[2] and last < first:
             raise BadRange(f"byte range {p.strip()!r} ends before it starts")
         if first < size:

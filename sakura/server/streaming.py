@@ -7,7 +7,7 @@ import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-from sakura.net.shaping import RateSpec, TraceShaper
+from sakura.net.shaping import DeadlinePassed, RateSpec, TraceShaper, check_client_trace
 from sakura.net.traces import SYNTHETIC_NAMES, Trace, TraceError, load_trace
 from sakura.server.ranges import Piece
 from sakura.server.store import PLAIN_NAME
@@ -42,14 +42,19 @@ def frames(fd: int, pieces: list[Piece], frame: int = FRAME) -> Iterator[bytes]:
         yield bytes(buf)
 
 
-async def paced(blocks: Iterator[bytes], shaper: TraceShaper | None) -> AsyncIterator[bytes]:
-    first = True
-    for block in blocks:
-        if shaper is None:
+async def paced(blocks: Iterator[bytes], shaper: TraceShaper | None, nbytes: int) -> AsyncIterator[bytes]:
+    """``blocks`` (``nbytes`` in all) along the shaper's trace; DeadlinePassed once the transfer runs past
+    :meth:`TraceShaper.deadline` (the caller ends the response or reports it)."""
+    if shaper is None:
+        for block in blocks:
             yield block
-        else:
-            async for chunk in shaper.asend_chunks(block, new_burst=first):
-                yield bytes(chunk)
+        return
+    deadline, first = shaper.deadline(nbytes), True
+    for block in blocks:
+        async for chunk in shaper.asend_chunks(block, new_burst=first):
+            if shaper.clock.now() > deadline:
+                raise DeadlinePassed(f"{nbytes} bytes paced past their deadline")
+            yield bytes(chunk)
         first = False
 
 
@@ -67,8 +72,10 @@ class LinkShapes:
             return load_trace(name, scale)
         if self.trace_dir is not None and PLAIN_NAME.match(name) and (self.trace_dir / name).is_file():
             return load_trace(self.trace_dir / name, scale)
-        raise TraceError(f"unknown trace {name!r}: use {', '.join(SYNTHETIC_NAMES)} or fixed:<Mbps>")
+        raise TraceError(f"unknown trace {name[:80]!r}: use {', '.join(SYNTHETIC_NAMES)} or fixed:<Mbps>")
 
     def shaper(self, spec: RateSpec | None) -> TraceShaper | None:
-        """A fresh shaper at ``spec.start`` (None = no shaping). Raises TraceError for an unknown trace."""
-        return None if spec is None else TraceShaper(self._trace(spec.trace, spec.scale), spec.start)
+        """A fresh shaper at ``spec.start`` (None = no shaping). Raises TraceError for an unknown trace or
+        one below the client floor."""
+        return None if spec is None else TraceShaper(check_client_trace(self._trace(spec.trace, spec.scale)),
+                                                      spec.start)

@@ -19,7 +19,7 @@ from fastapi.responses import Response
 from pydantic_core import from_json
 from starlette.websockets import WebSocketDisconnect
 
-from sakura.net.shaping import RateSpec, TraceShaper
+from sakura.net.shaping import DeadlinePassed, RateSpec, TraceShaper
 from sakura.net.traces import TraceError
 from sakura.server.access_log import LogFn, clip
 from sakura.server.limits import ServerLimits
@@ -111,9 +111,14 @@ async def _send_ranges(websocket: WebSocket, path: Path, req: dict[str, Any], sh
                        rec: dict[str, Any], limits: ServerLimits) -> None:
     await _send(websocket, limits, {"id": req["id"], "nbytes": req["nbytes"]})
     with open(path, "rb") as f:
-        async for chunk in paced(frames(f.fileno(), req["ranges"]), shaper):
-            await _send(websocket, limits, chunk)
-            rec["bytes"] += len(chunk)
+        try:
+            async for chunk in paced(frames(f.fileno(), req["ranges"]), shaper, req["nbytes"]):
+                await _send(websocket, limits, chunk)
+                rec["bytes"] += len(chunk)
+        except DeadlinePassed as e:
+            rec |= {"status": 504, "error": str(e)}
+            await _send(websocket, limits, {"id": req["id"], "error": str(e), "status": 504})
+            return
     await _send(websocket, limits, {"id": req["id"], "done": True})
 
 
