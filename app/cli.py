@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 
+from sakura.places import PACKS_HELP, packs_or_default
+
 # `sakura` registers the `demo` command from this module in every process (`sakura --help` included): what the
 # demo runs on (gradio, the device agent's torch and diffusers, uvicorn) is imported where it is used.
 if TYPE_CHECKING:
@@ -130,12 +132,12 @@ def _after_start(server: uvicorn.Server, builds: BuildQueue, bridge, templates: 
 def demo(
     host: str = typer.Option("127.0.0.1", "--host", help="Address the app listens on."),
     port: int = typer.Option(7860, "--port", help="Port of the app."),
-    packs: str = typer.Option(
-        "packs",
+    packs: Optional[str] = typer.Option(
+        None,
         "--packs",
         help="Pack folder, or s3://bucket/prefix (endpoint and credentials "
         "from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY); missing packs are "
-        "built into it in the background.",
+        f"built into it in the background ({PACKS_HELP}).",
     ),
     device: str = typer.Option(
         "subprocess",
@@ -155,7 +157,7 @@ def demo(
     sigterm_as_interrupt()  # SIGTERM stops the server, agent and builds as Ctrl-C does
     ids = [t.strip() for t in templates.split(",") if t.strip()] if templates else None
     try:
-        run_demo(host, port, packs, device, ids, data)
+        run_demo(host, port, packs_or_default(packs), device, ids, data)
     except KeyboardInterrupt:
         typer.echo("\nstopped.")
     except typer.BadParameter:

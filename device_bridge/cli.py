@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from device_bridge.protocol import DEFAULT_TIMEOUT_S
+from sakura.places import PACKS_HELP, packs_or_default
 
 
 def run_agent(listen: str = "127.0.0.1:8700", server: str | None = None, packs: str | Path | None = None, *,
@@ -40,7 +41,8 @@ def device(
         "127.0.0.1:8700", "--listen", help="HOST:PORT for the agent's websocket (port 0 = any)."
     ),
     server: Optional[str] = typer.Option(None, "--server", help="Template server URL; default: serve --packs here."),
-    packs: Path = typer.Option(Path("packs"), "--packs", help="Packs folder served when no --server is given."),
+    packs: Optional[Path] = typer.Option(None, "--packs", help=f"Packs folder served when no --server is given "
+                                         f"({PACKS_HELP})."),
     catalog: Optional[Path] = typer.Option(
         None, "--catalog", help="Catalog manifest (TOML); default: the embedded one."
     ),
@@ -61,8 +63,8 @@ def device(
 
     sigterm_as_interrupt()  # SIGTERM cleans up (the local template server) as Ctrl-C does
     try:
-        run_agent(listen, server, None if server else packs, catalog=catalog, link=link, timeout_s=timeout,
-                  warmup=warmup or [], calibration_file=calibration)
+        run_agent(listen, server, None if server else packs_or_default(packs), catalog=catalog, link=link,
+                  timeout_s=timeout, warmup=warmup or [], calibration_file=calibration)
     except KeyboardInterrupt:
         pass
     except (ValueError, RuntimeError) as e:

@@ -16,6 +16,7 @@ from typing import Optional
 import typer
 
 from sakura.cli_errors import MAX_IMAGE_SIDE, UserError, check_image_file, friendly
+from sakura.places import PACKS_HELP, packs_or_default
 from sakura.systems import SYSTEMS
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
@@ -83,7 +84,8 @@ def edit(
         "paper", "--regime", help="paper: scale the trace to the paper's 23 s / 13 s regime; none."
     ),
     server: Optional[str] = typer.Option(None, "--server", help="Template server URL (default: start one on --packs)."),
-    packs: str = typer.Option("packs", "--packs", help="Pack folder or s3://bucket/prefix (built if missing)."),
+    packs: Optional[str] = typer.Option(None, "--packs", help=f"Pack folder or s3://bucket/prefix (built if missing; "
+                                        f"{PACKS_HELP})."),
     executor: str = typer.Option(
         "eager", "--executor", help="With --stream: eager | executorch (shard .pte programs)."
     ),
@@ -105,7 +107,8 @@ def edit(
             raise UserError(f"--reconstructor must be torch or opencl, not {reconstructor!r}")
         stream_edit(template=template, reference=reference, prompt=prompt, out=out, as_json=as_json,
                     catalog=catalog, policy=policy, trace=trace, start=start, trace_scale=trace_scale,
-                    regime=regime, server=server, packs=packs, executor=executor, reconstructor=reconstructor,
+                    regime=regime, server=server, packs=packs if server else packs_or_default(packs),
+                    executor=executor, reconstructor=reconstructor,
                     calibration=calibration)
         return
     if mode not in ("full", "reuse"):
@@ -157,8 +160,9 @@ def edit(
 @app.command()
 @friendly
 def build(
-    out: str = typer.Option("packs", "--out", help="Pack folder, or an object store: s3://bucket/prefix "
-                            "(endpoint and credentials from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...)."),
+    out: Optional[str] = typer.Option(None, "--out", help="Pack folder, or an object store: s3://bucket/prefix "
+                                      f"(endpoint and credentials from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...; "
+                                      f"{PACKS_HELP})."),
     catalog: Optional[Path] = CatalogOpt,
     templates: Optional[str] = typer.Option(None, "--templates", help="Comma-separated ids (default: all)."),
     q: float = typer.Option(0.5, "--q", help="Importance-weighting exponent (0 = plain SVD)."),
@@ -182,6 +186,7 @@ def build(
 
     cat = load_catalog(catalog)
     chosen = [cat.get(t.strip()) for t in templates.split(",")] if templates else list(cat)
+    out = packs_or_default(out)
     if ray is None and not is_store_url(out):  # the embedded default, exactly as before
         from sakura.offline.builder import build_with_progress
 
@@ -222,11 +227,11 @@ def pack_info(path: Path = typer.Argument(..., help="PACKDIR/ID (the template's 
 @app.command()
 @friendly
 def serve(
-    packs: str = typer.Option(
-        "packs",
+    packs: Optional[str] = typer.Option(
+        None,
         "--packs",
         help="Pack folder, or s3://bucket/prefix: then the server "
-        "gives catalog, headers and presigned URLs and devices read the store.",
+        f"gives catalog, headers and presigned URLs and devices read the store ({PACKS_HELP}).",
     ),
     host: str = typer.Option("127.0.0.1", "--host"),
     port: int = typer.Option(8600, "--port"),
@@ -237,6 +242,7 @@ def serve(
     from sakura.net.stores import is_store_url
     from sakura.server.run import serve as run_server
 
+    packs = packs_or_default(packs)
     if not is_store_url(packs) and not Path(packs).is_dir():
         raise UserError(f"pack folder {packs} does not exist (run `sakura build --out {packs}`)")
     run_server(packs, host=host, port=port, access_log=access_log, trace_dir=trace_dir)
@@ -257,8 +263,9 @@ def bench(
         "--clock",
         help="sim (replays measured compute) | real (server + sockets) | both (both sweeps and the sim-vs-real table).",
     ),
-    quick: bool = typer.Option(False, "--quick", help="10 offsets, the fs workload only: minutes."),
-    packs: str = typer.Option("packs", "--packs", help="Pack folder or s3://bucket/prefix (missing packs are built)."),
+    quick: bool = typer.Option(False, "--quick", help="10 offsets, the fs workload only, no Fig. 11: minutes."),
+    packs: Optional[str] = typer.Option(None, "--packs", help="Pack folder or s3://bucket/prefix (missing packs are "
+                                        f"built; {PACKS_HELP})."),
     figure: Optional[str] = typer.Option(
         None,
         "--figure",
@@ -301,11 +308,12 @@ def bench(
         help="Fig. 15: held-out requests per template at every operating point (the catalog has 6–7).",
     ),
     rebuild_clock: str = typer.Option(
-        "wall",
+        "cpu",
         "--rebuild-clock",
-        help="wall | cpu: time the simulated clock's "
-        "rebuilds by elapsed time, or by the rebuilding thread's CPU time (on a shared, "
-        "busy machine; compute is replayed from the calibration either way).",
+        help="cpu | wall: time the simulated clock's "
+        "rebuilds by the rebuilding thread's CPU time (the default: the systems' ranking does not move "
+        "with machine load) or by elapsed time (on a quiet machine; compute is replayed from the calibration "
+        "either way).",
     ),
 ):
     """Reproduce the paper's evaluation: every system, same trace offsets, same metrics."""
@@ -324,6 +332,7 @@ def bench(
     if rebuild_clock not in bench.REBUILD_CLOCKS:
         raise UserError(f"--rebuild-clock must be one of {', '.join(bench.REBUILD_CLOCKS)}")
     bench.use_rebuild_clock(rebuild_clock)
+    packs = packs_or_default(packs)
     cfg = bench.BenchConfig(workloads=tuple(w.strip() for w in workloads.split(",")),
                             systems=tuple(x.strip() for x in systems.split(",")), trace=trace, starts=starts,
                             regime=regime, trace_scale=trace_scale, seed=seed, append=append,
@@ -345,7 +354,8 @@ def bench(
             say(realclock.clock_table(summary["clock_check"]))
             written = plots.write_all(summary, out) + [out / "summary.json"]
         else:
-            written = figures.run(cfg, out, figure=figure, project=project, clock=clock, progress=bar, say=say)
+            written = figures.run(cfg, out, figure=figure, project=project, clock=clock, progress=bar, say=say,
+                                  example_trace=not quick)
     for path in written:
         typer.echo(f"wrote {path}")
 
@@ -355,7 +365,7 @@ def bench(
 def report(
     kind: str = typer.Argument(..., help="importance | tradeoff | q-sweep"),
     templates: str = typer.Option("fs-astronaut", "--templates", help="Comma-separated template ids."),
-    packs: Path = typer.Option(Path("packs"), "--packs"),
+    packs: Optional[Path] = typer.Option(None, "--packs", help=PACKS_HELP),
     out: Path = typer.Option(Path("runs/report"), "--out"),
 ):
     """Offline observations: token importance (Fig. 2), rank-precision trade-off (Fig. 8), q sweep (Fig. 19)."""
@@ -364,6 +374,7 @@ def report(
 
     if kind not in ("importance", "tradeoff", "q-sweep"):
         raise UserError("report kind must be importance, tradeoff or q-sweep")
+    packs = Path(packs_or_default(packs))
     out.mkdir(parents=True, exist_ok=True)
     cat = load_catalog()
     chosen = [cat.get(t.strip()) for t in templates.split(",")]

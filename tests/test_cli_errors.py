@@ -166,3 +166,20 @@ def test_agent_reports_a_trace_problem_as_rejected():
     agent = DeviceAgent.__new__(DeviceAgent)  # _describe needs no state
     agent.server_url = "http://127.0.0.1:9"
     assert agent._describe(TraceError("trace@0+30: trace has no bandwidth (all rates are 0)"))[1] == "rejected"
+
+
+def test_commands_share_one_default_packs_folder_never_the_working_directory(tmp_path, monkeypatch):
+    """#32 item 4: `--packs` defaulted to ./packs, so a bench run from another folder built packs there."""
+    from sakura.places import CHECKOUT, default_packs
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.delenv("SAKURA_PACKS", raising=False)
+    assert default_packs() == CHECKOUT / "packs"  # an editable checkout keeps its packs beside its code
+    monkeypatch.setenv("SAKURA_PACKS", str(tmp_path / "shared"))
+    code, err, _ = sakura("serve", "--port", "0")
+    assert f"packs: {tmp_path / 'shared'} (default)" in err and "does not exist" in err and code == 2, err
+    code, err, _ = sakura("report", "importance", "--templates", "nope")
+    assert f"packs: {tmp_path / 'shared'} (default)" in err, err
+    assert not (elsewhere / "packs").exists()

@@ -258,3 +258,15 @@ def test_portable_checkpoint_resumes_a_run(tmp_path):
         assert ((a.sqrt() - b.sqrt()).abs() <= a.sqrt().max() / 254 + 1e-12).all()
     loss = again.train_step(_small_batch(again, "fs", seed=5))  # and it trains on
     assert np.isfinite(loss) and again.step == tr.step + 1
+
+
+def test_task_mix_is_normalised_and_checked():
+    from sakura.model.train import parse_task_mix
+
+    assert parse_task_mix("fs=1,mb=3", "sakura-tiny") == {"fs": 0.25, "mb": 0.75}
+    assert parse_task_mix(None, "sakura-tiny") is None
+    for bad in ("face=1", "fs=x", "fs=0,mb=0", "fs=-1,mb=2"):
+        with pytest.raises(SystemExit):
+            parse_task_mix(bad, "sakura-tiny")
+    with pytest.raises(SystemExit):
+        parse_task_mix("fs=1", "sakura-tiny-sd3")  # the SD3 model trains mb only

@@ -14,7 +14,7 @@ import json
 import resource
 import statistics
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 from pathlib import Path
 from typing import Callable, Iterator
@@ -32,8 +32,9 @@ from sakura.net.traces import Trace, TraceError, load_trace
 from sakura.offline.builder import build_template
 from sakura.offline.publish import BuildSettings, build_into_store
 from sakura.online.monitor import DEFAULT_ESTIMATOR
+from sakura.places import default_packs
 from sakura.quality import quality
-from sakura.runtime.calibration import CalibrationStore, spread
+from sakura.runtime.calibration import SPREAD_BOUND, CalibrationStore, spread
 from sakura.runtime.session import DeviceRuntime, Network, network_scale
 from sakura.systems import STREAMING, SYSTEMS
 
@@ -261,7 +262,7 @@ class BenchConfig:
     starts: int = 100
     regime: str = "paper"
     trace_scale: float | None = None
-    packs: Path = Path("packs")
+    packs: Path = field(default_factory=default_packs)
     seed: int = 0
     max_rank: int = 128
     append: bool = False  # keep other workloads already in DIR/summary.json (run workloads separately)
@@ -304,6 +305,10 @@ def run_bench(cfg: BenchConfig, out: Path, progress=None, say: Callable[[str], N
     rng = np.random.default_rng(cfg.seed)
     summary: dict = {"config": {**cfg.to_json(), "clock": clock, "rebuild_clock": rebuild_clock}, "workloads": {}}
     say(describe_calibration(cfg.calibration))
+    say(f"rebuilds timed by the {rebuild_clock} clock" + (" (elapsed time: with other work on the machine the "
+                                                         "systems' ranking moves; --rebuild-clock cpu does not)"
+                                                         if rebuild_clock == "wall" else " (the rebuilding thread's "
+                                                         "CPU time: load-independent)"))
     records_path = out / "records.jsonl"
     benches = {} if benches is None else benches
     mode = "w"
@@ -380,6 +385,8 @@ def describe_regime(workload: str, prepared_all: list[TemplateBench], scales: di
         xs = p.compute.local_full_samples
         s = spread(xs)
         shown = f"spread {100 * s:.0f}%" if s is not None else "1 run"
+        if s is not None and s > SPREAD_BOUND:
+            shown += f", ABOVE THE {100 * SPREAD_BOUND:.0f}% BOUND: this run only, not stored"
         parts.append(f"{p.template.id} local {p.compute.local_full_s:.2f} s ({shown}, {len(xs)} runs) → "
                      f"scale {scales[p.template.id]:.4f}")
     return f"{workload}: " + "; ".join(parts)

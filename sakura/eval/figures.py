@@ -301,7 +301,9 @@ MAIN = {"12", "13", "table2"}  # drawn from the bench's summary; Fig. 15 is its 
 
 
 def run(cfg: bench.BenchConfig, out: Path, *, figure: str | None = None, project: str | None = None,
-        clock: str = "sim", progress=None, say=print) -> list[Path]:
+        clock: str = "sim", progress=None, say=print, example_trace: bool = True) -> list[Path]:
+    """The sweep and its plots (``figure`` None), or one figure. ``example_trace=False`` (``--quick``) skips
+    Fig. 11, which the plain sweep draws after it (it was 12 of `--quick`'s 25 minutes under load)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     cache: dict = {}
@@ -320,7 +322,7 @@ def run(cfg: bench.BenchConfig, out: Path, *, figure: str | None = None, project
         else:
             summary = bench.run_bench(cfg, out, progress=progress, say=say, benches=cache)
         written = P.write_all(summary, out) + [out / "summary.json"]
-        if figure is None:
+        if figure is None and example_trace:
             written += fig11_example_trace(cfg, out, cache, progress, say)
         return written
     if figure == "all":  # one process, so every figure shares the prepared templates

@@ -35,14 +35,26 @@ log = logging.getLogger(__name__)
 
 VERSION = 2
 KEEP_ROUND_TRIPS = 400  # most recent request round trips kept
+# Local-generation runs further apart than this ((max − min) / median) are re-measured once; still that
+# wide, the profile serves the run that measured it and is never stored as the machine's (a busy machine
+# calibrated fs-astronaut at 3.4 s with runs 85 % apart, and every later run reused it).
+SPREAD_BOUND = 0.10
+BUSY_LOAD_PER_CORE = 1.0  # 1-minute load average per core above which a measurement is flagged busy
+
+
+def load_per_core() -> float | None:
+    """The 1-minute load average per core now (None where the OS does not say)."""
+    try:
+        return round(os.getloadavg()[0] / (os.cpu_count() or 1), 2)
+    except OSError:
+        return None
 
 
 def default_path() -> Path:
     """Where `sakura bench` keeps its calibration between runs (``SAKURA_CACHE_DIR`` or the XDG cache)."""
-    root = (
-        os.environ.get("SAKURA_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "sakura"
-    )
-    return Path(root) / "calibration.json"
+    from sakura.places import cache_root
+
+    return cache_root() / "calibration.json"
 
 
 def machine_fingerprint() -> dict:
@@ -95,6 +107,7 @@ class CalibrationStore:
         self.machine = machine_fingerprint()
         self._lock = threading.Lock()
         self._profiles: dict[str, dict] = {}
+        self._refused: dict[str, dict] = {}  # measured too widely spread: this process only, never saved
         self._round_trips: list[float] = []
         self._link_measured_at = ""
         self.loaded_from: str | None = None  # the file the profiles came from, when they did
@@ -117,7 +130,8 @@ class CalibrationStore:
         self.loaded_from = str(self.path)
 
     def get(self, model: DiTAdapter, template, shards) -> ComputeProfile | None:
-        d = self._profiles.get(f"{model_fingerprint(model)}/{template.id}")
+        key = f"{model_fingerprint(model)}/{template.id}"
+        d = self._refused.get(key) or self._profiles.get(key)
         if d is None:
             return None
         try:
@@ -129,18 +143,40 @@ class CalibrationStore:
         return prof if prof.shards == [tuple(s) for s in shards] else None
 
     def measure(self, model: DiTAdapter, template, shards) -> ComputeProfile:
-        """Measure (``repeats`` runs after a warm-up), keep and return the template's compute profile."""
+        """Measure (``repeats`` runs after a warm-up), keep and return the template's compute profile.
+        Local runs wider apart than SPREAD_BOUND are measured once more; if still wide, the profile is
+        used by this process only and flagged ``refused`` (judged only with two or more local runs)."""
         req = calibration_request(template, model)
         shard_size = shards[0][2] - shards[0][1]
-        compute = measure_compute(model, req, zero_cache(model, req), shard_size, repeats=self.repeats,
-                                  full_repeats=self.full_repeats)
+        for attempt in range(2):
+            compute = measure_compute(model, req, zero_cache(model, req), shard_size, repeats=self.repeats,
+                                      full_repeats=self.full_repeats)
+            width = spread(compute.local_full_samples)
+            if width is None or width <= SPREAD_BOUND:
+                break
+            log.warning("%s: local-generation runs %.0f%% apart (bound %.0f%%)%s", template.id, 100 * width,
+                        100 * SPREAD_BOUND, ": measuring again" if attempt == 0 else "")
         if compute.shards != [tuple(s) for s in shards]:
             raise ValueError(f"{template.id}: the stored files' shard plan does not match this model")
+        load = load_per_core()
+        entry = {**compute.to_dict(), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"), "load_per_core": load,
+                 "busy": load is not None and load > BUSY_LOAD_PER_CORE}
+        key = f"{model_fingerprint(model)}/{template.id}"
         with self._lock:
-            self._profiles[f"{model_fingerprint(model)}/{template.id}"] = {
-                **compute.to_dict(), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
-            self._save()
+            if width is not None and width > SPREAD_BOUND:
+                entry["refused"] = (f"local runs {100 * width:.0f}% apart, above the {100 * SPREAD_BOUND:.0f}% bound: "
+                                    "used by this run only, not stored")
+                self._refused[key] = entry
+            else:
+                self._refused.pop(key, None)
+                self._profiles[key] = entry
+                self._save()
         return compute
+
+    @property
+    def refused(self) -> dict[str, str]:
+        """Templates (by ``fingerprint/template``) whose profile this process measured but did not store, and why."""
+        return {k: v["refused"] for k, v in self._refused.items()}
 
     # -- the link --------------------------------------------------------------------------------------
     def record_round_trips(self, samples: list[float]) -> None:
@@ -171,8 +207,11 @@ class CalibrationStore:
                     "runs": len(v.get("local_full_samples", [])),
                     "local_full_spread": spread(v.get("local_full_samples", [])),
                     "measured_at": v.get("measured_at", ""),
+                    "load_per_core": v.get("load_per_core"),
+                    "busy": v.get("busy"),
+                    **({"refused": v["refused"]} if "refused" in v else {}),
                 }
-                for k, v in sorted(self._profiles.items())
+                for k, v in sorted((self._profiles | self._refused).items())
             },
             "request_overhead_s": self.request_overhead_s,
             "round_trips": len(rt),

@@ -1,0 +1,81 @@
+"""A calibration whose local-generation runs are too far apart is measured again and, if still wide, used by
+that run only, never stored as the machine's; every profile records the load it was measured under (#32 item 4).
+
+The machine's noise is what is replaced here (``measure_compute`` returns chosen run times); the store's rule
+and its file are the real ones."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sakura.catalog import load_catalog
+from sakura.model import seeded_model
+from sakura.runtime import calibration as cal
+from sakura.runtime.compute import ComputeProfile
+
+SHARDS = [(0, 0, 2)]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return seeded_model("sakura-tiny")
+
+
+def timings(monkeypatch, *runs: list[float]) -> list[int]:
+    """Let successive measurements give these local-generation samples; returns the call counter."""
+    calls = [0]
+
+    def measure(*args, **kw) -> ComputeProfile:
+        samples = runs[min(calls[0], len(runs) - 1)]
+        calls[0] += 1
+        return ComputeProfile(list(SHARDS), [0.01], 0.001, sorted(samples)[len(samples) // 2], list(samples))
+
+    monkeypatch.setattr(cal, "measure_compute", measure)
+    monkeypatch.setattr(cal, "zero_cache", lambda *a: None)
+    return calls
+
+
+def test_a_tight_calibration_is_stored_with_its_load(tmp_path, monkeypatch, model):
+    calls = timings(monkeypatch, [1.00, 1.02, 1.05])
+    tpl = load_catalog().get("fs-astronaut")
+    store = cal.CalibrationStore(tmp_path / "c.json", full_repeats=3)
+    store.measure(model, tpl, SHARDS)
+    assert calls[0] == 1
+    saved = json.loads((tmp_path / "c.json").read_text())["profiles"]
+    (entry,) = saved.values()
+    assert entry["local_full_samples"] == [1.00, 1.02, 1.05] and "refused" not in entry
+    assert entry["load_per_core"] is not None and isinstance(entry["busy"], bool)
+    assert cal.CalibrationStore(tmp_path / "c.json").get(model, tpl, SHARDS).local_full_s == 1.02
+
+
+def test_a_wide_calibration_is_measured_again_then_used_once_and_not_stored(tmp_path, monkeypatch, model):
+    calls = timings(monkeypatch, [1.0, 1.6, 3.4], [1.1, 2.0, 2.9])
+    tpl = load_catalog().get("fs-astronaut")
+    store = cal.CalibrationStore(tmp_path / "c.json", full_repeats=3)
+    compute = store.measure(model, tpl, SHARDS)
+    assert calls[0] == 2 and compute.local_full_s == 2.0
+    assert store.get(model, tpl, SHARDS).local_full_s == 2.0  # this run uses it …
+    assert not (tmp_path / "c.json").exists()  # … but the machine's file never gets it
+    assert cal.CalibrationStore(tmp_path / "c.json").get(model, tpl, SHARDS) is None
+    (why,) = store.refused.values()
+    assert "bound" in why and "not stored" in why
+    (row,) = store.summary()["templates"].values()
+    assert row["refused"] == why and row["local_full_spread"] > cal.SPREAD_BOUND
+
+
+def test_a_second_measurement_inside_the_bound_is_stored(tmp_path, monkeypatch, model):
+    calls = timings(monkeypatch, [1.0, 1.6, 3.4], [1.00, 1.01, 1.03])
+    tpl = load_catalog().get("fs-astronaut")
+    store = cal.CalibrationStore(tmp_path / "c.json", full_repeats=3)
+    assert store.measure(model, tpl, SHARDS).local_full_s == 1.01 and calls[0] == 2
+    assert not store.refused and cal.CalibrationStore(tmp_path / "c.json").get(model, tpl, SHARDS) is not None
+
+
+def test_one_local_run_is_not_judged(tmp_path, monkeypatch, model):
+    calls = timings(monkeypatch, [1.3])  # the agent and `edit --stream` measure local generation once
+    tpl = load_catalog().get("fs-astronaut")
+    store = cal.CalibrationStore(tmp_path / "c.json")
+    store.measure(model, tpl, SHARDS)
+    assert calls[0] == 1 and not store.refused and (tmp_path / "c.json").exists()
