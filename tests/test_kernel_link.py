@@ -1,0 +1,107 @@
+"""The kernel-shaped link (issue #35): a network namespace whose loopback tc's token bucket shapes along a trace.
+
+Server and client both run inside the namespace, on its loopback: no traffic leaves it. Ratios only: shaping
+bounds a transfer from above even on a busy machine."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+from sakura.net import kernel
+from sakura.net.traces import Trace
+
+pytestmark = pytest.mark.skipif(kernel.unavailable() is not None, reason=str(kernel.unavailable()))
+
+# Downloads ``url`` inside the namespace; prints [(time.monotonic(), bytes so far), ...] as JSON (the monotonic
+# clock is the machine's: the same in the test process).
+CLIENT = textwrap.dedent("""
+    import json, sys, time, urllib.request
+    t0 = float(sys.argv[2]); got, marks = 0, []
+    with urllib.request.urlopen(sys.argv[1], timeout=60) as r:
+        while chunk := r.read(16384):
+            got += len(chunk); marks.append((round(time.monotonic() - t0, 4), got))
+    print(json.dumps(marks))
+""")
+
+
+def serve_inside(ns: kernel.Namespace, folder, port: int = 8765) -> subprocess.Popen:
+    srv = ns.popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(folder)],
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 20
+    while ns.run([sys.executable, "-c", f"import socket; socket.create_connection(('127.0.0.1', {port}), 1)"],
+                 capture_output=True).returncode != 0:
+        assert time.monotonic() < deadline and srv.poll() is None, "server in the namespace did not start"
+        time.sleep(0.1)
+    return srv
+
+
+def download(ns: kernel.Namespace, url: str, t0: float | None = None) -> list[tuple[float, int]]:
+    """(seconds since ``t0`` — default: the request —, bytes so far) per chunk received."""
+    t0 = time.monotonic() if t0 is None else t0
+    out = ns.run([sys.executable, "-c", CLIENT, url, repr(t0)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-1000:]
+    return [tuple(m) for m in json.loads(out.stdout)]
+
+
+def test_a_namespace_is_made_shaped_and_removed_and_a_dead_processes_one_is_swept():
+    child = subprocess.Popen([sys.executable, "-c", "from sakura.net.kernel import create_namespace; import time; "
+                              "print(create_namespace(10).name, flush=True); time.sleep(120)"],
+                             stdout=subprocess.PIPE, text=True)
+    stale = child.stdout.readline().strip()
+    child.send_signal(signal.SIGKILL)  # no cleanup runs: its namespace stays behind
+    child.wait()
+    assert stale.startswith(kernel.PREFIX) and stale in kernel.namespaces()
+    with kernel.create_namespace(20) as ns:  # the next one sweeps it
+        assert stale not in kernel.namespaces() and ns.name in kernel.namespaces()
+        shown = ns.run(["tc", "qdisc", "show", "dev", "lo"], capture_output=True, text=True).stdout
+        assert "tbf" in shown and "20Mbit" in shown
+        mtu = ns.run(["ip", "link", "show", "lo"], capture_output=True, text=True).stdout
+        assert f"mtu {kernel.MTU}" in mtu
+    assert ns.name not in kernel.namespaces()
+
+
+def test_a_large_transfer_never_beats_the_shaped_rate(tmp_path):
+    (tmp_path / "blob").write_bytes(np.random.default_rng(0).bytes(3_000_000))
+    with kernel.create_namespace(20) as ns:
+        srv = serve_inside(ns, tmp_path)
+        try:
+            marks = download(ns, "http://127.0.0.1:8765/blob")
+        finally:
+            srv.kill()
+            srv.wait()
+    took, got = marks[-1]
+    assert got == 3_000_000
+    rate = got * 8 / 1e6 / took
+    print(f"3 MB over tbf 20 Mbit: {rate:.1f} Mbit/s in {took:.2f} s")
+    assert rate <= 20 * 1.15
+
+
+def test_a_zero_stretch_of_the_trace_stalls_the_transfer(tmp_path):
+    (tmp_path / "blob").write_bytes(np.random.default_rng(1).bytes(6_000_000))
+    trace = Trace(np.array([0.0, 1.5, 3.5, 60.0]), np.array([20.0, 0.0, 20.0]), "dip")
+    with kernel.create_namespace(20) as ns:
+        srv = serve_inside(ns, tmp_path)
+        try:
+            with kernel.TraceReplayer(ns, trace) as replay:
+                marks = download(ns, "http://127.0.0.1:8765/blob", replay.t0)
+        finally:
+            srv.kill()
+            srv.wait()
+    assert marks[-1][1] == 6_000_000
+    assert [round(m, 2) for _, m in replay.changes[:3]] == [20.0, kernel.FLOOR_MBPS, 20.0]
+    t_zero, t_back = replay.changes[1][0], replay.changes[2][0]
+    during = [b for t, b in marks if t_zero + 0.3 <= t <= t_back - 0.1]  # (a queue's worth drains at first)
+    moved = (during[-1] - during[0]) if len(during) > 1 else 0
+    print(f"bytes moved in the 0-Mbps stretch: {moved}; replayed changes {replay.changes[:3]}")
+    assert moved < 64 * 1024  # at most a few packets at the floor rate
+    before = max(b for t, b in marks if t < t_zero)
+    after = [t for t, b in marks if b > before + 1_000_000]
+    assert after and after[0] > t_back  # the transfer resumed only when the rate came back
