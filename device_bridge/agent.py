@@ -41,6 +41,7 @@ from sakura.catalog import TASK_NAMES, Catalog, CatalogError, load_catalog
 from sakura.formats import PackFormatError, file_id
 from sakura.model import ModelInputError, ModelLoadError
 from sakura.net.client import FetchError, RangeClient, WsRangeClient
+from sakura.net.failover import FailoverSource
 from sakura.net.paced import LinkClosed
 from sakura.net.store_reader import ServerStoreClient, pack_bytes_from
 from sakura.net.traces import TraceError
@@ -93,11 +94,13 @@ class DeviceAgent:
                 raise ValueError(f"packs folder {packs_dir} does not exist: build packs with `sakura build`")
             self._server = start_server(packs_dir, process=True)
             server_url = self._server.url
-        self.server_url = server_url.rstrip("/")
+        # one URL, or several (URL,URL): replicas of the same packs, tried in order when one dies
+        self.server_urls = [u.strip().rstrip("/") for u in server_url.split(",") if u.strip()]
+        self.server_url = self.server_urls[0]
         self.transport, self.timeout_s = link, float(timeout_s)
         self.slot = EditSlot(busy_wait_s)
         self.stats = {"completed": 0, "rejected": 0, "failed": 0, "cancelled": 0}  # edits by outcome
-        self.runtime = DeviceRuntime(RangeClient(self.server_url), model_path=model_path,
+        self.runtime = DeviceRuntime(self._replicas(RangeClient), model_path=model_path,
                                      calibration=CalibrationStore(calibration_file, calibration_repeats),
                                      reference_caches=reference_cache_templates)
         self._thumbs: dict[str, str] = {}
@@ -110,8 +113,14 @@ class DeviceAgent:
         if self._bytes_from is None:
             self._bytes_from = pack_bytes_from(self.server_url)
         if self._bytes_from == "store":
-            return ServerStoreClient(self.server_url)
-        return WsRangeClient(self.server_url) if self.transport == "ws" else RangeClient(self.server_url)
+            return self._replicas(ServerStoreClient)
+        return self._replicas(WsRangeClient if self.transport == "ws" else RangeClient)
+
+    def _replicas(self, client):
+        """``client`` for the server, or a failover over one per replica (in the operator's order)."""
+        if len(self.server_urls) == 1:
+            return client(self.server_url)
+        return FailoverSource([client(u) for u in self.server_urls], names=self.server_urls)
 
     # ---------------------------------------------------------------------------- small endpoints
     @property

@@ -40,7 +40,8 @@ def device(
     listen: str = typer.Option(
         "127.0.0.1:8700", "--listen", help="HOST:PORT for the agent's websocket (port 0 = any)."
     ),
-    server: Optional[str] = typer.Option(None, "--server", help="Template server URL; default: serve --packs here."),
+    server: Optional[str] = typer.Option(None, "--server", help="Template server URL, or replicas URL,URL (tried in "
+                                         "order when one dies); default: serve --packs here."),
     packs: Optional[Path] = typer.Option(None, "--packs", help=f"Packs folder served when no --server is given "
                                          f"({PACKS_HELP})."),
     catalog: Optional[Path] = typer.Option(

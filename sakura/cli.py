@@ -83,7 +83,8 @@ def edit(
     regime: str = typer.Option(
         "paper", "--regime", help="paper: scale the trace to the paper's 23 s / 13 s regime; none."
     ),
-    server: Optional[str] = typer.Option(None, "--server", help="Template server URL (default: start one on --packs)."),
+    server: Optional[str] = typer.Option(None, "--server", help="Template server URL, or several (URL,URL: replicas "
+                                         "tried in order when one dies); default: start one on --packs."),
     packs: Optional[str] = typer.Option(None, "--packs", help=f"Pack folder or s3://bucket/prefix (built if missing; "
                                         f"{PACKS_HELP})."),
     executor: str = typer.Option(

@@ -19,7 +19,7 @@ from rich.table import Table
 
 from sakura.catalog import load_catalog, load_image_spec
 from sakura.formats import file_id
-from sakura.net.store_reader import link_for_server
+from sakura.net.failover import failover_for_servers
 from sakura.net.stores import is_store_url
 from sakura.net.traces import load_trace
 from sakura.offline.builder import build_template
@@ -80,7 +80,8 @@ def stream_edit(*, template: str, reference, prompt, out: Path, as_json: bool, c
     ref = load_image_spec(reference, Path.cwd()) if reference and tpl.task in ("fs", "vton") else None
     network = Network(load_trace(trace), trace, start, trace_scale, regime)
     ensure_packs(packs, tpl)
-    with server_for(packs, server) as base, link_for_server(base) as client:  # packs from the server or its store
+    # packs from the server or its store; several servers (URL,URL): replicas, failed over in order
+    with server_for(packs, server) as base, failover_for_servers(base.split(",")) as client:
         runtime = DeviceRuntime(client, calibration=CalibrationStore(calibration, repeats=2))
         model = runtime.template_state(tpl).model
         session = runtime.session(tpl, policy, network, executor=make_executor(executor, model),

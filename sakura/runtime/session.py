@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import random
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable
@@ -312,9 +313,18 @@ class EditSession:
                                         least_error=least_error, step_error=step_error)
 
     def run(self, req: EditRequest) -> Outcome:
-        """The edit on the real clock: bytes read from the source, paced along the scaled trace."""
+        """The edit on the real clock: bytes read from the source, paced along the scaled trace. A source
+        with replicas (:class:`~sakura.net.failover.FailoverSource`) puts the retries and switches it made
+        during the edit in ``timeline.extras["source_events"]`` (``t``: seconds from the edit's start)."""
         self._check_link()
-        return self.runner.run(self, req)
+        t0, seen = time.monotonic(), len(getattr(self.source, "events", ()))
+        outcome = self.runner.run(self, req)
+        events = list(getattr(self.source, "events", ()))[seen:]
+        if events:
+            outcome.timeline.extras["source_events"] = [
+                {"kind": e.kind, "file_id": e.file_id, "source": e.source, "reason": e.reason,
+                 "t": round(e.t - t0, 4)} for e in events]
+        return outcome
 
     def _check_link(self) -> None:
         """Fail at once, not after the timeout, when the first shard's cache cannot arrive in time even at

@@ -1,0 +1,118 @@
+"""Pack bytes from several template server replicas (issue #30 D5): a dead source costs a retry and a switch,
+never the bytes; a replica serving another version of a file is never mixed in. Real servers on free ports."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import numpy as np
+import pytest
+
+from sakura.net.byteranges import FetchError
+from sakura.net.client import RangeClient
+from sakura.net.failover import FailoverSource, SourcesUnavailable
+from sakura.server import start_server
+
+RANGES = [(100, 5000), (60_000, 12_345), (190_000, 9_999)]
+
+
+def pack(seed: int) -> bytes:
+    head = json.dumps({"format": "test", "version": seed}).encode()
+    return struct.pack("<Q", len(head)) + head + np.random.default_rng(seed).bytes(200_000)
+
+
+@pytest.fixture
+def replicas(tmp_path):
+    """Three servers: a and b hold the same pack, c another version of it."""
+    servers = {}
+    for name, seed in (("a", 1), ("b", 1), ("c", 2)):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "tpl.pack").write_bytes(pack(seed))
+        servers[name] = start_server(d)
+    yield servers
+    for s in servers.values():
+        s.stop()
+
+
+def expected(seed: int) -> list[bytes]:
+    data = pack(seed)
+    return [data[o:o + n] for o, n in RANGES]
+
+
+def test_a_dead_server_costs_a_retry_and_a_switch_and_the_same_bytes(replicas):
+    a, b = replicas["a"], replicas["b"]
+    with FailoverSource([RangeClient(a.url), RangeClient(b.url)], names=["a", "b"]) as src:
+        assert src.header_bytes("tpl") == pack(1)[:8 + struct.unpack("<Q", pack(1)[:8])[0]]
+        assert src.fetch("tpl", RANGES) == expected(1) and not src.events
+        a.stop()  # mid-edit: the next request finds nobody on a's port
+        assert src.fetch("tpl", RANGES) == expected(1)
+        assert [(e.kind, e.source) for e in src.events] == [("retry", 0), ("switch", 1)]
+        assert "ConnectError" in src.events[0].reason
+        assert src.fetch("tpl", RANGES) == expected(1) and len(src.events) == 2  # it stays on b
+
+
+def test_a_replica_with_another_version_of_the_file_is_skipped(replicas):
+    a, b, c = replicas["a"], replicas["b"], replicas["c"]
+    with FailoverSource([RangeClient(x.url) for x in (a, c, b)], names=["a", "c", "b"]) as src:
+        src.header_bytes("tpl")
+        a.stop()
+        assert src.fetch("tpl", RANGES) == expected(1)  # c's bytes would have decoded to garbage
+        assert [e.kind for e in src.events] == ["retry", "switch", "mismatch", "switch"]
+        assert src.events[2].source == 1 and "another version" in src.events[2].reason
+
+
+def test_no_source_answering_is_one_clear_error_and_a_wrong_request_is_not_retried(replicas):
+    a, b = replicas["a"], replicas["b"]
+    with FailoverSource([RangeClient(a.url), RangeClient(b.url)], names=["a", "b"]) as src:
+        with pytest.raises(FetchError) as e:
+            src.fetch("nope", [(0, 10)])
+        assert e.value.status == 404 and not src.events  # an answer, not a dead source
+        a.stop()
+        b.stop()
+        with pytest.raises(SourcesUnavailable) as e:
+            src.fetch("tpl", RANGES)
+        msg = str(e.value)
+        assert e.value.status == 503 and "\n" not in msg and "a:" in msg and "b:" in msg, msg
+
+
+def test_an_edit_survives_its_server_dying_when_a_replica_is_up(fs_packs):
+    """Real clock, two server processes on the same packs: the first is killed after the edit's third request.
+    The edit picks the same levels and gives the same image as without the fault; the timeline says what
+    happened (a retry on the dead server, then a switch)."""
+    import os
+    import signal
+
+    from sakura.catalog import load_catalog
+    from sakura.net.traces import load_trace
+    from sakura.runtime.calibration import CalibrationStore
+    from sakura.runtime.session import DeviceRuntime, Network
+
+    packs, _ = fs_packs
+    tpl = load_catalog().get("fs-astronaut")
+    fast = Network(load_trace("fixed:2000"), "fixed:2000", 0.0, 1.0, "none")  # every unit at its top level
+    with start_server(packs, process=True) as a, start_server(packs, process=True) as b:
+        source = FailoverSource([RangeClient(a.url), RangeClient(b.url)], names=["a", "b"])
+        runtime = DeviceRuntime(source, calibration=CalibrationStore(repeats=1))
+        runs = {}
+        for fault in (False, True):
+            seen = []
+
+            def on_event(ev, fault=fault, seen=seen):
+                if ev.get("type") == "request":
+                    seen.append(ev)
+                    if fault and len(seen) == 3:
+                        os.kill(a._proc.pid, signal.SIGKILL)
+
+            session = runtime.session(tpl, "sakura", fast, on_event=on_event, timeout_s=60)
+            req = session.request(catalog_request=tpl.eval_requests[0])
+            runs[fault] = session.run(req)
+        source.close()
+    clean, faulted = runs[False].timeline, runs[True].timeline
+    assert [u.level for u in faulted.units] == [u.level for u in clean.units] and not faulted.fallbacks
+    np.testing.assert_array_equal(runs[True].image, runs[False].image)
+    kinds = [e["kind"] for e in faulted.extras["source_events"]]
+    assert kinds == ["retry", "switch"] and "source_events" not in clean.extras, faulted.extras
+    print(f"latency unfaulted {clean.latency_s:.3f} s, server killed mid-edit {faulted.latency_s:.3f} s; "
+          f"events {faulted.extras['source_events']}")
