@@ -116,3 +116,78 @@ def test_an_edit_survives_its_server_dying_when_a_replica_is_up(fs_packs):
     assert kinds == ["retry", "switch"] and "source_events" not in clean.extras, faulted.extras
     print(f"latency unfaulted {clean.latency_s:.3f} s, server killed mid-edit {faulted.latency_s:.3f} s; "
           f"events {faulted.extras['source_events']}")
+
+
+def test_an_edit_whose_only_server_dies_ends_by_the_fallback_rule(fs_packs):
+    """No replica: the server is killed after the edit's third request. The requests no source answers stay
+    pending (a silent link), the fallback rule decides (reuse the previous step, or go local within its bound),
+    and the edit ends with an image, not a failure; the timeline records the outage."""
+    import os
+    import signal
+
+    from sakura.catalog import load_catalog
+    from sakura.net.traces import load_trace
+    from sakura.runtime.calibration import CalibrationStore
+    from sakura.runtime.session import DeviceRuntime, Network
+
+    packs, _ = fs_packs
+    tpl = load_catalog().get("fs-astronaut")
+    with start_server(packs, process=True) as a:
+        client = RangeClient(a.url)
+        runtime = DeviceRuntime(client, calibration=CalibrationStore(repeats=1))
+        seen = []
+
+        def on_event(ev):
+            if ev.get("type") == "request":
+                seen.append(ev)
+                if len(seen) == 3:
+                    os.kill(a._proc.pid, signal.SIGKILL)
+
+        session = runtime.session(tpl, "sakura", Network(load_trace("fixed:2000"), "fixed:2000", 0.0, 1.0, "none"),
+                                  on_event=on_event, timeout_s=60)
+        req = session.request(catalog_request=tpl.eval_requests[0])
+        outcome = session.run(req)
+        client.close()
+    tl = outcome.timeline
+    kinds = {f["kind"] for f in tl.fallbacks}
+    assert kinds and kinds <= {"reuse", "local", "recompute"}, tl.fallbacks
+    (outage,) = tl.extras["source_outages"]
+    assert outage["back_s"] is None and "Connect" in outage["why"], outage
+    assert outcome.image.shape == (256, 256, 3) and np.isfinite(outcome.image).all()
+    bound = session.fallback_context().hard_s
+    print(f"server died mid-edit, no replica: fallbacks {tl.fallbacks}; latency {tl.latency_s:.2f} s "
+          f"(hard bound {bound:.2f} s, local generation {session.compute.local_full_s:.2f} s)")
+
+
+def test_a_paced_request_no_source_answers_is_a_silent_link_until_the_server_is_back(replicas, tmp_path):
+    """PacedLink: while nobody answers, the request is pending with nothing through (what the fallback rule
+    reads as a silent link); it is sent again until the server is back, then its bytes come as booked."""
+
+    from sakura.net.paced import PacedLink
+    from sakura.net.traces import load_trace
+
+    a = replicas["a"]
+    port = a.port
+    link = PacedLink(RangeClient(a.url), load_trace("fixed:100"), 0.0)
+    assert link.receive(link.send("tpl", RANGES)).parts == expected(1)
+    a.stop()
+    pending = link.send("tpl", RANGES)  # the server is gone: no error, no bytes
+    seen = link.progress(pending, need_bytes=5000)
+    assert pending.transfer is None and seen.delivered == 0 and seen.recent_bytes == 0
+    dropped = link.receive(link.send("tpl", RANGES), drop=_set())
+    assert dropped.parts == [] and dropped.nbytes == 0  # a fallback replaced it: nothing to wait for
+    back = start_server(tmp_path / "a", port=port)  # the same server, restarted
+    try:
+        assert link.receive(pending).parts == expected(1)
+    finally:
+        back.stop()
+    (outage,) = link.outages
+    assert outage["back_s"] is not None and outage["back_s"] > outage["down_s"] and "Connect" in outage["why"]
+
+
+def _set():
+    import threading
+
+    ev = threading.Event()
+    ev.set()
+    return ev

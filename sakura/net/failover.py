@@ -44,7 +44,8 @@ class SourceEvent:
     t: float
 
 
-def _down(e: BaseException) -> bool:
+def source_down(e: BaseException) -> bool:
+    """``e`` says the source did not answer (dead, restarting, unreachable), as opposed to an answer."""
     if isinstance(e, FetchError):
         return e.status >= 500
     return isinstance(e, SOURCE_DOWN)
@@ -112,7 +113,7 @@ class FailoverSource:
                 self._event("mismatch", file_id, src, str(e))
                 continue
             except Exception as e:  # noqa: BLE001 - classified: an answer is raised, a dead source is skipped
-                if not _down(e):
+                if not source_down(e):
                     raise
                 failed.append((src, _why(e)))
                 continue

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from sakura.net.client import Transfer
+from sakura.net.failover import source_down
 from sakura.net.traces import Trace
-from sakura.online.fallback import in_flight
+from sakura.online.fallback import OBSERVE_WINDOW_S, InFlight, in_flight
 
 # Every streaming policy keeps the same number of requests outstanding (the real runtime and the
 # simulated clock alike), so round trips hide behind transfers for all of them equally.
@@ -26,6 +27,7 @@ DEFAULT_INFLIGHT = 2
 DEFAULT_REQUEST_OVERHEAD_S = 0.002
 CUT_SLACK_S = 0.001  # a cut waiting for its smallest prefix also takes what is through this soon after it
 POLL_S = 0.002  # a waiting receive re-reads its booking this often (a cut before it may move it earlier)
+SOURCE_RETRY_S = 0.25  # a request no source answered is sent again this often while its shard waits
 
 
 def cut_point(trace: Trace, begin: float, now: float, sizes: Sequence[float], ends: Sequence[int]) -> tuple[int, float]:
@@ -56,10 +58,13 @@ class LinkClosed(RuntimeError):
 class Pending:
     """A sent request whose bytes the emulated link delivers by ``done`` (monotonic seconds)."""
 
-    transfer: Transfer  # as the inner source returned it
+    transfer: Transfer | None  # as the inner source returned it (None: no source answered yet)
     t_request: float
     begin: float  # the link starts on this request's bytes
     done: float  # its last byte is through the link
+    file_id: str = ""
+    ranges: tuple = ()
+    next_retry: float = math.inf  # (a request no source answered) when it is sent again
 
 
 class PacedLink:
@@ -80,6 +85,7 @@ class PacedLink:
         self._lock = threading.Lock()  # one round trip at a time on the inner connection, in request order
         self._outstanding: list[Pending] = []  # sent, not yet received (a cut re-books them)
         self.round_trips: list[float] = []  # measured request → first byte, for the link calibration
+        self.outages: list[dict] = []  # stretches no source answered: {"down_s", "back_s" (None: still down), "why"}
         self.reset_link()
 
     def reset_link(self) -> None:
@@ -88,17 +94,51 @@ class PacedLink:
         self._free_at = self._t0
 
     def send(self, file_id: str, ranges) -> Pending:
+        """Book a request. When its source does not answer (a dead server and no replica left), the request
+        stays pending with no bytes — to the device a silent link, on which its fallbacks decide — and
+        :meth:`receive` sends it again every ``SOURCE_RETRY_S`` (``outages`` records each such stretch)."""
         with self._lock:
             t_req = time.monotonic()
-            tr = self.inner.fetch_timed(file_id, ranges)
+            try:
+                tr = self.inner.fetch_timed(file_id, ranges)
+            except Exception as e:  # noqa: BLE001 - classified: only a source that did not answer is a link
+                if not source_down(e):
+                    raise
+                pending = Pending(None, t_req, t_req, math.inf, file_id, tuple(ranges), t_req + SOURCE_RETRY_S)
+                self._outage(t_req, e)
+                self._outstanding.append(pending)
+                return pending
             self.round_trips.append(max(0.0, tr.t_first_byte - tr.t_request))
             pending = Pending(tr, t_req, 0.0, 0.0)
             self._book(pending, self._free_at)
             self._outstanding.append(pending)
         return pending
 
+    def _outage(self, t: float, e: BaseException) -> None:
+        if not self.outages or self.outages[-1]["back_s"] is not None:
+            self.outages.append({"down_s": round(t - self._t0, 4), "back_s": None,
+                                 "why": " ".join(f"{type(e).__name__}: {e}".split())[:160]})
+
+    def _resend(self, pending: Pending) -> None:
+        """Send a request no source answered once more (the collector's thread, waiting for it)."""
+        with self._lock:
+            now = time.monotonic()
+            try:
+                tr = self.inner.fetch_timed(pending.file_id, pending.ranges)
+            except Exception as e:  # noqa: BLE001 - as in send
+                if not source_down(e):
+                    raise
+                pending.next_retry = now + SOURCE_RETRY_S
+                return
+            if self.outages and self.outages[-1]["back_s"] is None:
+                self.outages[-1]["back_s"] = round(now - self._t0, 4)
+            pending.transfer = tr
+            self._book(pending, max(self._free_at, now))
+
     def _book(self, pending: Pending, free_at: float) -> None:
         tr = pending.transfer
+        if tr is None:  # no source answered it yet: it holds no place on the link
+            return
         pending.begin = max(tr.t_first_byte, free_at)
         pending.done = max(
             pending.begin + self.trace.time_to_send(tr.wire_bytes, self.start + (pending.begin - self._t0)),
@@ -113,6 +153,16 @@ class PacedLink:
         smallest first) — or at the smallest, as soon as it is — and carry the later requests' bytes
         from there on. The transfer returned then holds only that prefix's parts. If ``drop`` is set
         first, stop at once: no parts, ``nbytes`` = what had come through (a fallback replaced it)."""
+        while pending.transfer is None:  # no source answered: wait, sending it again now and then
+            if drop is not None and drop.is_set():
+                return self._drop(pending)
+            if time.monotonic() >= pending.next_retry:
+                self._resend(pending)
+                continue
+            if self._closed.wait(min(max(pending.next_retry - time.monotonic(), 0.0), POLL_S * 25)):
+                if drop is not None and drop.is_set():
+                    return self._drop(pending)
+                raise LinkClosed("link closed")
         keep = len(pending.transfer.parts)
         while (wait := pending.done - time.monotonic()) > 0:
             if drop is not None and drop.is_set():
@@ -152,10 +202,19 @@ class PacedLink:
         """What a device sees of a transfer in flight (:class:`sakura.online.fallback.InFlight`): bytes
         through so far and lately, from which it can tell a silent link from a slow start."""
         at = lambda t: self.start + (t - self._t0)  # noqa: E731 - trace time of a monotonic instant
+        if pending.transfer is None:  # its source is silent: nothing through, nothing lately
+            active = time.monotonic() - pending.t_request
+            return InFlight(need_bytes, 0.0, active, 0.0, min(active, OBSERVE_WINDOW_S))
         now = min(time.monotonic(), pending.done)
         return in_flight(self.trace, at(pending.begin), at(now), need_bytes, float(pending.transfer.wire_bytes))
 
     def _drop(self, pending: Pending) -> Transfer:
+        if pending.transfer is None:  # never answered: nothing came, nothing to re-book
+            with self._lock:
+                if pending in self._outstanding:
+                    self._outstanding.remove(pending)
+            now = time.monotonic()
+            return Transfer([], 0, 0, pending.t_request, now, now)
         got = self.progress(pending).delivered
         with self._lock:
             now = time.monotonic()

@@ -57,6 +57,8 @@ class StreamRunner(Runner):
         finally:
             link.close()
             session.runtime.calibration.record_round_trips(link.round_trips)
+        if link.outages:  # stretches no source answered (the fallbacks decided meanwhile)
+            tl.extras["source_outages"] = link.outages
         return Outcome(result.image, tl)
 
     def simulate(self, session, req, *, request_key=None, timer: Callable[[], float] = time.perf_counter, **kw):
