@@ -191,3 +191,41 @@ def _set():
     ev = threading.Event()
     ev.set()
     return ev
+
+
+def test_a_corrupted_chunk_is_fetched_again_from_the_next_replica(fs_packs, tmp_path):
+    """One replica serves a pack with a damaged byte in a data chunk (its header is intact, so the two look
+    alike): the rebuild's CRC check catches it, the bytes come again from the other replica, and the edit
+    gives the same image as on the intact one alone."""
+    import shutil
+
+    from sakura.catalog import load_catalog
+    from sakura.formats import file_id
+    from sakura.net.traces import load_trace
+    from sakura.runtime.calibration import CalibrationStore
+    from sakura.runtime.session import DeviceRuntime, Network
+
+    packs, _ = fs_packs
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    shutil.copytree(packs, good)
+    shutil.copytree(packs, bad)
+    victim = bad / f"{file_id('fs-astronaut', 'sakura')}.pack"
+    raw = bytearray(victim.read_bytes())
+    data_start = 8 + int.from_bytes(raw[:8], "little")
+    raw[data_start + 10] ^= 0xFF  # the first data chunk: the first shard's units read it
+    victim.write_bytes(bytes(raw))
+    tpl = load_catalog().get("fs-astronaut")
+    fast = Network(load_trace("fixed:2000"), "fixed:2000", 0.0, 1.0, "none")
+    images, events = {}, {}
+    with start_server(bad) as b_srv, start_server(good) as g_srv:
+        for name, urls in (("intact", [g_srv.url]), ("damaged first", [b_srv.url, g_srv.url])):
+            source = FailoverSource([RangeClient(u) for u in urls])
+            runtime = DeviceRuntime(source, calibration=CalibrationStore(repeats=1))
+            session = runtime.session(tpl, "sakura", fast, timeout_s=60)
+            outcome = session.run(session.request(catalog_request=tpl.eval_requests[0]))
+            images[name], events[name] = outcome.image, outcome.timeline.extras.get("source_events", [])
+            source.close()
+    np.testing.assert_array_equal(images["damaged first"], images["intact"])
+    assert not events["intact"]
+    assert [e["kind"] for e in events["damaged first"]] == ["switch"], events
+    assert "checksum" in events["damaged first"][0]["reason"]

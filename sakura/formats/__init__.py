@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from sakura.formats import cachegen, fp16, intq, pack
 from sakura.formats.base import KV, FetchUnit, Format, Level, Range, ShardEncoding, StreamEncoding
-from sakura.formats.container import PackFormatError
+from sakura.formats.container import ChunkChecksumError, PackFormatError
 
 FORMATS: dict[str, Format] = {fmt.name: fmt for fmt in (
     Format("sakura", pack.SUFFIX, pack.PackInfo, pack.PackEncoding, pack.write_pack, from_factors=True),
@@ -47,4 +47,4 @@ def encoding_from_header(name: str, header: bytes) -> StreamEncoding:
 
 
 __all__ = ["FORMATS", "Format", "get_format", "file_id", "encoding_from_header", "Level", "FetchUnit",
-           "StreamEncoding", "ShardEncoding", "KV", "Range", "PackFormatError"]
+           "StreamEncoding", "ShardEncoding", "KV", "Range", "PackFormatError", "ChunkChecksumError"]

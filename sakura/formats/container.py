@@ -53,6 +53,11 @@ class PackFormatError(ValueError):
     """A stored cache file (or the bytes of one of its ranges) is malformed, or a request is invalid."""
 
 
+class ChunkChecksumError(PackFormatError):
+    """Received chunk bytes that fail their length or CRC32: damaged on the way or at the source (fetch them
+    again, from another source if there is one), not a malformed pack."""
+
+
 def encode_u32(values: Sequence[int] | np.ndarray) -> str:
     return base64.b64encode(np.asarray(values, dtype="<u4").tobytes()).decode("ascii")
 
@@ -212,9 +217,9 @@ class ChunkIndex:
 
     def check(self, i: int, data: bytes | memoryview | np.ndarray) -> None:
         if len(data) != self.lengths[i]:
-            raise PackFormatError(f"chunk {i}: got {len(data)} bytes, expected {int(self.lengths[i])}")
+            raise ChunkChecksumError(f"chunk {i}: got {len(data)} bytes, expected {int(self.lengths[i])}")
         if crc32(data) != self.crcs[i]:
-            raise PackFormatError(f"checksum mismatch in chunk {i} (offset {int(self.offsets[i])})")
+            raise ChunkChecksumError(f"checksum mismatch in chunk {i} (offset {int(self.offsets[i])})")
 
     def gather(self, ids: Iterable[int], blobs: Blobs, *, verify: bool = True) -> list[bytes]:
         """The bytes of chunks ``ids`` out of received ``blobs`` (any blob covering a chunk will do),

@@ -92,6 +92,15 @@ class FailoverSource:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def avoid(self, file_id: str, reason: str) -> None:
+        """The current source's bytes of ``file_id`` failed their check: the next request goes to the next
+        source (with one source, to the same one again)."""
+        if len(self.sources) > 1:
+            self.current = (self.current + 1) % len(self.sources)
+            self._event("switch", file_id, self.current, reason)
+        else:
+            self._event("retry", file_id, self.current, reason)
+
     # -- the rule -------------------------------------------------------------------------------------
     def _call(self, file_id: str, call, header: bool = False):
         """``call(source index)`` on the current source, once more on it, then on each next one in turn."""

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from sakura.formats import StreamEncoding
+from sakura.formats import ChunkChecksumError, StreamEncoding
 from sakura.kvcache import shard_of_layers
 from sakura.model import DiTAdapter, EditRequest, EditResult, LocalSwitch
 from sakura.net.paced import DEFAULT_INFLIGHT
@@ -342,6 +342,14 @@ class StreamedEdit:
         out.put((unit, on_device.level, on_device.ranges, on_device.parts, rec, True))
 
     # -- reconstructor -----------------------------------------------------------------------------
+    def _refetch(self, ranges, reason: str) -> list[bytes]:
+        """The bytes of ``ranges`` once more, over the same paced link; a source with replicas is told to
+        use the next one (:meth:`sakura.net.failover.FailoverSource.avoid`)."""
+        avoid = getattr(getattr(self.link, "inner", None), "avoid", None)
+        if avoid is not None:
+            avoid(self.file_id, reason)
+        return self.link.receive(self.link.send(self.file_id, ranges)).parts
+
     def _rebuild(self, state: StreamState, timeline: Timeline, inbox: queue.Queue) -> None:
         while (item := inbox.get()) is not None:
             if state.error is not None:
@@ -353,8 +361,14 @@ class StreamedEdit:
                 continue
             try:
                 t0 = time.perf_counter()
-                kv = (self.encoding.decode(unit, level, parts) if whole else
-                      self.encoding.decode_prefix(unit, level, ranges, parts))
+                try:
+                    kv = (self.encoding.decode(unit, level, parts) if whole else
+                          self.encoding.decode_prefix(unit, level, ranges, parts))
+                except ChunkChecksumError as e:  # damaged bytes: fetch them once more (another source if any)
+                    parts = self._refetch(ranges, str(e))
+                    t0 = time.perf_counter()
+                    kv = (self.encoding.decode(unit, level, parts) if whole else
+                          self.encoding.decode_prefix(unit, level, ranges, parts))
                 took = time.perf_counter() - t0
                 state.rebuild_s[j] = state.rebuild_s.get(j, 0.0) + took
                 self.monitor.rebuild.observe(level.work, took)
