@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -79,5 +80,21 @@ class Config:
 
     @classmethod
     def from_list(cls, row: Sequence[Any]) -> "Config":
+        """A header row; ValueError unless rank and bits are small non-negative integers, bytes a file-sized
+        one and the error a finite number ≥ 0."""
         r, ba, bb, nbytes, err = row
-        return cls(int(r), int(ba), int(bb), int(nbytes), float(err))
+        config = cls(_count(r, 1 << 20), _count(ba, 64), _count(bb, 64), _count(nbytes, 1 << 48), float(err))
+        if not (math.isfinite(config.error) and config.error >= 0):
+            raise ValueError(f"frontier error must be a finite number >= 0, got {config.error}")
+        return config
+
+
+def _count(x: Any, limit: int) -> int:
+    """``x`` as an integer in [0, limit] (an integral float is accepted; bool, NaN, inf and fractions are not)."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise ValueError(f"expected an integer, got {type(x).__name__}")
+    if isinstance(x, float) and not (math.isfinite(x) and x.is_integer()):
+        raise ValueError(f"expected an integer, got {x!r}")
+    if not 0 <= x <= limit:
+        raise ValueError(f"{x} is outside [0, {limit}]")
+    return int(x)
