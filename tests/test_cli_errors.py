@@ -60,7 +60,7 @@ def test_huge_images_are_refused_before_decoding(tmp_path, packs):
             code, err, took = sakura("edit", "-t", TEMPLATE, "-r", str(tmp_path / f"{name}.png"),
                                      "-o", str(tmp_path / "o.png"), *extra)
             assert one_line_error(code, err) and why in err, err
-            assert took < 5, took
+            assert took < 30, took  # refused from the header (decoding it was 55 s)
 
 
 def test_server_down_before_the_edit(packs, calibration, tmp_path):

@@ -6,6 +6,7 @@ import asyncio
 import time
 
 import pytest
+from pacing import assert_paced
 
 from sakura.net.clock import RealClock, SimClock
 from sakura.net.shaping import BUCKET_BYTES, RateSpec, TraceShaper
@@ -52,7 +53,7 @@ def test_wall_clock_pacing_fixed_80mbps() -> None:
     t = time.monotonic()
     assert sum(len(c) for c in shaper.send_chunks(bytes(n))) == n
     took = time.monotonic() - t
-    assert took == pytest.approx(n * 8 / 80e6, rel=0.15)
+    assert_paced(took, n * 8 / 80e6)
 
 
 def test_wall_clock_pacing_async_on_a_trace() -> None:
@@ -66,7 +67,7 @@ def test_wall_clock_pacing_async_on_a_trace() -> None:
             pass
         return time.monotonic() - t
 
-    assert asyncio.run(go()) == pytest.approx(expected, rel=0.15)
+    assert_paced(asyncio.run(go()), expected)
 
 
 def test_rate_spec_parse_and_errors() -> None:

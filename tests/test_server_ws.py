@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+from pacing import assert_paced
 from websockets.sync.client import connect
 
 from sakura.net.client import FetchError, WsRangeClient
@@ -116,22 +117,22 @@ def test_ws_shaped_transfer_follows_trace(server: RunningServer, data: bytes) ->
     with WsRangeClient(server.url, rate=spec) as c:
         tr = c.fetch_timed("tpl", [(0, n)])
         assert tr.parts[0] == data[:n]
-        assert tr.active_s == pytest.approx(trace.time_to_send(n - BUCKET_BYTES, spec.start), rel=0.15)
+        assert_paced(tr.active_s, trace.time_to_send(n - BUCKET_BYTES, spec.start))
         # The connection keeps its link: the next request continues along the same trace.
         pos = spec.start + (time.monotonic() - c._t0)
         tr2 = c.fetch_timed("tpl", [(n, 300_000)])
         assert tr2.parts[0] == data[n : n + 300_000]
-        assert tr2.active_s == pytest.approx(trace.time_to_send(300_000 - BUCKET_BYTES, pos), rel=0.2)
+        assert_paced(tr2.active_s, trace.time_to_send(300_000 - BUCKET_BYTES, pos))
         # reset_link restarts the link at rate.start, on the server too.
         c.reset_link()
         tr3 = c.fetch_timed("tpl", [(0, n)])
-        assert tr3.active_s == pytest.approx(trace.time_to_send(n - BUCKET_BYTES, spec.start), rel=0.15)
+        assert_paced(tr3.active_s, trace.time_to_send(n - BUCKET_BYTES, spec.start))
 
 
 def test_ws_fixed_rate_pacing(server: RunningServer) -> None:
     with WsRangeClient(server.url, rate=RateSpec("fixed:80")) as c:
         tr = c.fetch_timed("tpl", [(0, SIZE)])
-    assert tr.active_s == pytest.approx((SIZE - BUCKET_BYTES) * 8 / 80e6, rel=0.15)
+    assert_paced(tr.active_s, (SIZE - BUCKET_BYTES) * 8 / 80e6)
 
 
 def test_ws_disconnect_mid_stream_leaves_server_healthy(server: RunningServer, data: bytes) -> None:

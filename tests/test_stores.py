@@ -122,7 +122,7 @@ def test_a_ray_address_nothing_answers_at_fails_at_once():
     t0 = time.monotonic()
     with pytest.raises(RayUnavailable, match="no Ray cluster answers"):
         check_reachable(f"127.0.0.1:{free_port()}")
-    assert time.monotonic() - t0 < 10
+    assert time.monotonic() - t0 < 30  # an unreachable address fails fast, not after a long connect timeout
 
 
 def test_build_into_a_folder_store_publishes_then_skips_the_same_build(tmp_path):
