@@ -109,7 +109,10 @@ def test_simulated_clock_matches_real_clock(served, system):
         for a, b in zip(sim.units, real.units):
             if same_view(a, b):
                 compared += 1
-                agree += choice(a) == choice(b)
+                small, large = (a, b) if a.budget_bytes < b.budget_bytes else (b, a)
+                # the same level, or neighbours with a level boundary between the two budgets (SAKURA's
+                # frontier has steps finer than the 3 % the budgets may differ by)
+                agree += choice(a) == choice(b) or asked_bytes(large) > small.budget_bytes
             elif choice(a) != choice(b):
                 report.append(
                     f"{trace_name}@{start:.1f}: unit {a.unit} sim {a.level} (budget {a.budget_bytes:.0f} B, "
@@ -126,6 +129,7 @@ def test_simulated_clock_matches_real_clock(served, system):
     assert len(real_bytes) >= 3, "the device measured the link off the model in most cases"
     assert abs(sum(sim_bytes) - sum(real_bytes)) <= 0.2 * sum(real_bytes)
     # Deadlines come from measured compute, which is noisy on a shared machine: budgets of the two clocks
-    # often differ by more than the frontier's step. Where they agree, so must the choice.
+    # often differ by more than the frontier's step. Where they agree, so must the choice (up to a level
+    # boundary lying between them: a choice that fitted both budgets and still differs is a disagreement).
     if compared >= 5:
         assert agree >= 0.75 * compared
