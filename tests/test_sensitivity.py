@@ -67,7 +67,8 @@ def test_resolution_variant_runs_a_masked_edit_at_192(tmp_path):
     tpl = load_catalog().get(BASE_TEMPLATE)
     v = resolution_variant(base, 192)
     assert (v.codec.resolution, v.codec.grid, v.codec.num_tokens) == (192, 24, 576)
-    assert v.codec.ref_size == 48 and base.codec.resolution == 256  # the original is untouched
+    assert v.codec.ref_size == base.codec.ref_size * 3 // 4  # the reference scales with the image
+    assert base.codec.resolution == 256  # the original is untouched
     assert resolution_variant(base, 384).codec.num_tokens == 2304
 
     req = edit_request(tpl, tpl.eval_requests[0], resolution=192, ref_size=v.codec.ref_size)
@@ -96,7 +97,7 @@ def test_resolution_variant_runs_a_masked_edit_at_192(tmp_path):
     from sakura.model import load_model as load
 
     m192 = load(cat.get(res_variant_id(BASE_TEMPLATE, 192)).model)
-    assert m192.codec.num_tokens == 576 and m192.codec.ref_size == 48
+    assert m192.codec.num_tokens == 576 and m192.codec.ref_size == base.codec.ref_size * 3 // 4
     assert model_fingerprint(m192) == model_fingerprint(base)
 
 
