@@ -13,16 +13,20 @@ from device_bridge import COMPRESSED, SYSTEMS
 SYSTEMS_SHOWN = COMPRESSED
 
 
-def at_budget(data: dict, budget_bytes: float) -> dict[str, dict | None]:
-    """Per system, the best-quality point that sends at most ``budget_bytes`` (None if none fits)."""
+def at_budget(data: dict, budget_bytes: float, metric: str = "psnr_masked") -> dict[str, dict | None]:
+    """Per system, the point of best ``metric`` that sends at most ``budget_bytes`` (None if none fits)."""
     out: dict[str, dict | None] = {}
     for s in SYSTEMS_SHOWN:
         fit = [p for p in data["points"] if p["system"] == s and p["bytes"] <= budget_bytes]
-        out[s] = max(fit, key=lambda p: (p["psnr"], -p["bytes"])) if fit else None
+        out[s] = max(fit, key=lambda p: (p[metric], -p["bytes"])) if fit else None
     return out
 
 
-def frontier_figure(data: dict, budget_bytes: float | None = None, metric: str = "psnr"):
+METRICS = {"psnr_masked": "masked PSNR vs FP16-cache output (dB)", "psnr": "PSNR vs FP16-cache output (dB)",
+           "ssim_masked": "masked SSIM", "ssim": "SSIM"}
+
+
+def frontier_figure(data: dict, budget_bytes: float | None = None, metric: str = "psnr_masked"):
     import plotly.graph_objects as go
 
     colors = {s: SYSTEMS[s].color for s in SYSTEMS_SHOWN}
@@ -38,24 +42,25 @@ def frontier_figure(data: dict, budget_bytes: float | None = None, metric: str =
                 name=names[s],
                 line=dict(color=colors[s], width=2),
                 marker=dict(size=8),
-                customdata=[[p["config"], p["ssim"], p["psnr_masked"]] for p in pts],
+                customdata=[[p["config"], p["psnr"], p["psnr_masked"]] for p in pts],
                 hovertemplate=(
-                    "%{x:.2f} MB · %{y:.2f}<br>%{customdata[0]}<br>SSIM %{customdata[1]:.4f}"
-                    " · masked PSNR %{customdata[2]:.2f} dB<extra>" + names[s] + "</extra>"
+                    "%{x:.2f} MB · %{y:.2f}<br>%{customdata[0]}<br>PSNR %{customdata[1]:.2f} dB"
+                    " · masked %{customdata[2]:.2f} dB<extra>" + names[s] + "</extra>"
                 ),
             )
         )
-    # shapes and annotations on a log axis take log10 coordinates
+    # On a log axis plotly takes a shape's x in data units (MB, like the markers) but an annotation's x and the
+    # axis range in log10 units: the lines once sat at 10^(log10 MB) (a 3.89 MB budget drawn at 0.59 MB).
     xs = [p["bytes"] / 1e6 for p in data["points"]] + [data["fp16_bytes"] / 1e6]
     lo, hi = math.log10(min(xs)) - 0.08, math.log10(max(xs)) + 0.08
     marks = [(data["fp16_bytes"], "FP16 cache", "#adb5bd", "dot")]
     if budget_bytes is not None:
         marks.append((budget_bytes, f"budget {budget_bytes / 1e6:.2f} MB", "#495057", "dash"))
     for b, text, color, dash in marks:
-        x = math.log10(max(b, 1) / 1e6)
-        fig.add_shape(type="line", xref="x", yref="paper", x0=x, x1=x, y0=0, y1=1, line=dict(color=color, dash=dash))
-        fig.add_annotation(x=x, y=1.0, xref="x", yref="paper", text=text, showarrow=False, yanchor="bottom",
-                           font=dict(size=11, color=color))
+        mb = max(b, 1) / 1e6
+        fig.add_shape(type="line", xref="x", yref="paper", x0=mb, x1=mb, y0=0, y1=1, line=dict(color=color, dash=dash))
+        fig.add_annotation(x=math.log10(mb), y=1.0, xref="x", yref="paper", text=text, showarrow=False,
+                           yanchor="bottom", font=dict(size=11, color=color))
     fig.update_layout(
         title=dict(
             text=f"quality vs bytes sent — {data['template_id']}, request “{data['request_label']}”",
@@ -63,7 +68,7 @@ def frontier_figure(data: dict, budget_bytes: float | None = None, metric: str =
             font=dict(size=14),
         ),
         xaxis=dict(title="bytes sent (MB, log scale)", type="log", range=[lo, hi]),
-        yaxis=dict(title={"psnr": "PSNR vs FP16-cache output (dB)", "ssim": "SSIM"}.get(metric, metric)),
+        yaxis=dict(title=METRICS.get(metric, metric)),
         height=440,
         margin=dict(l=10, r=10, t=90, b=40),
         template="plotly_white",

@@ -255,11 +255,42 @@ def test_explorer_budget_choice_and_slider_mapping():
     best = at_budget(data, 450)
     assert best["sakura"]["config"] == "r32" and best["intq"]["config"] == "int2" and best["cachegen"] is None
     assert at_budget(data, 50) == {"sakura": None, "intq": None, "cachegen": None}
-    for b in (95, 450, 2000):
+    for b in (100, 450, 2000):
         assert budget_of(slider_of(b, data), data) == pytest.approx(b, rel=1e-6)
     assert budget_of(100, data) == pytest.approx(2000)
+    assert budget_of(0, data) == 100 and at_budget(data, budget_of(0, data))["sakura"]["config"] == "r8"
     fig = frontier_figure(data, 450)
-    assert len(fig.data) == 3 and fig.layout.xaxis.type == "log"
+    assert len(fig.data) == 3 and fig.layout.xaxis.type == "log" and "masked" in fig.layout.yaxis.title.text
+    assert list(fig.data[0].y) == [27, 37]  # masked PSNR by default
+
+
+def test_explorer_lines_sit_at_the_markers_byte_positions():
+    """On a log axis plotly places a shape in data units and an annotation in log10 units: the budget and FP16
+    lines must land where a marker of the same bytes does (they once sat at 10^log10 of it)."""
+    import math
+
+    data = _frontier()
+    data["points"].append({**data["points"][0], "bytes": 2000, "config": "r64"})  # a marker at the FP16 size
+    fig = frontier_figure(data, 400)
+    marker_x = {p["bytes"]: x for tr in fig.data for p, x in zip(sorted((q for q in data["points"] if q["system"] ==
+                tr.name.lower()), key=lambda q: q["bytes"]), tr.x)}
+    fp16_line, budget_line = fig.layout.shapes
+    assert fp16_line.x0 == fp16_line.x1 == marker_x[2000]
+    assert budget_line.x0 == marker_x[400]  # SAKURA's r32 point sends exactly the budget
+    fp16_label, budget_label = fig.layout.annotations
+    assert fp16_label.x == pytest.approx(math.log10(marker_x[2000])) and "FP16" in fp16_label.text
+    assert budget_label.x == pytest.approx(math.log10(marker_x[400]))
+
+
+def test_explorer_difference_map_is_amplified_and_says_nothing_where_identical():
+    from app.explorer_page import difference
+
+    ref = Image.new("RGB", (4, 4), (100, 100, 100))
+    img = ref.copy()
+    img.putpixel((1, 2), (103, 100, 90))
+    d = np.asarray(difference(img, ref, 4))
+    assert d[2, 1].tolist() == [12, 0, 40] and d.sum() == 52
+    assert np.asarray(difference(img, ref, 16))[2, 1].tolist() == [48, 0, 160]
     assert _spread(list("abcdef"), 3) == ["a", "c", "f"]
     assert _spread([1, 2], None) == [1, 2] and _spread([1, 2, 3], 1) == [1]
 
