@@ -26,6 +26,7 @@ from app.edit_panels import (
     privacy_html,
     privacy_rows,
     status_html,
+    what_ran,
 )
 from app.images import UploadError, diff_heatmap, from_b64
 from app.timeline import latency_figure, timeline_figure
@@ -379,18 +380,21 @@ class EditPage:
         out = {}
         lat_rows = [{**(r.get("summary") or {}), "system": SYSTEM_TITLES[s]} for s, r in results.items()]
         out.update(self._o("latency", gr.update(value=latency_figure(lat_rows), visible=True)))
+        fired = {name: progress.timeline.fallbacks for name, progress in runs.items()}
         if compare:
-            out.update(self._o("compare", gr.update(value=compare_rows(results), visible=True)))
+            out.update(self._o("compare", gr.update(value=compare_rows(results, fired), visible=True)))
             out.update(self._o("outputs_gallery", gr.update(
-                value=[(from_b64(r.get("image_png_b64")), SYSTEM_TITLES[s]) for s, r in results.items()],
+                value=[(from_b64(r.get("image_png_b64")), what_ran(s, fired[s])) for s, r in results.items()],
                 visible=True)))
         shown = "sakura" if "sakura" in results else next(iter(results))
         out.update(self._o("view", gr.update(choices=[(SYSTEM_TITLES[s], s) for s in results], value=shown,
                                              visible=len(results) > 1)))
         out.update(self._o("runs_state", runs))
         s = results[shown].get("summary") or {}
-        done = (f"Done: {len(results)} system{'s' if len(results) > 1 else ''} ran. " if compare else
-                f"Done: {SYSTEM_TITLES[shown]} finished in {s.get('latency_s', 0):.3f} s "
+        fell = [what_ran(n, f) for n, f in fired.items() if f]
+        done = (f"Done: {len(results)} system{'s' if len(results) > 1 else ''} ran"
+                + (f"; fell back: {'; '.join(fell)}. " if fell else ". ") if compare else
+                f"Done: {what_ran(shown, fired[shown])} finished in {s.get('latency_s', 0):.3f} s "
                 f"({s.get('stall_s', 0):.3f} s stalled), {s.get('bytes', 0) / 1e6:.2f} MB sent.")
         out.update(self._o("status", status_html(done, "ok")))
         return out

@@ -84,12 +84,28 @@ def privacy_html(result: dict, had_photo: bool, had_prompt: bool) -> str:
             f'device</b> (0 bytes): {who} which parts of which template were fetched.</div>')
 
 
-def compare_rows(results: dict[str, dict]) -> list[list]:
+def what_ran(name: str, fallbacks: list[dict]) -> str:
+    """A system's label with what it fell back to: "FP16 → local at 0.42 s", "SAKURA (reused 3 shards,
+    recomputed step 0)"; the plain label when nothing fired."""
+    label = SYSTEM_TITLES.get(name, name)
+    local = next((f for f in fallbacks if f["kind"] == "local"), None)
+    reused = sum(f["kind"] == "reuse" for f in fallbacks)
+    notes = ([f"reused {reused} shard{'s' * (reused != 1)}"] if reused else []) + (
+        ["recomputed step 0"] if any(f["kind"] == "recompute" for f in fallbacks) else [])
+    if notes:
+        label += f" ({', '.join(notes)})"
+    if local is not None:
+        label += f" → local at {local['t']:.2f} s"
+    return label
+
+
+def compare_rows(results: dict[str, dict], fallbacks: dict[str, list[dict]] | None = None) -> list[list]:
+    """One row per system; ``fallbacks`` (per system, the timeline's) name what each one fell back to."""
     rows = []
     for sysname, res in results.items():
         s, m = res.get("summary") or {}, res.get("metrics") or {}
         fp16 = s.get("fp16_bytes") or 0
-        rows.append([SYSTEM_TITLES.get(sysname, sysname), round(s.get("latency_s") or 0, 3),
+        rows.append([what_ran(sysname, (fallbacks or {}).get(sysname, [])), round(s.get("latency_s") or 0, 3),
                      round(s.get("stall_s") or 0, 3), round((s.get("bytes") or 0) / 1e6, 3),
                      f"{(s.get('bytes') or 0) / fp16:.1%}" if fp16 else "",
                      *(round(m.get(k), 4) if isinstance(m.get(k), (int, float)) else None

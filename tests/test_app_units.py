@@ -407,3 +407,15 @@ def test_study_page_without_questions_says_so(tmp_path):
     assert "no questions yet" in out[-1][0]
     out = list(page.begin("  "))
     assert "participant id" in out[-1][0]
+
+
+def test_a_system_that_fell_back_says_so_in_its_label():
+    from app.edit_panels import compare_rows, what_ran
+
+    assert what_ran("fp16", []) == "FP16 (uncompressed)"
+    local = [{"kind": "recompute", "shard": 0, "t": 0.1}, {"kind": "local", "shard": 4, "t": 0.4213}]
+    assert what_ran("fp16", local) == "FP16 (uncompressed) (recomputed step 0) → local at 0.42 s"
+    reuse = [{"kind": "reuse", "shard": 5, "t": 0.3}, {"kind": "reuse", "shard": 6, "t": 0.35}]
+    assert what_ran("sakura", reuse) == "SAKURA (reused 2 shards)"
+    rows = compare_rows({"fp16": {"summary": {"latency_s": 1.0}, "metrics": {}}}, {"fp16": local})
+    assert rows[0][0].endswith("→ local at 0.42 s")
