@@ -100,7 +100,8 @@ def run_demo(host: str = "127.0.0.1", port: int = 7860, packs: str | Path = "pac
         if getattr(bridge, "url", None):
             echo(f"  device agent: {bridge.url}")
         echo("starting the app…")
-        app = create_app(bridge, data_dir=data, explorer=Explorer(store, data / "explorer"), builds=builds)
+        app = create_app(bridge, data_dir=data, explorer=Explorer(store, data / "explorer"), builds=builds,
+                         offered=[t.id for t in chosen] if templates else None)
         try:
             sock = bind_socket(host, port)
         except OSError as e:

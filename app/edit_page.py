@@ -199,7 +199,7 @@ class EditPage:
             g.select(self._picker(gids), None, template, show_progress="hidden", queue=False)
         template.change(
             self.on_template,
-            [template, network, fixed, trace_state, start, regime, prefetch],
+            [template, network, fixed, trace_state, start, regime, prefetch, photo_state],
             [template_info, preview, prompt, photo, photo_state, status],
             show_progress="hidden",
             queue=False,
@@ -259,16 +259,20 @@ class EditPage:
 
         return pick
 
-    def on_template(self, tid, network=None, fixed=None, trace_up=None, start=None, regime=True, prefetch=False):
+    def on_template(self, tid, network=None, fixed=None, trace_up=None, start=None, regime=True, prefetch=False,
+                    photo=None):
+        """A pick keeps the photo already uploaded (a pick that registers after the upload must not lose it);
+        a text edit only hides it."""
         if self.builds is not None and tid:
             self.builds.prioritize(tid)  # the template the user wants is built next
         task = self._task(tid)
         photo_task = task != "mb"
         fetching = self._prefetch(tid, network, fixed, trace_up, start, regime) if prefetch else ""
-        return (self._template_info(tid), gr.update(visible=photo_task, value=None),
-                gr.update(visible=not photo_task), gr.update(visible=photo_task, value=None), None,
-                status_html(f"Template {tid} selected: " + ("type an instruction." if not photo_task
-                                                            else "upload a photo.") + fetching))
+        kept = photo is not None and photo_task
+        ask = ("type an instruction." if not photo_task else "your photo is kept." if kept else "upload a photo.")
+        preview = gr.update(visible=photo_task, value=Image.fromarray(photo.pixels) if kept else None)
+        return (self._template_info(tid), preview, gr.update(visible=not photo_task), gr.update(visible=photo_task),
+                photo, status_html(f"Template {tid} selected: {ask}{fetching}"))
 
     def _prefetch(self, tid, network, fixed, trace_up, start, regime) -> str:
         """Picking a template starts its pack downloading (template data only) while the person picks a

@@ -41,13 +41,15 @@ DEVICE_NOTE = ("Here the “device” is an agent process on this computer runni
 
 
 def build_blocks(bridge, *, data_dir: str | Path, explorer=None, builds=None, study_systems=DEFAULT_SYSTEMS,
-                 study_requests: int = 2, study_templates: list[str] | None = None) -> gr.Blocks:
+                 study_requests: int = 2, study_templates: list[str] | None = None,
+                 offered: list[str] | None = None) -> gr.Blocks:
     """``builds``: the background pack builds (``sakura.offline.build_queue.BuildQueue``), or None when
-    every pack is there already."""
+    every pack is there already. ``offered``: the template ids the edit page offers (``--templates``;
+    None: every template the device lists)."""
     data = Path(data_dir)
     data.mkdir(parents=True, exist_ok=True)
     try:
-        templates = templates_of(bridge)
+        templates = [t for t in templates_of(bridge) if offered is None or t["id"] in offered]
         problem = None
     except EditProblem as e:
         templates, problem = [], e.friendly
@@ -80,11 +82,11 @@ the device.</p><p class="sk-device-note" id="sk-device-note">{DEVICE_NOTE}</p></
 
 def create_app(bridge, *, data_dir: str | Path, explorer=None, builds=None, study_systems=DEFAULT_SYSTEMS,
                study_requests: int = 2, study_templates: list[str] | None = None,
-               max_file_size: str = "25mb") -> FastAPI:
+               max_file_size: str = "25mb", offered: list[str] | None = None) -> FastAPI:
     """The whole app as one ASGI application (Gradio at ``/``, static files at ``/sakura-static``)."""
     os.environ.setdefault("GRADIO_TEMP_DIR", str(Path(data_dir).resolve() / "gradio-tmp"))
     demo = build_blocks(bridge, data_dir=data_dir, explorer=explorer, builds=builds, study_systems=study_systems,
-                        study_requests=study_requests, study_templates=study_templates)
+                        study_requests=study_requests, study_templates=study_templates, offered=offered)
     demo.queue(default_concurrency_limit=2)
     api = FastAPI(title="SAKURA app", docs_url=None, redoc_url=None, openapi_url=None)
 

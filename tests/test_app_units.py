@@ -419,3 +419,30 @@ def test_a_system_that_fell_back_says_so_in_its_label():
     assert what_ran("sakura", reuse) == "SAKURA (reused 2 shards)"
     rows = compare_rows({"fp16": {"summary": {"latency_s": 1.0}, "metrics": {}}}, {"fp16": local})
     assert rows[0][0].endswith("→ local at 0.42 s")
+
+
+def test_picking_a_template_keeps_the_uploaded_photo():
+    """A pick that registers after the upload must not lose it (#31 item 7); a text edit only hides it."""
+    page = _page(FakeBridge())
+    photo = Photo(np.full((256, 256, 3), 90, np.uint8))
+    info, preview, prompt, upload, state, status = page.on_template("fs-a", photo=photo)
+    assert state is photo and preview["visible"] and preview["value"] is not None and "kept" in status
+    assert "value" not in upload  # the file component keeps what was uploaded
+    *_, state, status = page.on_template("mb-a", photo=photo)
+    assert state is photo and "instruction" in status
+    *_, state, status = page.on_template("fs-a", photo=None)
+    assert state is None and "upload a photo" in status
+
+
+def test_templates_option_limits_what_the_edit_page_offers(tmp_path):
+    import json
+
+    from app.server import build_blocks
+
+    def offered(ids):
+        blocks = build_blocks(FakeBridge(), data_dir=tmp_path, offered=ids)
+        dropdown = next(c for c in blocks.config["components"] if c.get("props", {}).get("elem_id") == "template-dd")
+        return json.dumps(dropdown["props"]["choices"])
+
+    assert "mb-a" in offered(None) and "fs-a" in offered(None)
+    assert "mb-a" not in offered(["fs-a"]) and "fs-a" in offered(["fs-a"])
