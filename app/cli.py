@@ -57,18 +57,23 @@ def start_app(app: FastAPI, host: str = "127.0.0.1", port: int = 0, timeout: flo
     return RunningApp(server, thread, url_of(host, sock) + "/")
 
 
-def connect_device(device: str, server_url: str):
+def connect_device(device: str, server_url: str, agent_port: int = 0):
     """A bridge to the device agent: ``subprocess`` / ``inprocess`` use our template server; a remote
     agent (``tcp://…``, ``ws://…``, ``adb``) already knows its own."""
     from device_bridge import connect
 
-    if device in ("subprocess", "inprocess"):
+    if device == "subprocess":
+        return connect(device, server_url=server_url, port=agent_port)
+    if device == "inprocess":
         return connect(device, server_url=server_url)
     return connect(device)
 
 
 def run_demo(host: str = "127.0.0.1", port: int = 7860, packs: str | Path = "packs", device: str = "subprocess",
-             templates: list[str] | None = None, data: Path = Path("runs/app"), echo=typer.echo) -> None:
+             templates: list[str] | None = None, data: Path = Path("runs/app"), echo=typer.echo,
+             server_port: int = 0, agent_port: int = 0) -> None:
+    """``server_port`` / ``agent_port``: where the template server and a subprocess agent listen on 127.0.0.1
+    (0: any free port)."""
     import uvicorn
 
     from app.server import create_app
@@ -90,12 +95,13 @@ def run_demo(host: str = "127.0.0.1", port: int = 7860, packs: str | Path = "pac
     with contextlib.ExitStack() as stack:
         stack.callback(builds.stop)
         echo("starting the template server…")
-        server = start_server(store.url, process=True, access_log=data / "template-server-access.log")
+        server = start_server(store.url, port=server_port, process=True,
+                              access_log=data / "template-server-access.log")
         stack.callback(server.stop)
         where = "pack bytes from the store, by presigned URL" if is_store_url(store.url) else "pack bytes too"
         echo(f"  template server: {server.url} ({where}; access log: {data / 'template-server-access.log'})")
         echo(f"starting the device agent ({device})…")
-        bridge = connect_device(device, server.url)
+        bridge = connect_device(device, server.url, agent_port)
         stack.callback(bridge.close)
         if getattr(bridge, "url", None):
             echo(f"  device agent: {bridge.url}")
@@ -149,6 +155,10 @@ def demo(
         None, "--templates", help="Comma-separated template ids to offer (default: every template in the catalog)."
     ),
     data: Path = typer.Option(Path("runs/app"), "--data", help="App data: study votes, explorer cache, logs."),
+    server_port: int = typer.Option(0, "--server-port", min=0, max=65535,
+                                    help="Port of the template server on 127.0.0.1 (0: any free port)."),
+    agent_port: int = typer.Option(0, "--agent-port", min=0, max=65535,
+                                   help="Port of the subprocess device agent on 127.0.0.1 (0: any free port)."),
 ):
     """Run the demo: template server, a device agent, and the app (missing packs build behind it)."""
     from device_bridge import BridgeError
@@ -158,7 +168,8 @@ def demo(
     sigterm_as_interrupt()  # SIGTERM stops the server, agent and builds as Ctrl-C does
     ids = [t.strip() for t in templates.split(",") if t.strip()] if templates else None
     try:
-        run_demo(host, port, packs_or_default(packs), device, ids, data)
+        run_demo(host, port, packs_or_default(packs), device, ids, data, server_port=server_port,
+                 agent_port=agent_port)
     except KeyboardInterrupt:
         typer.echo("\nstopped.")
     except typer.BadParameter:

@@ -193,10 +193,11 @@ class SubprocessBridge(WsBridge):
     def __init__(self, server_url: str | None = None, catalog: str | Path | None = None,
                  packs_dir: str | Path | None = None, *, link: str = "ws", timeout_s: float | None = None,
                  calibration_file: str | Path | None = None,
-                 extra_args: tuple[str, ...] = (), python: str | None = None) -> None:
+                 extra_args: tuple[str, ...] = (), python: str | None = None, port: int = 0) -> None:
+        """``port``: where the agent listens on 127.0.0.1 (0: any free port)."""
         if server_url is None and packs_dir is None:
             raise BridgeError("the subprocess transport needs server_url (or packs_dir to serve)")
-        cmd = [python or sys.executable, "-m", "device_bridge", "--listen", "127.0.0.1:0", "--link", link]
+        cmd = [python or sys.executable, "-m", "device_bridge", "--listen", f"127.0.0.1:{int(port)}", "--link", link]
         cmd += ["--server", str(server_url)] if server_url else ["--packs", str(packs_dir)]
         cmd += ["--catalog", str(catalog)] if catalog else []
         cmd += ["--timeout", str(timeout_s)] if timeout_s else []
