@@ -30,7 +30,7 @@ from app.edit_panels import (
 )
 from app.images import UploadError, diff_heatmap, from_b64
 from app.timeline import latency_figure, timeline_figure
-from device_bridge import EditProgress, EditRejected, Job, NetworkSpec, Photo
+from device_bridge import OURS, EditProgress, EditRejected, Job, NetworkSpec, Photo
 
 TASK_TITLES = {"fs": "Face swap", "vton": "Virtual try-on", "mb": "Text edit"}
 NETWORKS = [("5G (mmWave, walking)", "5g"), ("4G + 5G (mixed)", "4g5g"), ("Wi-Fi 6", "wifi"),
@@ -127,7 +127,7 @@ class EditPage:
                 regime = gr.Checkbox(value=True, label="Paper regime: scale the trace so FP16 transfer at its median "
                                      "vs local generation = 23 s vs 13 s, as in the paper", elem_id="regime")
                 gr.Markdown("### 4 · System")
-                system = gr.Radio(SYSTEM_CHOICES, value="sakura", label="System", elem_id="system")
+                system = gr.Radio(SYSTEM_CHOICES, value=OURS, label="System", elem_id="system")
                 prefetch = gr.Checkbox(value=True, elem_id="use-prefetch",
                                        label="Prefetch: start downloading a template's cache when it is picked "
                                        "(a single SAKURA run uses it; Compare all never does)")
@@ -374,7 +374,7 @@ class EditPage:
                     return
                 continue
             runs[name] = progress
-            if name == "sakura" or len(runs) == 1:
+            if name == OURS or len(runs) == 1:
                 yield self._render(progress, photo is not None, bool(text))
         if runs:
             yield self._final(runs, len(systems) > 1)
@@ -390,7 +390,7 @@ class EditPage:
             out.update(self._o("outputs_gallery", gr.update(
                 value=[(from_b64(r.get("image_png_b64")), what_ran(s, fired[s])) for s, r in results.items()],
                 visible=True)))
-        shown = "sakura" if "sakura" in results else next(iter(results))
+        shown = OURS if OURS in results else next(iter(results))
         out.update(self._o("view", gr.update(choices=[(SYSTEM_TITLES[s], s) for s in results], value=shown,
                                              visible=len(results) > 1)))
         out.update(self._o("runs_state", runs))

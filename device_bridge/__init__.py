@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 # names imports the model code (torch, diffusers: seconds).
 _SOURCES = {
     "DeviceAgent": "device_bridge.agent",
-    **dict.fromkeys(("COMPRESSED", "PROTOCOL_VERSION", "SYSTEMS", "EditFailed", "EditProgress", "EditRejected", "Job",
-                     "NetworkSpec", "Photo", "TraceUpload"), "device_bridge.protocol"),
+    **dict.fromkeys(("COMPRESSED", "OURS", "PROTOCOL_VERSION", "SYSTEMS", "EditFailed", "EditProgress",
+                     "EditRejected", "Job", "NetworkSpec", "Photo", "TraceUpload"), "device_bridge.protocol"),
     **dict.fromkeys(("AdbBridge", "Bridge", "BridgeError", "InProcessBridge", "SubprocessBridge", "WsBridge",
                      "connect"), "device_bridge.transport"),
 }
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from device_bridge.agent import DeviceAgent
     from device_bridge.protocol import (
         COMPRESSED,
+        OURS,
         PROTOCOL_VERSION,
         SYSTEMS,
         EditFailed,
@@ -70,6 +71,7 @@ __all__ = [
     "InProcessBridge",
     "Job",
     "NetworkSpec",
+    "OURS",
     "PROTOCOL_VERSION",
     "Photo",
     "SYSTEMS",

@@ -50,7 +50,7 @@ from sakura.runtime.calibration import CalibrationStore
 from sakura.runtime.errors import StreamError, TemplateUnavailable
 from sakura.runtime.session import DeviceRuntime, Network
 from sakura.server.run import start_server
-from sakura.systems import SYSTEMS
+from sakura.systems import OURS, SYSTEMS
 
 log = logging.getLogger("device_bridge")
 
@@ -236,7 +236,7 @@ class DeviceAgent:
         timing: dict[str, float] = {}
         net = spec.network
         held, goes_on_at = self.prefetcher.take(template.id)  # the edit continues the prefetch's link
-        held = held if spec.system == "sakura" and spec.prefetch else None  # (prefetch fetches SAKURA's pack)
+        held = held if spec.system == OURS and spec.prefetch else None  # (prefetch fetches SAKURA's pack)
         start = net.start if net.start is not None or held is None else goes_on_at
         try:
             t0 = time.perf_counter()
@@ -260,7 +260,7 @@ class DeviceAgent:
             reference = metrics = None
             if spec.reference_output and not cancel.is_set():
                 t0 = time.perf_counter()
-                reference = outcome.image if spec.system == "oracle" else session.reference(req)
+                reference = outcome.image if SYSTEMS[spec.system].holds_cache else session.reference(req)
                 metrics = quality(outcome.image, reference, req.mask)
                 timing["reference_s"] = time.perf_counter() - t0
             if cancel.is_set():

@@ -22,10 +22,11 @@ from device_bridge.errors import EditFailed, EditRejected, jsonable, one_line
 from device_bridge.media import MAX_PHOTO_BYTES, Photo, TraceUpload, b64_field
 from sakura.net.traces import SYNTHETIC_NAMES, Trace, TraceError, load_trace
 from sakura.runtime.timeline import Timeline
-from sakura.systems import COMPRESSED, SYSTEMS, get_system
+from sakura.systems import COMPRESSED, OURS, SYSTEMS, get_system
 
 __all__ = [
     "COMPRESSED",
+    "OURS",
     "EditFailed",
     "EditProgress",
     "EditRejected",

@@ -36,7 +36,7 @@ from sakura.places import default_packs
 from sakura.quality import quality
 from sakura.runtime.calibration import SPREAD_BOUND, CalibrationStore, spread
 from sakura.runtime.session import DeviceRuntime, Network, network_scale
-from sakura.systems import STREAMING, SYSTEMS
+from sakura.systems import OURS, STREAMING, SYSTEMS
 
 WORKLOADS = {"fs": ("fs", "sakura-tiny"), "vton": ("vton", "sakura-tiny"), "mb": ("mb", "sakura-tiny"),
              "mb-sd": ("mb", "sakura-tiny-sd3")}
@@ -244,7 +244,7 @@ def device_memory(ws: dict, prepared_all: list[TemplateBench], modelled: bool) -
     weights = statistics.mean(sum(p.numel() * p.element_size() for p in prepared.model.transformer.parameters())
                               for prepared in prepared_all)
     for system, s in ws.items():
-        if system == "oracle":  # it holds the whole FP16 cache
+        if system in SYSTEMS and SYSTEMS[system].holds_cache:  # the whole FP16 cache
             s["device_peak_cache_bytes"] = int(ws["regime"]["fp16_cache_bytes"])
         if system in SYSTEMS:
             s["device_peak_rss_bytes"] = int(weights + s["device_peak_cache_bytes"]) if modelled else None
@@ -335,7 +335,7 @@ def run_bench(cfg: BenchConfig, out: Path, progress=None, say: Callable[[str], N
             for prepared, req_index, start in offset_plan(prepared_all, starts):
                 for system in cfg.systems:
                     rows = [run_edit(prepared, req_index, system, base_trace, scales[prepared.template.id], start)]
-                    if system == "sakura" and cfg.think_time and clock == "sim":  # beside, never instead of
+                    if system == OURS and cfg.think_time and clock == "sim":  # beside, never instead of
                         rows.append(
                             run_one(
                                 prepared,

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from sakura.formats import cachegen, file_id, pack
-from sakura.systems import color
+from sakura.systems import OURS, color
 
 
 def _points(packs: Path, template: str, shards: int, sakura_points: int) -> list[dict]:
@@ -75,7 +75,7 @@ def measure(packs: Path, template: str, shards: int = 4, sakura_points: int = 12
         row["bytes"].append(p["bytes"])
         row["ms"].append(min(ts[1:]))
     out = [{**r, "bytes": float(np.mean(r["bytes"])), "ms": float(np.median(r["ms"]))} for r in rows.values()]
-    sk = sorted((r for r in out if r["system"] == "sakura"), key=lambda r: r["bytes"])
+    sk = sorted((r for r in out if r["system"] == OURS), key=lambda r: r["bytes"])
     tables = _table_ms(packs, template)
     for r in out:
         if r["system"] == "cachegen":

@@ -27,7 +27,7 @@ import torch
 from sakura.formats import FetchUnit, Level, file_id
 from sakura.online.policies import best_within
 from sakura.quality import quality
-from sakura.systems import SYSTEMS
+from sakura.systems import OURS, SYSTEMS
 from sakura.systems import label as system_label
 
 SWEPT = ("sakura", "sakura-v1", "intq", "cachegen")
@@ -244,10 +244,10 @@ def paired_savings(ours: list[dict], other: list[dict], metric: str = "psnr_mask
 
 def comparisons(curves: dict[str, list[dict]], metrics=("psnr_masked", "ssim_masked")) -> dict:
     """``{baseline: {metric: compare(...)}}`` for every swept baseline against SAKURA."""
-    if "sakura" not in curves:
+    if OURS not in curves:
         return {}
     pts = {s: {m: [(r["bytes"], r[m]) for r in rows] for m in metrics} for s, rows in curves.items()}
-    out = {s: {m: compare(pts["sakura"][m], pts[s][m]) for m in metrics} for s in curves if s != "sakura"}
+    out = {s: {m: compare(pts[OURS][m], pts[s][m]) for m in metrics} for s in curves if s != OURS}
     for s in out:
         for m in metrics:
             out[s][m]["paired"] = paired_savings(curves["sakura"], curves[s], m)

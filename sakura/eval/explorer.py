@@ -34,7 +34,7 @@ from sakura.formats import encoding_from_header, file_id
 from sakura.net.stores import Store, open_store
 from sakura.online.policies import best_within
 from sakura.quality import quality
-from sakura.systems import COMPRESSED, SYSTEMS
+from sakura.systems import COMPRESSED, COMPRESSED_BASELINES, SYSTEMS
 
 FORMATS = ("fp16",) + tuple(SYSTEMS[name].format for name in COMPRESSED)
 
@@ -158,7 +158,7 @@ class Explorer:
             if pick not in seen:
                 seen.add(pick)
                 plans.append(("sakura", lambda u, per=per: best_within(u.levels, per)[0]))
-        for name in ("intq", "cachegen"):
+        for name in COMPRESSED_BASELINES:
             units = encs[name].units
             labels = sorted({lv.label for u in units for lv in u.levels},
                             key=lambda lab: sum(lv.nbytes for u in units for lv in u.levels if lv.label == lab))

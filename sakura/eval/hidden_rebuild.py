@@ -22,6 +22,7 @@ from sakura.net.traces import Trace
 from sakura.runtime.calibration import CalibrationStore
 from sakura.runtime.session import DeviceRuntime, Network
 from sakura.server.run import start_server
+from sakura.systems import OURS
 
 UNLIMITED = Network(Trace.constant(1e5), "fixed:1e5", 0.0, 1.0, "none")
 
@@ -47,7 +48,7 @@ def measure(packs: str, template_id: str, runs: int) -> dict:
             for system in lat:
                 tl = runtime.session(tpl, system, UNLIMITED).run(req).timeline
                 lat[system].append(tl.latency_s)
-                if system == "sakura":
+                if system == OURS:
                     rebuild.append(rebuild_busy_s(tl))
     s, o, r = statistics.median(lat["sakura"]), statistics.median(lat["oracle"]), statistics.median(rebuild)
     return {"sakura_p50_s": s, "oracle_p50_s": o, "rebuild_s": r, "rebuild_hidden_share": 1 - max(0.0, s - o) / r}

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from sakura.eval import bench
+from sakura.systems import OURS
 
 VERSIONS = ("sakura", "sakura-v1")  # row name → stored format streamed (SAKURA's own policy for both)
 SAME_S = 1e-3  # latencies this close count as equal (rebuilds are timed, so they jitter by about this)
@@ -113,7 +114,7 @@ def plot_pack_versions(result: dict, png: Path) -> None:
                                       ("psnr_masked_mean", "masked PSNR vs FP16-cache output (dB)"))):
         for j, v in enumerate(VERSIONS):
             ax.bar(x + 0.38 * j, [result["workloads"][w][v][key] for w in ws], 0.38,
-                   label="v2 pack" if v == "sakura" else "v1 pack")
+                   label="v2 pack" if v == OURS else "v1 pack")
         ax.set_xticks(x + 0.19, ws)
         ax.set_ylabel(name)
     axes[0].legend(fontsize=8)

@@ -23,6 +23,7 @@ from sakura.eval import bench
 from sakura.eval.estimators import default_traces
 from sakura.eval.figures import _sweep
 from sakura.eval.summary_stats import edit_key, fallback_stats, paired_over_oracle
+from sakura.systems import FLOOR
 
 VARIANTS = {"sakura": {}, "sakura-no-fallback": {"fallbacks": False},
             "sakura-paper": {"fallbacks": False, "anytime": False}}
@@ -50,7 +51,7 @@ def fig_tails(cfg, out: Path, cache: dict, progress, say, traces: list[str] | No
         for spec in traces:
             name = Path(spec).stem if Path(spec).suffix else spec
             rows = _sweep(cfg, workload, benches, _edits, progress, f"tails {workload} {name}", trace_spec=spec)
-            oracle = {edit_key(r): r["latency_s"] for r in rows if r["system"] == "oracle"}
+            oracle = {edit_key(r): r["latency_s"] for r in rows if r["system"] == FLOOR}
             results.setdefault(workload, {})[name] = {v: _stats([r for r in rows if r["system"] == v], oracle)
                                                       for v in (*VARIANTS, *BOUNDS)}
     data = {"starts": cfg.starts, "regime": cfg.regime, "workloads": results, "checks": checks(results)}
