@@ -48,7 +48,7 @@ from sakura.net.traces import TraceError
 from sakura.quality import quality
 from sakura.runtime.calibration import CalibrationStore
 from sakura.runtime.errors import StreamError, TemplateUnavailable
-from sakura.runtime.session import DeviceRuntime, Network
+from sakura.runtime.session import DeviceRuntime
 from sakura.server.run import start_server
 from sakura.systems import OURS, SYSTEMS
 
@@ -177,7 +177,7 @@ class DeviceAgent:
             raise EditRejected(one_line(str(e).strip("'\""))) from None
         net = parse_network(network)
         try:
-            return self.prefetcher.start(template, Network(net.link_trace, net.trace, net.start, net.scale, net.regime),
+            return self.prefetcher.start(template, net.network(),
                                          think_s)
         except Exception as e:  # noqa: BLE001
             raise EditFailed(*self._describe(e)) from None
@@ -242,7 +242,7 @@ class DeviceAgent:
             t0 = time.perf_counter()
             calibrating = not self.runtime.knows(template)
             session = self.runtime.session(
-                template, spec.system, Network(net.link_trace, net.trace, start, net.scale, net.regime), source=source,
+                template, spec.system, net.network(start), source=source,
                 on_event=emit, on_status=lambda stage, msg: emit(event("status", stage=stage, message=msg)),
                 timeout_s=self.timeout_s, prefetched=held)
             timing["setup_s"] = time.perf_counter() - t0

@@ -70,6 +70,13 @@ class NetworkSpec:
             return self.upload.trace()
         return load_trace(self.trace)
 
+    def network(self, start: float | None = None):
+        """The runtime's :class:`~sakura.runtime.session.Network` this spec stands for (``start`` overrides
+        the spec's offset: an edit that continues a prefetch's link). The protocol only serialises it."""
+        from sakura.runtime.session import Network
+
+        return Network(self.link_trace, self.trace, self.start if start is None else start, self.scale, self.regime)
+
 
 @dataclass(frozen=True)
 class Job:
