@@ -10,6 +10,7 @@ the status box (and a toast for input problems), never a traceback.
 
 from __future__ import annotations
 
+import contextlib
 import html
 import random
 
@@ -352,6 +353,14 @@ class EditPage:
                               net.upload)
         runs: dict[str, EditProgress] = {}
         yield self._reset_outputs(len(systems) > 1)
+        # a measured run never shares the CPU with the demo's background pack builds: they hold meanwhile
+        with self.builds.paused() if self.builds is not None else contextlib.nullcontext():
+            stopped = yield from self._run_systems(tid, text, photo, net, systems, prefetch, runs)
+        if runs and not stopped:
+            yield self._final(runs, len(systems) > 1)
+
+    def _run_systems(self, tid, text, photo, net, systems, prefetch, runs: dict):
+        """Each system's edit in turn, filling ``runs``; returns True when a problem ended them early."""
         for k, name in enumerate(systems):
             prefix = f"[{k + 1}/{len(systems)}] " if len(systems) > 1 else ""
             progress = EditProgress(system=SYSTEM_TITLES[name])
@@ -371,13 +380,12 @@ class EditPage:
                 msg = prefix + f"{SYSTEM_TITLES[name]}: {problem.friendly}"
                 yield self._o("status", status_html(msg, "warn" if problem.user_fixable else "error"))
                 if problem.user_fixable or len(systems) == 1:
-                    return
+                    return True
                 continue
             runs[name] = progress
             if name == OURS or len(runs) == 1:
                 yield self._render(progress, photo is not None, bool(text))
-        if runs:
-            yield self._final(runs, len(systems) > 1)
+        return False
 
     def _final(self, runs: dict[str, EditProgress], compare: bool) -> dict:
         results = {name: progress.result for name, progress in runs.items()}

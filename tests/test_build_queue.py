@@ -206,3 +206,49 @@ def test_wait_times_out_while_a_build_runs(tmp_path):
     assert queue.wait(0.01) is False
     gate.set()
     assert queue.wait(TIMEOUT_S)
+
+
+class SteppedBuilder(FakeBuilder):
+    """Reports progress many times (as a real build does once per pack shard), counting the reports."""
+
+    def __init__(self, steps: int = 400):
+        super().__init__()
+        self.steps, self.reports = steps, 0
+
+    def __call__(self, template, out_dir, *, progress, **kw):
+        self.started.set()
+        for i in range(self.steps):
+            progress(f"shard {i}")
+            self.reports += 1
+            time.sleep(0.005)
+        super().__call__(template, out_dir, progress=progress, **kw)
+
+
+def test_a_paused_build_holds_at_its_next_report_and_resumes():
+    """While a measured run holds paused() (nested here), the build makes no progress; after, it finishes."""
+    import tempfile
+
+    build = SteppedBuilder()
+    with tempfile.TemporaryDirectory() as d:
+        queue = BuildQueue(templates("a"), d, build=build).start()
+        assert build.started.wait(TIMEOUT_S)
+        with queue.paused(), queue.paused():
+            time.sleep(0.1)  # (the report in progress when the pause began may still land)
+            held = build.reports
+            time.sleep(0.5)
+            assert build.reports == held < build.steps
+            assert "paused while an edit runs" in queue.status("a")
+        assert queue.wait(TIMEOUT_S) and queue.status("a") == "ready" and build.reports == build.steps
+
+
+def test_stop_releases_a_paused_build():
+    import tempfile
+
+    build = SteppedBuilder()
+    with tempfile.TemporaryDirectory() as d:
+        queue = BuildQueue(templates("a", "b"), d, build=build).start()
+        assert build.started.wait(TIMEOUT_S)
+        with queue.paused():
+            time.sleep(0.1)
+            queue.stop(timeout=TIMEOUT_S)  # does not wait for the pause to end
+            assert not queue._worker.is_alive()

@@ -13,6 +13,7 @@ index PUT for S3 — so a reader never sees a half-built template as available.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 import threading
@@ -58,6 +59,7 @@ class BuildQueue:
         self._failed: dict[str, str] = {}
         self._stopping = threading.Event()
         self._worker: threading.Thread | None = None
+        self._pauses = 0  # measured runs under way: the build holds at its next progress report
 
     # ------------------------------------------------------------------------------------ control
     def start(self) -> "BuildQueue":
@@ -79,6 +81,19 @@ class BuildQueue:
                     self._waiting.insert(0, self._waiting.pop(position))
                     return
 
+    @contextlib.contextmanager
+    def paused(self):
+        """Hold the build at its next progress report (one per pack shard, about a second) while a measured
+        run — an edit, a calibration — has the CPU; nests; :meth:`stop` releases it."""
+        with self._changed:
+            self._pauses += 1
+        try:
+            yield self
+        finally:
+            with self._changed:
+                self._pauses -= 1
+                self._changed.notify_all()
+
     def wait(self, timeout: float | None = None) -> bool:
         """Block until nothing is waiting or building (or the worker has stopped); False on timeout."""
         with self._changed:
@@ -90,7 +105,7 @@ class BuildQueue:
         self._stopping.set()
         with self._changed:
             self._waiting.clear()
-            self._changed.notify_all()
+            self._changed.notify_all()  # (a build held by paused() goes on, to its end)
         if self._worker is not None and self._worker is not threading.current_thread():
             self._worker.join(timeout)
 
@@ -148,8 +163,13 @@ class BuildQueue:
                 self._changed.notify_all()
 
     def _report_stage(self, stage: str) -> None:
-        with self._lock:
+        with self._changed:
             self._stage = str(stage)
+            if self._pauses and not self._stopping.is_set():
+                self._stage = f"{stage} (paused while an edit runs)"
+                while self._pauses and not self._stopping.is_set():
+                    self._changed.wait(0.5)
+                self._stage = str(stage)
 
     def _build_and_publish(self, template) -> None:
         if isinstance(self.store, FolderStore):  # same file system: publishing is a rename

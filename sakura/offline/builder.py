@@ -191,7 +191,9 @@ def build_template(template, out_dir: str | Path, *, q: float = 0.5, max_rank: i
         path = out / f"{fmt.file_id(template.id)}.pack"
         if fmt.from_factors:  # the format stores what the offline compression computes, not the cache
             options = pack_options(max_rank, fmt.layout or layout, *candidate, rebuild_rank=rebuild_rank)
-            fmt.write(path, compress_cache(cache, importance, q=q, shard_size=shard_size, **options), **ids)
+            shards = lambda done, total, name=fmt.name: say(f"{name} shard {done}/{total}")  # noqa: E731
+            fmt.write(path, compress_cache(cache, importance, q=q, shard_size=shard_size, progress=shards, **options),
+                      **ids)
         else:
             fmt.write(path, cache, shard_size=shard_size, **ids)
         return path
