@@ -17,12 +17,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import httpx
+from websockets.exceptions import ConnectionClosed
 
 from sakura.net.byteranges import FetchError, Transfer
 
-# What a dying or restarting source looks like to a client: refused or reset connections, a response cut
-# short, a timeout, a 5xx from a proxy in front of it. A 4xx is an answer (the file or range is wrong): no retry.
-SOURCE_DOWN = (httpx.TransportError, ConnectionError, TimeoutError, OSError)
+# What a dying or restarting source looks like to a client: refused or reset connections, a websocket closed
+# under it, a response cut short, a timeout, a 5xx from a proxy in front of it. A 4xx is an answer (the file or
+# range is wrong), and so is a missing file in a folder: no retry.
+SOURCE_DOWN = (httpx.TransportError, ConnectionError, TimeoutError, ConnectionClosed)
 RETRY_PAUSE_S = 0.05  # before sending a request again to the source that just failed (a restart's accept backlog)
 
 
