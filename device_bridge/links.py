@@ -47,3 +47,14 @@ class AuditedLink:
 
     def close(self) -> None:
         self.inner.close()
+
+    @property
+    def events(self) -> list:
+        """The inner link's retries and source switches (a failover source's), for the edit's timeline."""
+        return getattr(self.inner, "events", [])
+
+    def avoid(self, file_id: str, reason: str) -> None:
+        """Bytes of ``file_id`` failed their check: a failover source moves to its next replica."""
+        avoid = getattr(self.inner, "avoid", None)
+        if avoid is not None:
+            avoid(file_id, reason)
