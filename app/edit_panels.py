@@ -37,7 +37,9 @@ def metrics_html(result: dict) -> str:
              f"execution {num((s.get('latency_s') or 0) - (s.get('stall_s') or 0), '.3f')} s + stalls "
              f"{num(s.get('stall_s'), '.3f')} s"),
         card("Transfer", f"{num(s.get('transfer_hidden_s'), '.3f')} s hidden",
-             f"{num(s.get('transfer_exposed_s'), '.3f')} s exposed (execution waited)"),
+             f"{num(s.get('transfer_exposed_s'), '.3f')} s of the {num(s.get('stall_s'), '.3f')} s stalls waited on "
+             f"the link; the other {num(max(0.0, (s.get('stall_s') or 0) - (s.get('transfer_exposed_s') or 0)), '.3f')}"
+             " s on rebuilds"),
         card("Bytes sent", f"{sent / 1e6:.2f} MB",
              f"{(sent / fp16 if fp16 else 0):.1%} of the {fp16 / 1e6:.1f} MB FP16 cache" if fp16 else ""),
     ]

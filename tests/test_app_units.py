@@ -233,6 +233,10 @@ def test_result_panels_never_show_the_input():
            "sent_to_server": [{"file_id": "fs-a", "ranges": [[0, 8], [8, 100], [200, 5], [300, 5]], "bytes": 118}]}
     html = metrics_html(res)
     assert "40.00" in html and "10.0% of the 5.0 MB" in html and "2 distinct" in html
+    # the two stall figures agree: the link's share of the stalls, the rest named
+    assert "stalls 0.100 s" in html and "0.100 s of the 0.100 s stalls waited on the link" in html
+    stalls = metrics_html({**res, "summary": {**res["summary"], "stall_s": 0.239, "transfer_exposed_s": 0.2}})
+    assert "0.200 s of the 0.239 s stalls waited on the link; the other 0.039 s on rebuilds" in stalls
     p = privacy_html(res, had_photo=True, had_prompt=False)
     assert "Your photo never left the device" in p and "fs-a" in p and "object store" not in p
     assert "its object store" in privacy_html({**res, "pack_bytes_from": "store"}, had_photo=True, had_prompt=False)
