@@ -36,8 +36,8 @@ def _theme():
 
 
 DEVICE_NOTE = ("Here the “device” is an agent process on this computer running the masked model on its CPU "
-               "(eager PyTorch unless started with --executor executorch), over an emulated link shaped by the "
-               "chosen trace; no phone runs these edits unless one is attached through the adb transport.")
+               "(eager PyTorch), over an emulated link shaped by the chosen trace; no phone runs these edits "
+               "unless one is attached through the adb transport.")
 
 
 def build_blocks(bridge, *, data_dir: str | Path, explorer=None, builds=None, study_systems=DEFAULT_SYSTEMS,
@@ -56,7 +56,7 @@ def build_blocks(bridge, *, data_dir: str | Path, explorer=None, builds=None, st
     # delete_cache: uploads and rendered images are removed from the temp folder after 15 min
     with gr.Blocks(title=TITLE, analytics_enabled=False, delete_cache=(300, 900)) as demo:
         gr.HTML(f"""<header class="sk-header"><img src="{STATIC_URL}/sakura.svg" alt="" width="40" height="40">
-<div><h1>SAKURA</h1><p>Edit a photo on your phone with a diffusion transformer: the template's attention
+<div><h1>SAKURA</h1><p>Edit a photo on the device with a diffusion transformer: the template's attention
 cache streams from the cloud, compressed to fit the link shard by shard; your photo and your words never leave
 the device.</p><p class="sk-device-note" id="sk-device-note">{DEVICE_NOTE}</p></div></header>""",
                 elem_id="sk-header")
