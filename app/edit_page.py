@@ -86,7 +86,8 @@ class EditPage:
 
         with gr.Row(equal_height=False):
             with gr.Column(scale=3, min_width=420):
-                builds = gr.HTML(self.build_status(), elem_id="build-status")
+                # (callable values: computed at each page load, not when the app started)
+                builds = gr.HTML(self.build_status, elem_id="build-status")
                 gr.Markdown("### 1 · Pick a template  \n<span class='sk-hint'>The tinted area is the editable "
                             "mask: only it is computed on the device; the rest comes from the streamed cache.</span>")
                 galleries = []
@@ -101,7 +102,7 @@ class EditPage:
                     galleries.append((g, [t["id"] for t in group]))
                 template = gr.Dropdown(choices=[(self._caption(t), t["id"]) for t in self.templates], value=default,
                                        label="Template", elem_id="template-dd")
-                template_info = gr.HTML(self._template_info(default), elem_id="template-info")
+                template_info = gr.HTML(lambda: self._template_info(default), elem_id="template-info")
             with gr.Column(scale=2, min_width=340):
                 gr.Markdown("### 2 · Your input")
                 photo = gr.File(label="Your photo (PNG or JPEG) — stays on the device", file_count="single",
