@@ -5,8 +5,8 @@
 The stack is the demo's own: a template server process over PACKS (built first with
 ``sakura build --templates fs-astronaut,vton-astronaut,mb-coffee --out PACKS``), the device agent as a
 subprocess, the Gradio app. Each shot: pick the template, give the photo (a held-out face, a garment) or
-the instruction, fixed link, run SAKURA, wait for "Done", screenshot the page. With ``--compare-mbps R``, then "Compare all"
-at that fixed rate, where the systems' cache levels differ visibly.
+the instruction, fixed link, run SAKURA, wait for "Done", screenshot the page. With ``--compare-mbps R``,
+then "Compare all" at that fixed rate, where the systems' cache levels differ visibly.
 """
 
 from __future__ import annotations
