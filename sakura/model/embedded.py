@@ -37,6 +37,13 @@ class ModelLoadError(ValueError):
 
 
 def embedded_codec(name: str) -> CodecConfig:
+    """The codec a new run of an embedded model starts from (shipped weights carry theirs in sakura.json).
+    sakura-tiny's is the shipped design (docs/results/issue28): references resized onto the mask and fed to
+    the masked tokens, fill-style fs / vton, a per-head 2-D distance bias, no template pixels outside the mask
+    in a masked token's patch."""
+    if name == "sakura-tiny":
+        return CodecConfig(resolution=256, patch=8, ref_size=128, num_steps=4, blank_tasks=("fs", "vton"),
+                           ref_mode="aligned", locality=(0.0, 0.25, 0.5, 1.0), patch_context=False)
     return CodecConfig(resolution=256, patch=8, ref_size=64, num_steps=6 if name.endswith("sd3") else 4)
 
 
