@@ -17,6 +17,14 @@ from sakura.server import start_server
 RANGES = [(100, 5000), (60_000, 12_345), (190_000, 9_999)]
 
 
+def unpriced():
+    """SAKURA's policy choosing by bytes alone: on a fast link, every unit's top level on every run (a
+    rebuild-priced choice reads each run's measured decode times, so two runs could differ)."""
+    from sakura.online.policies import get_policy
+
+    return get_policy("sakura", price_rebuild=False)
+
+
 def pack(seed: int) -> bytes:
     head = json.dumps({"format": "test", "version": seed}).encode()
     return struct.pack("<Q", len(head)) + head + np.random.default_rng(seed).bytes(200_000)
@@ -85,6 +93,7 @@ def test_an_edit_survives_its_server_dying_when_a_replica_is_up(fs_packs):
     import signal
 
     from sakura.catalog import load_catalog
+    from sakura.formats import file_id
     from sakura.net.traces import load_trace
     from sakura.runtime.calibration import CalibrationStore
     from sakura.runtime.session import DeviceRuntime, Network
@@ -93,6 +102,10 @@ def test_an_edit_survives_its_server_dying_when_a_replica_is_up(fs_packs):
     tpl = load_catalog().get("fs-astronaut")
     fast = Network(load_trace("fixed:2000"), "fixed:2000", 0.0, 1.0, "none")  # every unit at its top level
     with start_server(packs, process=True) as a, start_server(packs, process=True) as b:
+        for srv in (a, b):  # a server's first range request per file is slow (lazy init): not the failover's cost
+            with RangeClient(srv.url) as warm:
+                for fmt in ("sakura", "fp16"):
+                    warm.fetch(file_id(tpl.id, fmt), [(0, 8)])
         source = FailoverSource([RangeClient(a.url), RangeClient(b.url)], names=["a", "b"])
         runtime = DeviceRuntime(source, calibration=CalibrationStore(repeats=1))
         runs = {}
@@ -105,7 +118,7 @@ def test_an_edit_survives_its_server_dying_when_a_replica_is_up(fs_packs):
                     if fault and len(seen) == 3:
                         os.kill(a._proc.pid, signal.SIGKILL)
 
-            session = runtime.session(tpl, "sakura", fast, on_event=on_event, timeout_s=60)
+            session = runtime.session(tpl, "sakura", fast, on_event=on_event, timeout_s=60, policy=unpriced())
             req = session.request(catalog_request=tpl.eval_requests[0])
             runs[fault] = session.run(req)
         source.close()
@@ -221,7 +234,7 @@ def test_a_corrupted_chunk_is_fetched_again_from_the_next_replica(fs_packs, tmp_
         for name, urls in (("intact", [g_srv.url]), ("damaged first", [b_srv.url, g_srv.url])):
             source = FailoverSource([RangeClient(u) for u in urls])
             runtime = DeviceRuntime(source, calibration=CalibrationStore(repeats=1))
-            session = runtime.session(tpl, "sakura", fast, timeout_s=60)
+            session = runtime.session(tpl, "sakura", fast, timeout_s=60, policy=unpriced())
             outcome = session.run(session.request(catalog_request=tpl.eval_requests[0]))
             images[name], events[name] = outcome.image, outcome.timeline.extras.get("source_events", [])
             source.close()

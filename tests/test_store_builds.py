@@ -49,10 +49,14 @@ def streamed_images(source, tpl, calibration) -> dict:
     """A real-clock streamed edit of the FP16 file (one level: no choice depends on timing) and a SAKURA
     edit on the simulated clock (the pack's bytes read from ``source``, levels chosen on the trace integral,
     so a loaded machine cannot change them); the real-clock SAKURA path is tests/test_runtime.py's."""
+    from sakura.online.policies import get_policy
+
     runtime = DeviceRuntime(source, calibration=calibration)
     out = {}
     for system in ("fp16", "sakura"):
-        session = runtime.session(tpl, system, UNLIMITED)
+        # (SAKURA unpriced: a rebuild-priced choice reads each run's measured decode times)
+        policy = get_policy("sakura", price_rebuild=False) if system == "sakura" else None
+        session = runtime.session(tpl, system, UNLIMITED, policy=policy)
         req = session.request(catalog_request=tpl.eval_requests[0])
         out[system] = (session.run(req) if system == "fp16" else session.simulate(req)).image
     return out

@@ -82,8 +82,9 @@ CHILD = textwrap.dedent("""
                                   on_event=on_event, timeout_s=20)
         req = session.request(catalog_request=tpl.eval_requests[0])
         try:
-            session.run(req)
-            outcome = "completed"
+            done = session.run(req)
+            # (with no source left the paced link is silent and the fallbacks finish the edit)
+            outcome = "completed" + (" over an outage" if done.timeline.extras.get("source_outages") else "")
         except Exception as e:
             outcome = type(e).__name__ + ": " + str(e)[:120]
         left = [t.name for t in threading.enumerate() if t.name in STREAM_THREADS and t.is_alive()]
@@ -104,5 +105,6 @@ def test_server_killed_mid_stream_leaves_no_thread(fs_packs, tmp_path):
         print(r)
     assert len(results) == RUNS
     assert all(not r["left"] for r in results), [r for r in results if r["left"]]
-    assert all(r["outcome"] == "completed" or r["outcome"].startswith("StreamError") for r in results)
-    assert sum(r["outcome"].startswith("StreamError") for r in results) >= RUNS // 2  # the kills did hit streams
+    assert all(r["outcome"].startswith(("completed", "StreamError")) for r in results)
+    hit = [r for r in results if r["outcome"].startswith("StreamError") or "outage" in r["outcome"]]
+    assert len(hit) >= RUNS // 2  # the kills did hit streams

@@ -139,12 +139,13 @@ def test_ship_round_trip_fp16(tmp_path):
 
 
 def _codec(**changes):
-    from sakura.model.embedded import embedded_codec
+    """The plain codec (no option on, as the first shipped model) with ``changes``: each test turns on what it is
+    about (the embedded default has every option on)."""
+    from dataclasses import replace
 
-    codec = embedded_codec("sakura-tiny")
-    for k, v in changes.items():
-        setattr(codec, k, v)
-    return codec
+    from test_model import plain_codec
+
+    return replace(plain_codec("sakura-tiny"), **changes)
 
 
 FILL = {"blank_tasks": ("fs", "vton")}

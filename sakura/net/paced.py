@@ -109,7 +109,9 @@ class PacedLink:
                 self._outstanding.append(pending)
                 return pending
             self.round_trips.append(max(0.0, tr.t_first_byte - tr.t_request))
-            pending = Pending(tr, t_req, 0.0, 0.0)
+            # (the request as the source that answered got it: a retry or a switch to a replica before it is
+            # not link time, so the monitor measures the same rate as without the fault)
+            pending = Pending(tr, max(t_req, min(tr.t_request, tr.t_first_byte)), 0.0, 0.0)
             self._book(pending, self._free_at)
             self._outstanding.append(pending)
         return pending
