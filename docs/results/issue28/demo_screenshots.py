@@ -62,6 +62,16 @@ def pick(pg, task: str, template: str) -> None:
     raise SystemExit(f"template {template} not in the {task} gallery")
 
 
+def give_photo(pg, path: Path) -> None:
+    """Upload ``path`` as the photo; a photo kept from an earlier pick is removed first (its ✕ button)."""
+    if not pg.locator("#photo-upload input[type=file]").count():
+        pg.evaluate("""() => { for (const b of document.querySelectorAll('#photo-upload button')) {
+            const name = (b.getAttribute('aria-label') || '') + (b.title || '');
+            if (/clear|remove/i.test(name)) { b.click(); return; } } }""")
+        pg.wait_for_selector("#photo-upload input[type=file]", state="attached", timeout=20_000)
+    pg.set_input_files("#photo-upload input[type=file]", str(path))
+
+
 def fixed_link(pg, mbps: float) -> None:
     pg.get_by_role("radio", name="Fixed rate").check()
     pg.fill("#fixed-mbps input", str(mbps))
@@ -105,7 +115,7 @@ def main() -> None:
             for task, template, ref, prompt, name in shots:
                 pick(pg, task, template)
                 if ref is not None:
-                    pg.set_input_files("#photo-upload input[type=file]", str(ref))
+                    give_photo(pg, ref)
                     pg.wait_for_function("() => (document.querySelector('#status')?.innerText || '')"
                                          ".includes('Photo ready')")
                 else:
@@ -117,7 +127,7 @@ def main() -> None:
                 pg.screenshot(path=str(out / f"{name}.png"), full_page=True)
             if args.compare_mbps:  # every system on a slow link: the cache's level shows in the output
                 pick(pg, "fs", "fs-astronaut")
-                pg.set_input_files("#photo-upload input[type=file]", str(refs["hopper"]))
+                give_photo(pg, refs["hopper"])
                 fixed_link(pg, args.compare_mbps)
                 pg.get_by_role("radio", name="Compare all").check()
                 pg.click("#run-btn")
