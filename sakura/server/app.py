@@ -146,10 +146,11 @@ def _add_range_route(app: FastAPI, store: PackStore, links: LinkShapes) -> None:
         if ranges and sum(b - a + 1 for a, b in ranges) > size:
             ranges = None  # overlapping ranges asking for more than the file (like nginx): send it once
         status, pieces, media = _body_of(ranges, size, headers)
-        headers["content-length"] = str(sum(len(p) if isinstance(p, bytes) else p[1] for p in pieces))
+        nbytes = sum(len(p) if isinstance(p, bytes) else p[1] for p in pieces)
+        headers["content-length"] = str(nbytes)
         if request.method == "HEAD":
             return Response(status_code=status, headers=headers, media_type=media)
-        return StreamingResponse(_stream_file(path, stat, pieces, shaper), status, headers, media_type=media)
+        return StreamingResponse(_stream_file(path, stat, pieces, nbytes, shaper), status, headers, media_type=media)
 
 
 def _body_of(ranges: list[tuple[int, int]] | None, size: int,
@@ -168,14 +169,13 @@ def _body_of(ranges: list[tuple[int, int]] | None, size: int,
 
 
 async def _stream_file(
-    path: Path, stat: os.stat_result, pieces: list[Piece], shaper: TraceShaper | None
+    path: Path, stat: os.stat_result, pieces: list[Piece], nbytes: int, shaper: TraceShaper | None
 ) -> AsyncIterator[bytes]:
     # Opened lazily, so a response that never starts leaks no descriptor.
     with open(path, "rb") as f:
         now = os.fstat(f.fileno())
         if (now.st_size, now.st_mtime_ns) != (stat.st_size, stat.st_mtime_ns):
             raise OSError(f"{path.name} changed while serving it")  # aborts: client sees a short body
-        nbytes = sum(len(p) if isinstance(p, bytes) else p[1] for p in pieces)
         async for chunk in paced(frames(f.fileno(), pieces), shaper, nbytes):
             yield chunk
 
