@@ -271,3 +271,24 @@ def test_task_mix_is_normalised_and_checked():
             parse_task_mix(bad, "sakura-tiny")
     with pytest.raises(SystemExit):
         parse_task_mix("fs=1", "sakura-tiny-sd3")  # the SD3 model trains mb only
+
+
+def test_mb_op_mix_weights_the_text_edits():
+    """--mb-op-mix color=5: colour edits are drawn ~5× as often as each other op; unknown ops are refused; the
+    default draw is unchanged (uniform, the same stream as before the option existed)."""
+    from sakura.model.train import parse_shares
+
+    ops = [o for o in MB_OPS if o != "keep"]
+    weights = parse_shares("color=5", ops, "--mb-op-mix", normalise=False)
+    assert weights == {"color": 5.0}
+    synth = EditSynth("train", mb_op_weights=weights)
+    drawn = [synth.sample(np.random.default_rng([4, i]), "mb", keep_prob=0.0).op.split(":")[0] for i in range(140)]
+    share = drawn.count("color") / len(drawn)
+    assert 0.20 < share < 0.55, share  # expected 5/14 ≈ 0.36; uniform would be 0.10
+    plain = [EditSynth("train").sample(np.random.default_rng([4, i]), "mb", keep_prob=0.0).op for i in range(5)]
+    assert plain == [EditSynth("train", mb_op_weights=None).sample(np.random.default_rng([4, i]), "mb",
+                                                                   keep_prob=0.0).op for i in range(5)]
+    with pytest.raises(ValueError, match="unknown mb ops"):
+        EditSynth("train", mb_op_weights={"recolour": 2.0})
+    with pytest.raises(SystemExit):
+        parse_shares("recolour=2", ops, "--mb-op-mix")

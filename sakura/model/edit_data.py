@@ -311,10 +311,17 @@ def mb_prompt(op: str, rng: np.random.Generator, color: str | None = None) -> st
 class EditSynth:
     """Draws random edit examples from the ``train`` or ``heldout`` images."""
 
-    def __init__(self, split: str = "train", res: int = RES):
+    def __init__(self, split: str = "train", res: int = RES, mb_op_weights: dict[str, float] | None = None):
         if split not in ("train", "heldout"):
             raise ValueError("split is train or heldout")
         self.split, self.res = split, res
+        unknown = set(mb_op_weights or {}) - set(MB_OPS) - {"keep"}
+        if unknown:
+            raise ValueError(f"unknown mb ops {sorted(unknown)}; ops are {', '.join(MB_OPS)}")
+        # relative weight of each edit op (keep is drawn separately, with keep_prob): uniform by default
+        ops = [o for o in MB_OPS if o != "keep"]
+        w = np.array([(mb_op_weights or {}).get(o, 1.0) for o in ops], dtype=np.float64)
+        self.mb_ops, self.mb_op_p = ops, (w / w.sum() if mb_op_weights else None)
         self.sources = TRAIN_SOURCES if split == "train" else HELDOUT_SOURCES
         self.textures = TEXTURE_SOURCES if split == "train" else HELDOUT_TEXTURES
         self.faces = FACES_TRAIN if split == "train" else FACES_HELDOUT
@@ -383,7 +390,7 @@ class EditSynth:
             target = paste_harmonized(tpl, mask, ref, alpha=0.6)
             return EditExample(tpl, mask, task, str(rng.choice(REF_PROMPTS)), ref, target, "paste")
         if mb_op is None:
-            mb_op = "keep" if rng.random() < keep_prob else str(rng.choice([o for o in MB_OPS if o != "keep"]))
+            mb_op = "keep" if rng.random() < keep_prob else str(rng.choice(self.mb_ops, p=self.mb_op_p))
         color = str(rng.choice(list(COLORS))) if mb_op == "color" else None
         edited = apply_op(tpl, mb_op, color, rng)
         target = tpl.copy() if mb_op == "keep" else blend_into_context(edited, tpl, mask)

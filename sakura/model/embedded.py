@@ -139,6 +139,7 @@ def seeded_model(name: str = DEFAULT_MODEL, dtype: torch.dtype = torch.float32, 
     codec = codec or embedded_codec(name)
     transformer = embedded_transformer(name, seed, codec)
     torch.manual_seed(seed + 1)
-    text_encoder = TinyTextEncoder()
     family = "sd3" if name.endswith("sd3") else "flux2"
+    # Flux2 has no pooled-text input: the instruction joins its time embedding (Flux2Adapter.set_instruction)
+    text_encoder = TinyTextEncoder(TextEncoderConfig(instruction_dim=transformer.inner_dim if family == "flux2" else 0))
     return adapter_class(family)(transformer.to(dtype), text_encoder.to(dtype), codec, name)

@@ -36,7 +36,7 @@ from tqdm import tqdm
 
 from sakura.formats.intq import decode_unit, encode_unit
 from sakura.model.base import EditRequest
-from sakura.model.edit_data import TASKS, EditSynth, heldout_examples
+from sakura.model.edit_data import MB_OPS, TASKS, EditSynth, heldout_examples
 from sakura.model.embedded import WEIGHTS_DIR, load_model, load_model_folder, seeded_model
 from sakura.model.sample_grid import render_catalog_edits, render_grid
 from sakura.quality import ssim
@@ -73,6 +73,21 @@ def edit_quality(models: dict, examples, ssim_out: dict | None = None) -> dict:
            for task, r in rows.items()}
     allv = {k: [x for r in rows.values() for x in r[k]] for k in next(iter(rows.values()))}
     out["all"] = {k: round(float(np.mean(v)), 3) for k, v in allv.items()} | {"n": len(allv["copy"])}
+    return out
+
+
+def mb_op_skill(adapter, per_op: int = 3, seed: int = 7) -> dict:
+    """Per text-edit op, the trained model's masked PSNR over copying the template on ``per_op``
+    held-out edits (the task-level mean hides an op the model has not learnt, such as a colour)."""
+    synth = EditSynth("heldout")
+    out = {}
+    for oi, op in enumerate(o for o in MB_OPS if o != "keep"):
+        gains = []
+        for i in range(per_op):
+            e = synth.sample(np.random.default_rng([seed, oi, i]), "mb", keep_prob=0.0, mb_op=op)
+            img = adapter.full_edit(_request(e)).image
+            gains.append(masked_psnr(img, e.target, e.mask) - masked_psnr(e.template, e.target, e.mask))
+        out[op] = round(float(np.mean(gains)), 2)
     return out
 
 
@@ -269,6 +284,8 @@ def main(argv: list[str] | None = None) -> None:
         ssim_masked: dict = {}
         quality = edit_quality({"seeded": seeded, "trained": trained}, tqdm(examples, leave=False), ssim_masked)
         rep = {"psnr_masked": quality, "ssim_masked": ssim_masked, "attention": {}}
+        if "mb" in tasks:
+            rep["mb_op_skill_over_copy"] = mb_op_skill(trained)
         if not args.skip_attention:
             att_tpls = list(catalog_templates(name, args.heldout, only=only))
             for tid, base, prof, held in tqdm(att_tpls, desc="attention", leave=False):

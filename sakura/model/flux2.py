@@ -66,8 +66,29 @@ class Flux2SingleProcessor:
         return attn.to_out(torch.cat([out, attn.mlp_act_fn(mlp)], dim=-1))
 
 
+def _add_instruction(module, args, output):
+    """A forward hook on ``time_guidance_embed``: its output plus the instruction's embedding (our text
+    encoder's pooled projection, set per request), so a text edit's words reach every token's modulation as
+    FLUX.1's pooled CLIP vector does — a masked token needs no attention to the text to know "red"."""
+    extra = getattr(module, "sakura_instruction", None)
+    return output if extra is None else output + extra.to(output.dtype)
+
+
 class Flux2Adapter(DiTAdapter):
     family = "flux2"
+
+    def __init__(self, transformer, text_encoder, codec, model_id: str = "custom"):
+        super().__init__(transformer, text_encoder, codec, model_id)
+        embed = transformer.time_guidance_embed
+        if getattr(text_encoder, "instruction_proj", None) is not None and not getattr(embed, "sakura_hooked", False):
+            embed.register_forward_hook(_add_instruction)
+            embed.sakura_hooked = True
+
+    def set_instruction(self, pooled: torch.Tensor | None, transformer=None) -> None:
+        """The instruction every following forward of ``transformer`` (default: ours) adds to its time
+        embedding: (B, dim) pooled text, or None to clear it."""
+        instruction = None if pooled is None else self.text_encoder.instruction(pooled)
+        (transformer or self.transformer).time_guidance_embed.sakura_instruction = instruction
 
     @property
     def attention_modules(self):
@@ -144,7 +165,8 @@ class Flux2Adapter(DiTAdapter):
         if nref:
             feats = torch.cat([feats, self.reference_features(ref, feats.shape[1])], 0)
         img_ids, _ = self._ids(rows, nref)
-        tokens, _pooled = text
+        tokens, pooled = text
+        self.set_instruction(pooled)
         L = tokens.shape[1]
         self._num_txt = L
         self.ctx.set_image_rows(rows)

@@ -26,6 +26,7 @@ class TextEncoderConfig:
     dim: int = 128
     layers: int = 2
     heads: int = 4
+    instruction_dim: int = 0  # > 0: a projection of the pooled vector to this width (Flux2's time embedding)
 
 
 def tokenize(text: str, cfg: TextEncoderConfig) -> torch.Tensor:
@@ -47,14 +48,29 @@ class TinyTextEncoder(nn.Module):
                                            norm_first=True)
         self.encoder = nn.TransformerEncoder(layer, c.layers, enable_nested_tensor=False)
         self.norm = nn.LayerNorm(c.dim)
+        # zero at initialisation: a model warm-started from weights without it computes what they computed
+        # its input is the pooled state and the mean raw word embedding: a bag of words keeps words the encoder
+        # has not learnt to tell apart yet (colour names) as distinct as their random embeddings
+        self.instruction_proj = nn.Linear(2 * c.dim, c.instruction_dim) if c.instruction_dim else None
+        if self.instruction_proj is not None:
+            nn.init.zeros_(self.instruction_proj.weight)
+            nn.init.zeros_(self.instruction_proj.bias)
 
     def forward(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``ids`` (B, L) → token states (B, L, dim) and a pooled vector (B, dim)."""
-        h = self.embed(ids) + self.pos[: ids.shape[1]]
-        h = self.norm(self.encoder(h))
+        """``ids`` (B, L) → token states (B, L, dim) and a pooled vector (B, dim; with an instruction
+        projection, (B, 2·dim): the pooled states and the mean word embedding)."""
+        words = self.embed(ids)
+        h = self.norm(self.encoder(words + self.pos[: ids.shape[1]]))
         keep = (ids != PAD).unsqueeze(-1).to(h.dtype)
-        pooled = (h * keep).sum(1) / keep.sum(1).clamp(min=1)
+        count = keep.sum(1).clamp(min=1)
+        pooled = (h * keep).sum(1) / count
+        if self.instruction_proj is not None:
+            pooled = torch.cat([pooled, (words * keep).sum(1) / count], -1)
         return h, pooled
+
+    def instruction(self, pooled: torch.Tensor) -> torch.Tensor | None:
+        """(B, 2·dim) pooled vector → (B, instruction_dim) added to the transformer's time embedding, or None."""
+        return None if self.instruction_proj is None else self.instruction_proj(pooled)
 
     @torch.no_grad()
     def encode(self, texts: list[str] | str) -> tuple[torch.Tensor, torch.Tensor]:

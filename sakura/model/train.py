@@ -30,7 +30,7 @@ import torch
 from tqdm import tqdm
 
 from sakura.model.base import CodecConfig, EditRequest, patchify, template_condition, unpatchify
-from sakura.model.edit_data import TASKS, EditExample, EditSynth, heldout_examples
+from sakura.model.edit_data import MB_OPS, TASKS, EditExample, EditSynth, heldout_examples
 from sakura.model.embedded import (
     WEIGHTS_DIR,
     adapter_class,
@@ -57,7 +57,8 @@ class Trainer:
     def __init__(self, model: str = "sakura-tiny", out: str | Path = "runs/tiny", batch: int = 4,
                  lr: float = 3e-4, schedule: str = "cosine", ema: float = 0.999, seed: int = 0,
                  t_sampling: str = "mixed", full_prob: float = 0.03, device: torch.device | None = None,
-                 warmup: int = 50, codec: CodecConfig | None = None, task_mix: dict[str, float] | None = None):
+                 warmup: int = 50, codec: CodecConfig | None = None, task_mix: dict[str, float] | None = None,
+                 mb_op_mix: dict[str, float] | None = None, text_lr_mult: float = 1.0):
         self.model_name, self.out = model, Path(out)
         self.task_mix = dict(task_mix or TASK_PROBS[model])
         self.batch, self.lr, self.schedule, self.ema_decay = batch, lr, schedule, ema
@@ -69,17 +70,21 @@ class Trainer:
         self.codec = self.adapter.codec
         self.transformer = self.adapter.transformer.to(self.device).train()
         self.text_encoder = self.adapter.text_encoder.to(self.device).train()
-        params = list(self.transformer.parameters()) + list(self.text_encoder.parameters())
         # no weight decay on gains and biases: decay would pull the q/k norm gains, i.e. the attention
-        # temperature, toward zero
-        groups = [{"params": [p for p in params if p.ndim >= 2]},
-                  {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+        # temperature, toward zero; the text encoder may learn faster (its rare words see few updates)
+        self.text_lr_mult = text_lr_mult
+        groups = []
+        for module, mult in ((self.transformer, 1.0), (self.text_encoder, text_lr_mult)):
+            params = list(module.parameters())
+            groups += [{"params": [p for p in params if p.ndim >= 2], "lr_mult": mult},
+                       {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0, "lr_mult": mult}]
         self.opt = torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.99), weight_decay=0.01)
         self.ema_tr = copy.deepcopy(self.transformer).eval().requires_grad_(False) if ema > 0 else None
         self.ema_te = copy.deepcopy(self.text_encoder).eval().requires_grad_(False) if ema > 0 else None
         if self.adapter.needs_processors:  # the model's attention is ours (locality bias), in training too
             self.adapter.attach()
-        self.synth = EditSynth("train")
+        self.mb_op_mix = dict(mb_op_mix or {})
+        self.synth = EditSynth("train", mb_op_weights=self.mb_op_mix)
         self.step, self.elapsed = 0, 0.0
         self.history: list[tuple[int, float, float]] = []  # (step, seconds, loss)
         self.t_grid = torch.linspace(1.0, 0.0, self.codec.num_steps + 1)[:-1]
@@ -155,7 +160,11 @@ class Trainer:
         if self.sd3:
             pred = self._sd3_forward(tr, xt, x0, b["mpx"].to(d), t, tokens, pooled, (ty, tx, side))
         else:
-            pred = self._flux2_forward(tr, xt, x0, b["mpx"].to(d), t, tokens, b["ref"], b.get("aligned"), rows)
+            self.adapter.set_instruction(pooled, tr)
+            try:
+                pred = self._flux2_forward(tr, xt, x0, b["mpx"].to(d), t, tokens, b["ref"], b.get("aligned"), rows)
+            finally:
+                self.adapter.set_instruction(None, tr)  # (a graph-holding tensor must not outlive the step)
         return pred, v[:, rows], b["tmask"][:, rows].to(d)
 
     def _flux2_forward(self, tr, xt, x0, mpx, t, tokens, ref, aligned, rows):
@@ -219,7 +228,7 @@ class Trainer:
 
     def train_step(self, b: dict, progress: float = 0.0) -> float:
         for group in self.opt.param_groups:
-            group["lr"] = self.lr_at(progress)
+            group["lr"] = self.lr_at(progress) * group.get("lr_mult", 1.0)
         loss = self.loss(b)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -248,7 +257,7 @@ class Trainer:
         return {"model": self.model_name, "batch": self.batch, "lr": self.lr, "schedule": self.schedule,
                 "ema": self.ema_decay, "seed": self.seed, "t_sampling": self.t_sampling,
                 "full_prob": self.full_prob, "warmup": self.warmup, "unmasked_weight": UNMASKED_WEIGHT,
-                "task_mix": self.task_mix,
+                "task_mix": self.task_mix, "mb_op_mix": self.mb_op_mix, "text_lr_mult": self.text_lr_mult,
                 "blank_tasks": list(self.codec.blank_tasks), "codec": self.codec.to_meta()}
 
     def save(self, path: Path | None = None) -> Path:
@@ -376,24 +385,29 @@ def run_codec(model: str, args, ckpt: Path, portable: Path | None = None) -> Cod
     return codec
 
 
-def parse_task_mix(text: str | None, model: str) -> dict[str, float] | None:
-    """``fs=0.2,vton=0.15,mb=0.65`` → shares normalised to 1, over the model's own tasks."""
+def parse_shares(text: str | None, names, flag: str, normalise: bool = True) -> dict[str, float] | None:
+    """``fs=0.2,vton=0.15,mb=0.65`` → {name: share} over ``names`` (normalised to 1 unless told not to)."""
     if not text:
         return None
     mix = {}
     for part in text.split(","):
         name, _, share = part.partition("=")
         name = name.strip()
-        if name not in TASK_PROBS[model]:
-            raise SystemExit(f"--task-mix: {name!r} is not a task of {model} ({', '.join(TASK_PROBS[model])})")
+        if name not in names:
+            raise SystemExit(f"{flag}: {name!r} is not one of {', '.join(names)}")
         try:
             mix[name] = float(share)
         except ValueError:
-            raise SystemExit(f"--task-mix: {part!r} is not task=share") from None
+            raise SystemExit(f"{flag}: {part!r} is not name=share") from None
     total = sum(mix.values())
     if total <= 0 or any(v < 0 for v in mix.values()):
-        raise SystemExit("--task-mix: shares must be ≥ 0 and not all 0")
-    return {k: v / total for k, v in mix.items()}
+        raise SystemExit(f"{flag}: shares must be ≥ 0 and not all 0")
+    return {k: v / total for k, v in mix.items()} if normalise else mix
+
+
+def parse_task_mix(text: str | None, model: str) -> dict[str, float] | None:
+    """``fs=0.2,vton=0.15,mb=0.65`` → shares normalised to 1, over the model's own tasks."""
+    return parse_shares(text, list(TASK_PROBS[model]), "--task-mix")
 
 
 def save_all(trainer: Trainer, portable: Path | None) -> None:
@@ -443,6 +457,9 @@ def main(argv: list[str] | None = None) -> None:
                                                       "folder has no ckpt.pt")
     ap.add_argument("--task-mix", default=None, help="share of batches per task, e.g. fs=0.2,vton=0.15,mb=0.65 "
                                                       "(default: TASK_PROBS; may change on a resume)")
+    ap.add_argument("--mb-op-mix", default=None, help="relative weight of text-edit ops, the rest 1, e.g. color=4 "
+                                                        "(default: uniform; may change on a resume)")
+    ap.add_argument("--text-lr-mult", type=float, default=1.0, help="the text encoder's LR over the transformer's")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--ckpt-minutes", type=float, default=10.0)
@@ -457,7 +474,9 @@ def main(argv: list[str] | None = None) -> None:
     portable = Path(args.portable) if args.portable else None
     codec = run_codec(args.model, args, out / "ckpt.pt", portable)
     tr = Trainer(args.model, out, args.batch, args.lr, args.schedule, args.ema, args.seed, args.t_sampling,
-                 args.full_prob, device, codec=codec, task_mix=parse_task_mix(args.task_mix, args.model))
+                 args.full_prob, device, codec=codec, task_mix=parse_task_mix(args.task_mix, args.model),
+                 mb_op_mix=parse_shares(args.mb_op_mix, [o for o in MB_OPS if o != "keep"], "--mb-op-mix", False),
+                 text_lr_mult=args.text_lr_mult)
     if args.resume or args.ship:
         if (out / "ckpt.pt").exists():
             tr.load()

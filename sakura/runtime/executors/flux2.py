@@ -87,7 +87,8 @@ class Flux2Run(ShardRun):
         self.tmask = a.token_mask(req.mask)
         self.rows = torch.nonzero(self.tmask).flatten()
         self.reuse = torch.nonzero(~self.tmask).flatten()
-        tokens, _pooled = a.text_encoder.encode(req.prompt or "")
+        tokens, pooled = a.text_encoder.encode(req.prompt or "")
+        a.set_instruction(pooled)  # (time_guidance_embed's hook adds it in _pre)
         ref = a.reference_tokens(req)
         self.num_txt = tokens.shape[1]
         m = torch.from_numpy(req.mask.astype("float32"))[..., None]
