@@ -55,7 +55,7 @@ def pick(pg, task: str, template: str) -> None:
         gallery.nth(i).click()
         try:
             pg.wait_for_function("t => (document.querySelector('#template-info')?.innerText || '').includes(t)",
-                                 arg=template, timeout=3000)
+                                 arg=template, timeout=20_000)  # (slow on a busy machine)
             return
         except Exception:  # noqa: BLE001 - another thumbnail of the task
             continue
@@ -83,6 +83,8 @@ def main() -> None:
     ap.add_argument("--out", default="docs/screenshots")
     ap.add_argument("--compare-mbps", type=float, default=None,
                     help="also run Compare all at this fixed rate (minutes: each baseline streams in real time)")
+    ap.add_argument("--only", default=None, help="comma list of shot names (fs-hopper, fs-heldout-face, "
+                                                   "vton-uniform, mb-red); default: all")
     args = ap.parse_args()
     from playwright.sync_api import sync_playwright
 
@@ -105,6 +107,8 @@ def main() -> None:
              ("fs", "fs-astronaut", refs["groot"], None, "fs-heldout-face"),
              ("vton", "vton-astronaut", refs["uniform"], None, "vton-uniform"),
              ("mb", "mb-coffee", None, "make it red", "mb-red")]
+    if args.only:
+        shots = [s for s in shots if s[-1] in args.only.split(",")]
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
