@@ -183,3 +183,13 @@ def test_a_dead_link_is_a_trace(tmp_path: Path) -> None:
     assert trace.total_bytes == 0 and trace.bytes_between(0.0, 5.0) == 0.0
     assert trace.time_to_send(1, 0.3) == float("inf")
     assert paper_regime_scale(trace, 1e6, 2.0) == 1.0
+
+
+def test_a_trace_lasting_to_infinity_is_refused(tmp_path):
+    """Found by the property test: a last row at 1e308 s made the trace's end infinite and its byte integral NaN."""
+    from sakura.net.traces import TraceError, load_trace
+
+    path = tmp_path / "far.csv"
+    path.write_text("time_s,mbps\n0,0\n1e308,0\n")
+    with pytest.raises(TraceError, match="at most"):
+        load_trace(str(path))

@@ -56,6 +56,7 @@ PAPER_LOCAL_FULL_S = 13.0
 # No link is faster than 1 Pbit/s; above this a rate is a typo or an attack (and overflows the byte
 # integrals: fixed:1e308 made NaN byte counts).
 MAX_MBPS = 1e9
+MAX_DURATION_S = 1e12  # (~30 000 years) keeps every byte integral finite at MAX_MBPS
 
 
 class TraceError(ValueError):
@@ -77,6 +78,8 @@ class Trace:
             raise TraceError(f"{self.name}: need n rates and n+1 edges, got {len(r)} and {len(e)}")
         if e[0] != 0 or not np.all(np.diff(e) > 0):
             raise TraceError(f"{self.name}: edges must start at 0 and increase strictly")
+        if not e[-1] <= MAX_DURATION_S:  # (also catches inf / nan: a last row at 1e308 s lasts to infinity)
+            raise TraceError(f"{self.name}: a trace may last at most {MAX_DURATION_S:g} s, got {float(e[-1]):g}")
         if not np.all(np.isfinite(r)) or np.any(r < 0):
             raise TraceError(f"{self.name}: rates must be finite and >= 0")
         if np.any(r > MAX_MBPS):
