@@ -57,6 +57,7 @@ COLORS = {"red": (0.85, 0.1, 0.1), "green": (0.1, 0.7, 0.15), "blue": (0.1, 0.2,
           "black": (0.05, 0.05, 0.05)}
 MB_OPS = ("color", "brighter", "darker", "blur", "sharpen", "stripes", "dots", "invert", "grayscale",
           "saturate", "keep")
+EDIT_OPS = MB_OPS[:-1]  # the ops that change the image ("keep" is the capture conditioning)
 _PHRASES = {
     "brighter": ("make it brighter", "brighten it", "brighter", "lighten the object"),
     "darker": ("make it darker", "darken it", "darker", "make the object dark"),
@@ -315,13 +316,12 @@ class EditSynth:
         if split not in ("train", "heldout"):
             raise ValueError("split is train or heldout")
         self.split, self.res = split, res
-        unknown = set(mb_op_weights or {}) - set(MB_OPS) - {"keep"}
+        unknown = set(mb_op_weights or {}) - set(EDIT_OPS)
         if unknown:
-            raise ValueError(f"unknown mb ops {sorted(unknown)}; ops are {', '.join(MB_OPS)}")
+            raise ValueError(f"unknown mb ops {sorted(unknown)}; ops are {', '.join(EDIT_OPS)}")
         # relative weight of each edit op (keep is drawn separately, with keep_prob): uniform by default
-        ops = [o for o in MB_OPS if o != "keep"]
-        w = np.array([(mb_op_weights or {}).get(o, 1.0) for o in ops], dtype=np.float64)
-        self.mb_ops, self.mb_op_p = ops, (w / w.sum() if mb_op_weights else None)
+        w = np.array([(mb_op_weights or {}).get(o, 1.0) for o in EDIT_OPS], dtype=np.float64)
+        self.mb_op_p = w / w.sum() if mb_op_weights else None
         self.sources = TRAIN_SOURCES if split == "train" else HELDOUT_SOURCES
         self.textures = TEXTURE_SOURCES if split == "train" else HELDOUT_TEXTURES
         self.faces = FACES_TRAIN if split == "train" else FACES_HELDOUT
@@ -390,7 +390,7 @@ class EditSynth:
             target = paste_harmonized(tpl, mask, ref, alpha=0.6)
             return EditExample(tpl, mask, task, str(rng.choice(REF_PROMPTS)), ref, target, "paste")
         if mb_op is None:
-            mb_op = "keep" if rng.random() < keep_prob else str(rng.choice(self.mb_ops, p=self.mb_op_p))
+            mb_op = "keep" if rng.random() < keep_prob else str(rng.choice(EDIT_OPS, p=self.mb_op_p))
         color = str(rng.choice(list(COLORS))) if mb_op == "color" else None
         edited = apply_op(tpl, mb_op, color, rng)
         target = tpl.copy() if mb_op == "keep" else blend_into_context(edited, tpl, mask)
@@ -407,7 +407,6 @@ def heldout_examples(n_per_task: int = 4, seed: int = 12345) -> list[EditExample
             rng = np.random.default_rng([seed, ti, i])
             op = None
             if task == "mb":
-                ops = [o for o in MB_OPS if o != "keep"]
-                op = ops[i % len(ops)]
+                op = EDIT_OPS[i % len(EDIT_OPS)]
             out.append(synth.sample(rng, task, keep_prob=0.0, mb_op=op))
     return out

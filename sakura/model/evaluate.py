@@ -36,7 +36,7 @@ from tqdm import tqdm
 
 from sakura.formats.intq import decode_unit, encode_unit
 from sakura.model.base import EditRequest
-from sakura.model.edit_data import MB_OPS, TASKS, EditSynth, heldout_examples
+from sakura.model.edit_data import EDIT_OPS, TASKS, EditSynth, heldout_examples
 from sakura.model.embedded import WEIGHTS_DIR, load_model, load_model_folder, seeded_model
 from sakura.model.sample_grid import render_catalog_edits, render_grid
 from sakura.quality import ssim
@@ -81,7 +81,7 @@ def mb_op_skill(adapter, per_op: int = 3, seed: int = 7) -> dict:
     held-out edits (the task-level mean hides an op the model has not learnt, such as a colour)."""
     synth = EditSynth("heldout")
     out = {}
-    for oi, op in enumerate(o for o in MB_OPS if o != "keep"):
+    for oi, op in enumerate(EDIT_OPS):
         gains = []
         for i in range(per_op):
             e = synth.sample(np.random.default_rng([seed, oi, i]), "mb", keep_prob=0.0, mb_op=op)

@@ -80,9 +80,9 @@ class Flux2Adapter(DiTAdapter):
     def __init__(self, transformer, text_encoder, codec, model_id: str = "custom"):
         super().__init__(transformer, text_encoder, codec, model_id)
         embed = transformer.time_guidance_embed
-        if getattr(text_encoder, "instruction_proj", None) is not None and not getattr(embed, "sakura_hooked", False):
+        hooked = _add_instruction in embed._forward_hooks.values()  # (one transformer may get several adapters)
+        if getattr(text_encoder, "instruction_proj", None) is not None and not hooked:
             embed.register_forward_hook(_add_instruction)
-            embed.sakura_hooked = True
 
     def set_instruction(self, pooled: torch.Tensor | None, transformer=None) -> None:
         """The instruction every following forward of ``transformer`` (default: ours) adds to its time

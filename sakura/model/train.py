@@ -30,7 +30,7 @@ import torch
 from tqdm import tqdm
 
 from sakura.model.base import CodecConfig, EditRequest, patchify, template_condition, unpatchify
-from sakura.model.edit_data import MB_OPS, TASKS, EditExample, EditSynth, heldout_examples
+from sakura.model.edit_data import EDIT_OPS, TASKS, EditExample, EditSynth, heldout_examples
 from sakura.model.embedded import (
     WEIGHTS_DIR,
     adapter_class,
@@ -475,7 +475,7 @@ def main(argv: list[str] | None = None) -> None:
     codec = run_codec(args.model, args, out / "ckpt.pt", portable)
     tr = Trainer(args.model, out, args.batch, args.lr, args.schedule, args.ema, args.seed, args.t_sampling,
                  args.full_prob, device, codec=codec, task_mix=parse_task_mix(args.task_mix, args.model),
-                 mb_op_mix=parse_shares(args.mb_op_mix, [o for o in MB_OPS if o != "keep"], "--mb-op-mix", False),
+                 mb_op_mix=parse_shares(args.mb_op_mix, EDIT_OPS, "--mb-op-mix", False),
                  text_lr_mult=args.text_lr_mult)
     if args.resume or args.ship:
         if (out / "ckpt.pt").exists():
