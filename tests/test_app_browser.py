@@ -263,6 +263,11 @@ def test_bad_inputs_give_friendly_messages(page, tmp_path):
     _wait_text(page, "your photo is kept")
 
 
+# SAKURA finished on the stream; on a busy machine a rebuild may miss its step and reuse the previous
+# step's K/V (a designed fallback, named in the status), but never go local on a fast fixed link.
+SAKURA_DONE = re.compile(r"Done: SAKURA( \(reused \d+ shards?\))? finished")
+
+
 def test_fs_edit_runs_to_completion(page, tmp_path):
     marker = uuid.uuid4().hex[:12]
     face = _face(tmp_path, marker)
@@ -284,7 +289,7 @@ def test_fs_edit_runs_to_completion(page, tmp_path):
 
     t0 = time.monotonic()
     final = _wait_done(page, snap)
-    assert final.startswith("Done: SAKURA finished"), final
+    assert SAKURA_DONE.match(final), final
     SESSION["edit_s"] = time.monotonic() - t0
     # the timeline: bandwidth line and shard bars are drawn
     assert page.locator("#timeline .scatterlayer .trace").count() >= 1
@@ -454,7 +459,7 @@ def test_picking_a_template_starts_its_download(page, tmp_path):
     time.sleep(2.0)  # the person's think time: the pack keeps arriving
     page.click("#run-btn")
     final = _wait_done(page)
-    assert final.startswith("Done: SAKURA finished"), final
+    assert SAKURA_DONE.match(final), final
     assert "already on the device at Run" in page.inner_text("#timeline")
     SHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SHOTS / "prefetch-timeline.png"), full_page=True)
