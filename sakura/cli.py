@@ -311,10 +311,10 @@ def bench(
     rebuild_clock: str = typer.Option(
         "cpu",
         "--rebuild-clock",
-        help="cpu | wall: time the simulated clock's "
+        help="cpu | wall | tick: time the simulated clock's "
         "rebuilds by the rebuilding thread's CPU time (the default: the systems' ranking does not move "
-        "with machine load) or by elapsed time (on a quiet machine; compute is replayed from the calibration "
-        "either way).",
+        "with machine load), by elapsed time (on a quiet machine; compute is replayed from the calibration "
+        "either way), or at 2 ms each (tick: runs repeat exactly, to compare code before and after a change).",
     ),
 ):
     """Reproduce the paper's evaluation: every system, same trace offsets, same metrics."""

@@ -28,6 +28,11 @@ class System:
         return self.runner == "stream"
 
     @property
+    def runs_locally(self) -> bool:
+        """The whole model on every token: no cache at all (what every fallback is bounded against)."""
+        return self.runner == "local"
+
+    @property
     def holds_cache(self) -> bool:
         """The whole FP16 cache is on the device before the edit (the floor no streaming system beats)."""
         return self.runner == "oracle"
@@ -42,7 +47,8 @@ SYSTEMS: dict[str, System] = {s.name: s for s in (
     System("oracle", "Oracle", "Oracle (cache on device)", "oracle", "fp16", "#212529"),
 )}
 STREAMING: tuple[str, ...] = tuple(n for n, s in SYSTEMS.items() if s.streams)
-COMPRESSED: tuple[str, ...] = tuple(n for n in STREAMING if n != "fp16")  # the quality-vs-bytes contenders
+UNCOMPRESSED = "fp16"  # streams the FP16 cache as it is
+COMPRESSED: tuple[str, ...] = tuple(n for n in STREAMING if n != UNCOMPRESSED)  # the quality-vs-bytes contenders
 # The system under study: every baseline is compared against it, and its pack is the one a device prefetches
 # when a template is picked. Code that singles it (or the floor) out names these, never the strings.
 OURS = "sakura"

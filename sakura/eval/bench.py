@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from sakura.editing import edit_request
+from sakura.eval.round_trips import measure_round_trips
 from sakura.eval.summary_stats import edit_key, fallback_stats, paired_over_oracle, summarize  # noqa: F401
 from sakura.formats import PackFormatError, file_id
 from sakura.kvcache import KVCache
@@ -150,7 +151,24 @@ def record(prepared: TemplateBench, req_index: int, system: str, start: float, t
 # What a rebuild on the simulated clock is timed with. ``wall``: elapsed time (a quiet machine); ``cpu``:
 # the rebuilding thread's CPU time — what it costs with a core to itself, so a sweep run beside other
 # work on a shared machine is not charged for their load (compute is replayed from the calibration).
-REBUILD_CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.thread_time}
+class TickClock:
+    """A clock that advances ``tick_s`` per reading, so every timed rebuild costs exactly one tick: runs
+    repeat to the bit (the before/after check of a refactor), at the price of ignoring real decode cost."""
+
+    def __init__(self, tick_s: float = 0.002):
+        self.tick_s, self.ticks = tick_s, 0
+
+    def __call__(self) -> float:
+        self.ticks += 1
+        return self.ticks * self.tick_s
+
+
+REBUILD_CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.thread_time,
+                                                  "tick": TickClock()}
+REBUILD_CLOCK_NOTES = {"wall": "elapsed time: with other work on the machine the systems' ranking moves; "
+                               "--rebuild-clock cpu does not",
+                       "cpu": "the rebuilding thread's CPU time: load-independent",
+                       "tick": "every rebuild 2 ms: runs repeat exactly, real decode cost is ignored"}
 rebuild_clock = "wall"
 
 
@@ -202,6 +220,26 @@ def offset_plan(prepared_all: list[TemplateBench], starts) -> Iterator[tuple[Tem
     for k, start in enumerate(starts):
         prepared = prepared_all[k % len(prepared_all)]
         yield prepared, (k // len(prepared_all)) % len(prepared.template.eval_requests), float(start)
+
+
+def sweep(cfg: "BenchConfig", workload: str, benches: list[TemplateBench], systems_fn, progress, label: str,
+          trace_spec: str | None = None) -> list[dict]:
+    """The sweep every figure runs: ``systems_fn(prepared, req_index, trace, start) -> list[record]`` at
+    ``cfg.starts`` offsets of the trace (``trace_spec``, default the config's), scaled per template by
+    the config's regime; each record is tagged with ``workload``."""
+    base = load_trace(trace_spec or cfg.trace)
+    rng = np.random.default_rng(cfg.seed)
+    starts = rng.uniform(0, base.duration, size=cfg.starts)
+    scales = regime_scales(benches, base, cfg)
+    task = progress.add_task(label, total=cfg.starts) if progress else None
+    rows = []
+    for prepared, req_index, start in offset_plan(benches, starts):
+        for r in systems_fn(prepared, req_index, base.scaled(scales[prepared.template.id]), start):
+            r["workload"] = workload
+            rows.append(r)
+        if progress:
+            progress.advance(task)
+    return rows
 
 
 def regime_scale(prepared: TemplateBench, trace: Trace, regime: str, trace_scale: float | None) -> float:
@@ -305,10 +343,7 @@ def run_bench(cfg: BenchConfig, out: Path, progress=None, say: Callable[[str], N
     rng = np.random.default_rng(cfg.seed)
     summary: dict = {"config": {**cfg.to_json(), "clock": clock, "rebuild_clock": rebuild_clock}, "workloads": {}}
     say(describe_calibration(cfg.calibration))
-    say(f"rebuilds timed by the {rebuild_clock} clock" + (" (elapsed time: with other work on the machine the "
-                                                         "systems' ranking moves; --rebuild-clock cpu does not)"
-                                                         if rebuild_clock == "wall" else " (the rebuilding thread's "
-                                                         "CPU time: load-independent)"))
+    say(f"rebuilds timed by the {rebuild_clock} clock ({REBUILD_CLOCK_NOTES[rebuild_clock]})")
     records_path = out / "records.jsonl"
     benches = {} if benches is None else benches
     mode = "w"
@@ -323,8 +358,6 @@ def run_bench(cfg: BenchConfig, out: Path, progress=None, say: Callable[[str], N
         for workload in cfg.workloads:
             prepared_all = workload_benches(workload, cfg, benches, say)
             if clock == "sim" and cfg.calibration.request_overhead_s is None:
-                from sakura.eval.realclock import measure_round_trips
-
                 say("measuring the request round trip against a template server process (once per machine)")
                 measure_round_trips(cfg.packs, [p.template.id for p in prepared_all], cfg.calibration)
             scales = regime_scales(prepared_all, base_trace, cfg)

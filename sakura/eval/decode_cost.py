@@ -24,11 +24,13 @@ import torch
 from sakura.formats import cachegen, file_id, pack
 from sakura.systems import OURS, color
 
+BASELINE = "cachegen"  # the system whose decode this study prices against ours, at the same bytes
+
 
 def _points(packs: Path, template: str, shards: int, sakura_points: int) -> list[dict]:
     """Every (system, level, shard) to time, with its decode as a closure over received bytes."""
-    sk = pack.PackReader(packs / f"{file_id(template, 'sakura')}.pack")
-    cg = cachegen.CacheGenReader(packs / f"{file_id(template, 'cachegen')}.pack")
+    sk = pack.PackReader(packs / f"{file_id(template, OURS)}.pack")
+    cg = cachegen.CacheGenReader(packs / f"{file_id(template, BASELINE)}.pack")
     picked = sorted({round(i * (sk.info.num_shards - 1) / max(1, shards - 1)) for i in range(shards)})
     points = []
     for s in picked:
@@ -36,19 +38,19 @@ def _points(packs: Path, template: str, shards: int, sakura_points: int) -> list
         idx = sorted({round(i * (len(frontier) - 1) / max(1, sakura_points - 1)) for i in range(sakura_points)})
         for k, c in enumerate(frontier[i] for i in idx):  # grouped by frontier position across shards
             blobs = sk.read(s, *c.key)
-            points.append({"system": "sakura", "level": f"#{k}", "config": f"r{c.r}/a{c.b_a}/b{c.b_b}", "shard": s,
+            points.append({"system": OURS, "level": f"#{k}", "config": f"r{c.r}/a{c.b_a}/b{c.b_b}", "shard": s,
                            "bytes": sum(map(len, blobs.values())),
                            "run": lambda s=s, c=c, b=blobs: pack.decode_shard(sk.info, s, *c.key, b)})
         for lv in range(cg.info.num_levels):
             blobs = cg.read(s, lv)
-            points.append({"system": "cachegen", "level": f"L{lv}", "shard": s, "bytes": cg.info.shard_range(s, lv)[1],
+            points.append({"system": BASELINE, "level": f"L{lv}", "shard": s, "bytes": cg.info.shard_range(s, lv)[1],
                            "run": lambda s=s, lv=lv, b=blobs: cachegen.decode_shard(cg.info, s, cg.models(lv), b)})
     return points
 
 
 def _table_ms(packs: Path, template: str) -> dict[str, dict]:
     """Per CacheGen level: its table bytes and the time to parse it and build every group's models."""
-    cg = cachegen.CacheGenReader(packs / f"{file_id(template, 'cachegen')}.pack")
+    cg = cachegen.CacheGenReader(packs / f"{file_id(template, BASELINE)}.pack")
     out = {}
     for lv in range(cg.info.num_levels):
         t0 = time.perf_counter()
@@ -78,7 +80,7 @@ def measure(packs: Path, template: str, shards: int = 4, sakura_points: int = 12
     sk = sorted((r for r in out if r["system"] == OURS), key=lambda r: r["bytes"])
     tables = _table_ms(packs, template)
     for r in out:
-        if r["system"] == "cachegen":
+        if r["system"] == BASELINE:
             at = float(np.interp(np.log(r["bytes"]), [np.log(s["bytes"]) for s in sk], [s["ms"] for s in sk]))
             r.update(tables[r["level"]], sakura_ms_at_bytes=at, ratio=r["ms"] / at)
     return {"template": template, "shards": shards, "repeats": repeats, "torch_threads": torch.get_num_threads(),
@@ -93,7 +95,7 @@ def plot(results: list[dict], path: Path) -> None:
 
     fig, axes = plt.subplots(1, len(results), figsize=(4.2 * len(results), 3.6), squeeze=False)
     for ax, res in zip(axes[0], results):
-        for system, marker in (("sakura", "o-"), ("cachegen", "s--")):
+        for system, marker in ((OURS, "o-"), (BASELINE, "s--")):
             pts = [p for p in res["points"] if p["system"] == system]
             ax.plot([p["bytes"] / 1e3 for p in pts], [p["ms"] for p in pts], marker, color=color(system),
                     label=system, ms=4)
@@ -129,7 +131,7 @@ def main(argv=None) -> None:
                     "table KB", "table ms"):
             table.add_column(col, justify="left" if col in ("system", "level") else "right")
         for p in res["points"]:
-            cg = p["system"] == "cachegen"
+            cg = p["system"] == BASELINE
             level = p["level"] if cg else f"{p['level']} {p['configs'][len(p['configs']) // 2]}"
             extra = (f"{p['sakura_ms_at_bytes']:.2f}", f"{p['ratio']:.2f}×", f"{p['table_bytes'] / 1e3:.1f}",
                      f"{p['table_ms']:.1f}") if cg else ("", "", "", "")

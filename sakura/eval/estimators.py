@@ -16,7 +16,6 @@ from pathlib import Path
 import numpy as np
 
 from sakura.eval import bench
-from sakura.eval.figures import _sweep
 from sakura.online.monitor import ESTIMATORS
 
 
@@ -40,7 +39,7 @@ def fig_estimators(cfg, out: Path, cache: dict, progress, say, traces: list[str]
         def run(prepared, i, trace, start):
             return [bench.run_one(prepared, i, system, trace, start, estimator=e, name=e) for e in ESTIMATORS]
 
-        rows = _sweep(cfg, workload, benches, run, progress, f"estimators {name}", trace_spec=spec)
+        rows = bench.sweep(cfg, workload, benches, run, progress, f"estimators {name}", trace_spec=spec)
         results[name] = {e: {"p50_s": float(np.percentile([r["latency_s"] for r in rows if r["system"] == e], 50)),
                              "p90_s": float(np.percentile([r["latency_s"] for r in rows if r["system"] == e], 90)),
                              "psnr_masked_mean": float(np.mean([r["psnr_masked"] for r in rows if r["system"] == e])),

@@ -16,7 +16,13 @@ import torch
 from sakura.eval import bench
 from sakura.eval import plots as P
 from sakura.eval.equal_bytes import fig15_bytes_quality
+from sakura.eval.estimators import fig_estimators
+from sakura.eval.pack_versions import fig_pack_versions
+from sakura.eval.projection import project_paper
+from sakura.eval.realclock import run_bench_real
+from sakura.eval.rebuild_pricing import fig_rebuild_pricing
 from sakura.eval.sensitivity import fig16_mask_ratio, fig18_resolution
+from sakura.eval.tails import fig_tails
 from sakura.formats import FetchUnit, Level, StreamEncoding
 from sakura.formats.pack import PackEncoding, PackInfo, decode_shard
 from sakura.net.traces import load_trace
@@ -107,24 +113,7 @@ class _Variant(SakuraPolicy):
         self.name = name
 
 
-# -- the sweeps -------------------------------------------------------------------------------------
-def _sweep(cfg, workload, benches, systems_fn, progress, label, trace_spec=None) -> list[dict]:
-    """Run ``systems_fn(prepared, req_index, trace, start) -> list[record]`` at cfg.starts offsets."""
-    base = load_trace(trace_spec or cfg.trace)
-    rng = np.random.default_rng(cfg.seed)
-    starts = rng.uniform(0, base.duration, size=cfg.starts)
-    scales = bench.regime_scales(benches, base, cfg)
-    task = progress.add_task(label, total=cfg.starts) if progress else None
-    rows = []
-    for prepared, req_index, start in bench.offset_plan(benches, starts):
-        for r in systems_fn(prepared, req_index, base.scaled(scales[prepared.template.id]), start):
-            r["workload"] = workload
-            rows.append(r)
-        if progress:
-            progress.advance(task)
-    return rows
-
-
+# -- the figures ------------------------------------------------------------------------------------
 def fig11_example_trace(cfg, out, cache, progress, say) -> list[Path]:
     """Latency of edits started every 2 s along a 60 s stretch of the trace (vton, as in the paper)."""
     workload = "vton" if "vton" in cfg.workloads else cfg.workloads[0]
@@ -162,7 +151,7 @@ def fig17_traces(cfg, out, cache, progress, say) -> list[Path]:
             t = load_trace(name).scaled(scales[prepared.template.id])
             return [bench.run_one(prepared, i, s, t, start) for s in cfg.systems]
 
-        rows = _sweep(c, workload, benches, run, progress, f"fig 17 {trace_name}")
+        rows = bench.sweep(c, workload, benches, run, progress, f"fig 17 {trace_name}")
         results[trace_name] = {s: {"p50": float(np.percentile([r["latency_s"] for r in rows if r["system"] == s], 50)),
                                    "p90": float(np.percentile([r["latency_s"] for r in rows if r["system"] == s], 90))}
                                for s in cfg.systems}
@@ -199,7 +188,7 @@ def fig20_21_ablations(cfg, out, cache, progress, say) -> list[Path]:
                     bench.run_one(prepared, i, "sakura", trace, start, policy=_Variant("sakura-fixed8"),
                               encoding=Fixed8Encoding(info))]
 
-        rows = _sweep(cfg, workload, benches, run, progress, f"fig 20/21 {workload}")
+        rows = bench.sweep(cfg, workload, benches, run, progress, f"fig 20/21 {workload}")
         res20[workload] = {
             s: {
                 "miss_rate": float(np.mean([r["deadline_misses"] / r["shards"] for r in rows if r["system"] == s])),
@@ -308,12 +297,8 @@ def run(cfg: bench.BenchConfig, out: Path, *, figure: str | None = None, project
     out.mkdir(parents=True, exist_ok=True)
     cache: dict = {}
     if project:
-        from sakura.eval.projection import project_paper
-
         return project_paper(cfg, out, project, cache, progress, say)
     if clock == "real":
-        from sakura.eval.realclock import run_bench_real
-
         summary = run_bench_real(cfg, out, progress=progress, say=say)
         return P.write_all(summary, out) + [out / "summary.json"]
     if figure is None or figure in MAIN:
@@ -327,27 +312,17 @@ def run(cfg: bench.BenchConfig, out: Path, *, figure: str | None = None, project
         return written
     if figure == "all":  # one process, so every figure shares the prepared templates
         written = P.write_all(bench.run_bench(cfg, out, progress=progress, say=say, benches=cache), out)
-        from sakura.eval.projection import project_paper
-
         written += project_paper(cfg, out, "flux2-klein-4b", cache, progress, say)
         for fn in (fig15_bytes_quality, fig20_21_ablations, fig19_q_sweep, fig11_example_trace, fig17_traces):
             written += fn(cfg, out, cache, progress, say)
         return written  # figures 16 and 18 build packs of their own: run them with --figure 16 / 18
-    if figure == "packs":  # issue #18's v2 vs v1 pack on the trace (its own module, this one's sweep)
-        from sakura.eval.pack_versions import fig_pack_versions
-
+    if figure == "packs":  # issue #18's v2 vs v1 pack on the trace
         return fig_pack_versions(cfg, out, cache, progress, say)
-    if figure == "estimators":  # its own module (it reuses this one's sweep)
-        from sakura.eval.estimators import fig_estimators
-
+    if figure == "estimators":
         return fig_estimators(cfg, out, cache, progress, say)
     if figure == "rebuild-pricing":
-        from sakura.eval.rebuild_pricing import fig_rebuild_pricing
-
         return fig_rebuild_pricing(cfg, out, cache, progress, say)
     if figure == "tails":
-        from sakura.eval.tails import fig_tails
-
         return fig_tails(cfg, out, cache, progress, say)
     if figure not in FIGURES:
         raise KeyError(f"unknown figure {figure!r}; choose from {', '.join(sorted(MAIN | set(FIGURES)))}")

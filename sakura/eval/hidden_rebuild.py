@@ -16,7 +16,7 @@ import statistics
 import torch
 
 from sakura.catalog import load_catalog
-from sakura.eval.realclock import warm
+from sakura.eval.round_trips import warm
 from sakura.net.client import RangeClient
 from sakura.net.traces import Trace
 from sakura.runtime.calibration import CalibrationStore

@@ -70,7 +70,6 @@ def paired(rows: list[dict]) -> dict:
 
 def fig_pack_versions(cfg, out: Path, cache: dict, progress, say) -> list[Path]:
     """Both packs at ``cfg.starts`` offsets of ``cfg.trace`` per workload; JSON + PNG."""
-    from sakura.eval.figures import _sweep
 
     result: dict = {"trace": cfg.trace, "starts": cfg.starts, "regime": cfg.regime, "workloads": {}}
     for workload in cfg.workloads:
@@ -81,7 +80,7 @@ def fig_pack_versions(cfg, out: Path, cache: dict, progress, say) -> list[Path]:
             return [bench.run_one(prepared, i, "sakura", trace, start),
                     bench.run_one(prepared, i, "sakura", trace, start, encoding=v1, name="sakura-v1")]
 
-        rows = _sweep(cfg, workload, benches, run, progress, f"packs {workload}")
+        rows = bench.sweep(cfg, workload, benches, run, progress, f"packs {workload}")
         stats = {v: _stats([r for r in rows if r["system"] == v]) for v in VERSIONS}
         for v in VERSIONS:
             stats[v]["storage_bytes_mean"] = float(np.mean([

@@ -147,15 +147,15 @@ def _project_workload(setting: PaperSetting, cfg: BenchConfig, benches: list[Tem
 
 def _projected_timeline(setting: PaperSetting, bench: TemplateBench, system: str, compute: ComputeProfile,
                         fp16_bytes: int, link: LinkModel) -> Timeline:
-    runner, stored = SYSTEMS[system].runner, SYSTEMS[system].format
-    if runner == "local":
+    spec = SYSTEMS[system]
+    if spec.runs_locally:
         return Timeline(system, "sim", latency_s=compute.local_full_s)
-    if runner == "oracle":
+    if spec.holds_cache:
         return simulate_masked(system, compute)
     m = bench.model
     factor = (fp16_bytes / len(compute.shards)) / (bench.fp16_bytes / len(bench.compute.shards))
     side_factor = (setting.layers * setting.heads * setting.head_dim) / (m.num_layers * m.heads * m.head_dim)
-    enc = ProjectedEncoding(bench.runtime.encoding(bench.state, stored), compute.shards, factor, side_factor)
+    enc = ProjectedEncoding(bench.runtime.encoding(bench.state, spec.format), compute.shards, factor, side_factor)
     tl, _ = simulate(enc, get_policy(system), compute, link, None, rebuild_model=lambda u, lv: 0.0)
     return tl
 

@@ -15,7 +15,6 @@ from pathlib import Path
 import numpy as np
 
 from sakura.eval import bench
-from sakura.eval.figures import _sweep
 from sakura.online.policies import CacheGenPolicy, SakuraPolicy
 
 VARIANTS = {  # row name -> (system, policy)
@@ -45,7 +44,7 @@ def fig_rebuild_pricing(cfg, out: Path, cache: dict, progress, say) -> list[Path
             return [bench.run_one(prepared, i, system, trace, start, policy=make(), name=name)
                     for name, (system, make) in VARIANTS.items()]
 
-        rows = _sweep(cfg, workload, benches, run, progress, f"rebuild pricing {workload}")
+        rows = bench.sweep(cfg, workload, benches, run, progress, f"rebuild pricing {workload}")
         results[workload] = {name: summarize([r for r in rows if r["system"] == name]) for name in VARIANTS}
     data = {"trace": cfg.trace, "starts": cfg.starts, "workloads": results}
     (out / "rebuild_pricing.json").write_text(json.dumps(data, indent=1))

@@ -21,7 +21,6 @@ import numpy as np
 
 from sakura.eval import bench
 from sakura.eval.estimators import default_traces
-from sakura.eval.figures import _sweep
 from sakura.eval.summary_stats import edit_key, fallback_stats, paired_over_oracle
 from sakura.systems import FLOOR
 
@@ -50,7 +49,7 @@ def fig_tails(cfg, out: Path, cache: dict, progress, say, traces: list[str] | No
         benches = bench.workload_benches(workload, cfg, cache, say)
         for spec in traces:
             name = Path(spec).stem if Path(spec).suffix else spec
-            rows = _sweep(cfg, workload, benches, _edits, progress, f"tails {workload} {name}", trace_spec=spec)
+            rows = bench.sweep(cfg, workload, benches, _edits, progress, f"tails {workload} {name}", trace_spec=spec)
             oracle = {edit_key(r): r["latency_s"] for r in rows if r["system"] == FLOOR}
             results.setdefault(workload, {})[name] = {v: _stats([r for r in rows if r["system"] == v], oracle)
                                                       for v in (*VARIANTS, *BOUNDS)}

@@ -35,9 +35,9 @@ import numpy as np
 
 from sakura.formats import chunkcodec
 from sakura.formats.bitplanes import HEAD_BYTES, QuantizedFactors, plane_bytes, plane_records
-from sakura.formats.container import Blobs, PackFormatError, StoredInfo, coalesce
+from sakura.formats.container import Blobs, PackFormatError, StoredInfo, coalesce, write_container
 from sakura.formats.groupdequant import dequantize_groups
-from sakura.formats.pack import Config, Geometry, PackInfo, _geometry
+from sakura.formats.pack import LAYOUTS, Config, Geometry, Layout, PackInfo, PackReader, _geometry, base_header
 from sakura.kvcache import shard_plan
 
 if TYPE_CHECKING:
@@ -351,9 +351,6 @@ def level_ranges(info: AllocatedPackInfo, shard: int, k: int) -> list[tuple[int,
 def write_allocated(path, source, *, model_id: str = "", template_id: str = "") -> AllocatedPackInfo:
     """Serialise a v2 pack from a :class:`~sakura.formats.pack.PackSource` whose ``shards`` yield
     :class:`AllocatedShard` (``source.version == 2``); returns its parsed header."""
-    from sakura.formats.container import write_container
-    from sakura.formats.pack import PackReader, base_header
-
     geo = source.geometry
     t0 = time.perf_counter()
     chunks: list[bytes] = []
@@ -389,3 +386,6 @@ def write_allocated(path, source, *, model_id: str = "", template_id: str = "") 
         header["tradeoff"] = {**source.tradeoff, "frontiers": frontiers}
     write_container(path, header, chunks)
     return PackReader(path).info
+
+
+LAYOUTS[VERSION] = Layout(AllocatedPackInfo, write_allocated, decode_factors, decode_shard)

@@ -17,7 +17,7 @@ import time
 import zlib
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -47,16 +47,29 @@ SUFFIX = ""  # the pack is the template's main file: its file id is the template
 DEFAULT_GROUP = 8
 
 
+@dataclass(frozen=True)
+class Layout:
+    """A pack layout version after this module's own: its header class, writer and decoders."""
+
+    info_cls: type
+    write: Callable
+    decode_factors: Callable
+    decode_shard: Callable  # -> (cache units, their K/V tensors)
+
+
+# Later layouts register here (:mod:`sakura.formats.allocated`: version 2, imported with the package) so
+# that this module, which they build on, never imports them.
+LAYOUTS: dict[int, Layout] = {}
+
+
 class PackInfo(StoredInfo):
     """Everything a client needs, parsed from the header bytes alone: geometry, ranges, frontiers."""
 
     magic, versions = FORMAT, SUPPORTED_VERSIONS
 
     def __new__(cls, header: dict[str, Any], index):
-        if cls is PackInfo and header.get("version") == 2:  # one magic, two layouts: the version picks
-            from sakura.formats.allocated import AllocatedPackInfo
-
-            cls = AllocatedPackInfo
+        if cls is PackInfo and header.get("version") in LAYOUTS:  # one magic, two layouts: the version picks
+            cls = LAYOUTS[header["version"]].info_cls
         return super().__new__(cls)
 
     def __init__(self, header: dict[str, Any], index):
@@ -188,10 +201,8 @@ def encode_shard(factors: Sequence[QuantizedFactors], geo: Geometry) -> list[byt
 
 def write_pack(path: str | Path, source: PackSource, *, model_id: str = "", template_id: str = "") -> PackInfo:
     """Serialise one template's pack (v2 when ``source.version`` is 2); returns its parsed header."""
-    if source.version == 2:
-        from sakura.formats.allocated import write_allocated
-
-        return write_allocated(path, source, model_id=model_id, template_id=template_id)
+    if source.version in LAYOUTS:
+        return LAYOUTS[source.version].write(path, source, model_id=model_id, template_id=template_id)
     geo = source.geometry
     t0 = time.perf_counter()
     chunks: list[bytes] = []
@@ -294,10 +305,8 @@ def decode_factors(info: PackInfo, shard: int, *key_blobs, verify: bool = True
     For reconstructors that do the ``A @ B + mean`` themselves (OpenCL, on-device kernels).
     """
     *key, blobs = key_blobs
-    if info.version == 2:
-        from sakura.formats.allocated import decode_factors as decode_allocated
-
-        return decode_allocated(info, shard, *key, blobs, verify=verify)
+    if info.version in LAYOUTS:
+        return LAYOUTS[info.version].decode_factors(info, shard, *key, blobs, verify=verify)
     r, b_a, b_b = key
     received = shard_bytes(info, shard, r, b_a, b_b, blobs, verify=verify)
     units, means = received.units, received.means
@@ -320,10 +329,8 @@ def decode_shard(info: PackInfo, shard: int, *key_blobs, dtype: torch.dtype | No
     import torch
 
     dtype = torch.float32 if dtype is None else dtype
-    if info.version == 2:
-        from sakura.formats.allocated import decode_shard as decode_allocated
-
-        units, kv = decode_allocated(info, shard, *key_blobs, verify=verify)
+    if info.version in LAYOUTS:
+        units, kv = LAYOUTS[info.version].decode_shard(info, shard, *key_blobs, verify=verify)
         return kv_pairs({u: x.to(device=device, dtype=dtype) for u, x in zip(units, kv)})
     rebuilt = {}
     for unit, (a, b, mean) in decode_factors(info, shard, *key_blobs, verify=verify).items():

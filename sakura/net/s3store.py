@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 
 from sakura.formats import FORMATS, file_id
 from sakura.net.client import FetchError
-from sakura.net.stores import Store, StoreError, check_template_id, staged_files, template_of
+from sakura.net.store_base import Store, StoreError, check_template_id, staged_files, template_of
 
 INDEX_TTL_S = 5.0  # how long a resolved index is trusted before re-reading (a server sees republishes)
 PRESIGN_S = 900  # presigned URLs live 15 minutes: an edit takes seconds

@@ -5,8 +5,8 @@
 * :class:`LocalRunner` — no cache: the whole model on every token (``local``).
 * :class:`OracleRunner` — the FP16 cache is on the device already: masked compute only (``oracle``).
 
-A runner gets everything it needs from the :class:`~sakura.runtime.session.EditSession`; which runner
-a system uses is in the systems registry (``sakura.systems``).
+A runner reads what it needs from its :class:`EditContext` (the edit session is one); which runner a
+system uses is in the systems registry (``sakura.systems``).
 """
 
 from __future__ import annotations
@@ -14,19 +14,54 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
+from sakura.formats import KV, StreamEncoding
 from sakura.kvcache import shard_of_layers
-from sakura.model import EditRequest, LocalSwitch
+from sakura.model import DiTAdapter, EditRequest, LocalSwitch
 from sakura.net.paced import PacedLink
-from sakura.runtime.sim import simulate, simulate_masked
+from sakura.net.traces import Trace
+from sakura.online.fallback import FallbackContext
+from sakura.online.policies import Policy
+from sakura.runtime.compute import ComputeProfile
+from sakura.runtime.prefetch import Prefetched
+from sakura.runtime.sim import LinkModel, simulate, simulate_masked
 from sakura.runtime.stream import StreamedEdit
 from sakura.runtime.timeline import Timeline
+from sakura.systems import System
 
-if TYPE_CHECKING:
-    from sakura.runtime.session import EditSession
+
+class EditContext(Protocol):
+    """What a runner reads of one edit (:class:`sakura.runtime.session.EditSession` provides it)."""
+
+    system: System
+    model: DiTAdapter
+    compute: ComputeProfile
+    runtime: Any  # (its ``calibration`` keeps the round trips a real run measured)
+    source: Any  # the template's byte source (fetch_timed)
+    trace: Trace  # the link, scaled for this edit
+    start: float  # where in the trace the edit starts
+    initial_bps: float
+    timeout_s: float
+    estimator: str
+    executor: Any  # None: the eager masked run
+    on_event: Callable[[dict], None] | None
+    file_id: str | None  # streaming systems: the stored file, its encoding and policy
+    encoding: StreamEncoding | None
+    policy: Policy | None
+    prefetched: Prefetched | None
+
+    def fallback_context(self) -> FallbackContext | None: ...
+
+    def link_model(self) -> LinkModel: ...
+
+    def reference_kv(self) -> KV: ...
+
+    def reference(self, req: EditRequest, key=None) -> np.ndarray: ...
+
+    def local_output(self, req: EditRequest, key=None) -> np.ndarray: ...
 
 
 @dataclass
@@ -37,10 +72,10 @@ class Outcome:
 
 class Runner(ABC):
     @abstractmethod
-    def run(self, session: "EditSession", req: EditRequest) -> Outcome: ...
+    def run(self, session: EditContext, req: EditRequest) -> Outcome: ...
 
     @abstractmethod
-    def simulate(self, session: "EditSession", req: EditRequest, *, request_key=None, **kw) -> Outcome: ...
+    def simulate(self, session: EditContext, req: EditRequest, *, request_key=None, **kw) -> Outcome: ...
 
 
 class StreamRunner(Runner):

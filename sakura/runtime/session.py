@@ -372,7 +372,7 @@ class EditSession:
         """The timeline's summary with where the time went, for results and reports."""
         tl = outcome.timeline
         xfer, hidden, exposed = tl.transfer_split()
-        compute_s = self.compute.local_full_s if self.system.runner == "local" else self.compute.masked_s
+        compute_s = self.compute.local_full_s if self.system.runs_locally else self.compute.masked_s
         return {**tl.summary(), "fp16_bytes": self.state.fp16_bytes, "transfer_s": xfer,
                 "transfer_hidden_s": hidden, "transfer_exposed_s": exposed, "compute_s": compute_s,
                 "trace_scale": self.scale, "trace_start": self.start}

@@ -4,8 +4,9 @@ Three stages, as on the device: the receiver fetches fetch units in order (up to
 requests outstanding, at most ``ahead`` shards ahead of execution), the reconstructor rebuilds them in order, the
 executor runs shards in order and stalls when a shard's cache is not rebuilt yet. Compute and
 rebuild times are *measured* (ComputeProfile, and the real decode of the chosen bytes), the link
-is the trace integral. Policies see only what a device would know at request time: the monitor's
-rate and a deadline predicted from measured shard times and current progress.
+is the trace integral. Every decision is the scheduler's (:mod:`sakura.runtime.scheduler`, as on the
+real clock); this module only works out when things happen, and tells the scheduler what a device
+would know at that time.
 """
 
 from __future__ import annotations
@@ -19,20 +20,12 @@ import numpy as np
 from sakura.formats import KV, FetchUnit, Level, StreamEncoding
 from sakura.net.paced import DEFAULT_INFLIGHT, DEFAULT_REQUEST_OVERHEAD_S, cut_point
 from sakura.net.traces import Trace
-from sakura.online.deadline import predict_need
-from sakura.online.fallback import (
-    CHECK_EVERY_S,
-    FallbackContext,
-    choose_fallback,
-    in_flight,
-    mean_or_none,
-    observed_rate_bps,
-    predict_ready,
-)
+from sakura.online.fallback import CHECK_EVERY_S, FallbackContext, in_flight
 from sakura.online.monitor import DEFAULT_ESTIMATOR, RuntimeMonitor
 from sakura.online.policies import Policy
 from sakura.runtime.compute import ComputeProfile
 from sakura.runtime.prefetch import HeldUnit, Prefetched
+from sakura.runtime.scheduler import WAIT, FallbackChoice, StreamScheduler, UseHeld
 from sakura.runtime.timeline import Timeline, UnitRecord
 
 Fetch = Callable[[list[tuple[int, int]]], list[bytes]]
@@ -107,19 +100,19 @@ class _SimulatedEdit:
     def __init__(self, encoding, policy, compute, link, fetch, ahead, keep, rebuild_model, predicted, timer,
                  estimator, anytime, fallback=None, prefetched=None, recompute=None):
         self.fallback, self.recompute = fallback, recompute
-        self.prefetched = prefetched.units if prefetched is not None else {}
-        self.encoding, self.policy, self.compute, self.link, self.fetch = encoding, policy, compute, link, fetch
-        self.ahead, self.keep, self.rebuild_model, self.predicted = ahead, keep, rebuild_model, predicted
-        self.timer, self.anytime = timer, anytime
+        self.encoding, self.compute, self.link, self.fetch = encoding, compute, link, fetch
+        self.keep, self.rebuild_model, self.timer, self.anytime = keep, rebuild_model, timer, anytime
+        monitor = RuntimeMonitor(initial_bps=link.rate_bps_at(0.0), estimator=estimator)
+        self.sched = StreamScheduler(encoding, policy, predicted, monitor, ahead, anytime, fallback,
+                                     prefetched.units if prefetched is not None else None)
         n = len(compute.shards)
-        self.starts: list[float | None] = [None] * n
+        self.starts = self.sched.starts  # (the scheduler's: the deadlines it predicts read them)
         self.ends: list[float | None] = [None] * n
         self.ready = [0.0] * n
         self.tl = Timeline.for_shards(policy.name, "sim", compute.shards, trace_start_s=link.start_s)
         if prefetched is not None:
             self.tl.extras["prefetched"] = prefetched.summary()
         self.cache: KV = {}
-        self.monitor = RuntimeMonitor(initial_bps=link.rate_bps_at(0.0), estimator=estimator)
         self.booked: list[_Booked] = []  # every request, in order
         self.unseen: list[_Booked] = []  # completed requests the monitor has not seen yet
         self.unseen_rebuilds: list[tuple[float, float, float]] = []  # (done at, work, seconds), not seen yet
@@ -127,14 +120,11 @@ class _SimulatedEdit:
         self.link_free = self.rebuild_free = self.last_request = 0.0
         self.held: list[tuple[float, float, int]] = []  # (from, to, bytes) of received / rebuilt cache
         self.rebuilt: dict[int, list[tuple[float, int]]] = {}  # per shard: (ready at, K/V bytes), held until it ends
-        self.rebuild_s: dict[int, float] = {}  # per shard with data: its rebuild time (what a reuse of it costs)
         self.kv_bytes: dict[int, int] = {}  # per shard: rebuilt K/V bytes
-        self.kv_error: dict[int, list[float]] = {}  # per shard: its units' level errors (what a reuse of it keeps)
         self.local_at: tuple[int, float] | None = None  # (shard, time) of a local fallback
-        self.recomputed: set[int] = set()  # shards whose cache the device computed (recompute fallback)
 
     def run(self) -> tuple[Timeline, KV]:
-        self.policy.begin(self.encoding.units, self.predicted.masked_s, self.monitor.initial_bps)
+        self.sched.begin()
         for u in self.encoding.units:
             self.run_until(u.needed_by - 1)
             if self.local_at is not None:
@@ -167,40 +157,34 @@ class _SimulatedEdit:
                         self.finalize(b)
                 if self.local_at is not None:
                     return
-                self.starts[k] = max(prev_end, self.ready[k])
+                self.sched.shard_started(k, max(prev_end, self.ready[k]))
                 self.ends[k] = self.starts[k] + self.compute.shard_s[k]
                 self.tl.shard_started(k, self.starts[k], max(0.0, self.ready[k] - prev_end))
                 self.tl.shard_ended(k, self.ends[k])
                 self.held += [(a, self.ends[k], n) for a, n in self.rebuilt.pop(k, [])]
 
     def book(self, u: FetchUnit) -> None:
-        """Decide and send one request (up to ``inflight`` outstanding, at most ``ahead`` shards ahead)."""
+        """Send one request when the device would (a free slot of ``inflight``, its gate shard started)."""
         link = self.link
-        gate = self.starts[u.needed_by - self.ahead] if u.needed_by - self.ahead >= 0 else 0.0
+        gate = self.sched.gate(u)
+        opens = self.starts[gate] if gate is not None else 0.0
         slot = self.booked[-link.inflight].t_arr if len(self.booked) >= link.inflight else 0.0
-        t_req = self.last_request = max(gate, slot, self.last_request)
+        t_req = self.last_request = max(opens, slot, self.last_request)
         self._observe_until(t_req)  # transfers completed by now
-        u = self.encoding.priced(u)
-        deadline = predict_need(u.needed_by, t_req, self.predicted, self.starts)
-        d = self.policy.choose(u, t_req, deadline, self.monitor)
-        if u.needed_by in self.recomputed:  # the device computed this shard's cache itself
+        action = self.sched.request(u, t_req)
+        if action is None:  # a fallback already gave its shard a cache
             return
-        on_device = self.prefetched.get(u.index)
-        if on_device is not None and d.level.error >= on_device.level.error:  # nothing better: no request
-            rec = UnitRecord(u.index, u.needed_by, u.label, on_device.level.label, 0, d.budget_bytes, d.window_s,
-                             d.rate_bps / 1e6, True, t_req, deadline_t=deadline, prefetched=True)
-            self.tl.requested(rec)
-            self.booked.append(_Booked(u, on_device.level, on_device.ranges, rec, t_req, t_req, t_req, 0,
-                                       on_device=on_device, from_device=True))
+        self.tl.requested(action.record)
+        if isinstance(action, UseHeld):
+            held = action.held
+            self.booked.append(_Booked(action.unit, held.level, held.ranges, action.record, t_req, t_req, t_req, 0,
+                                       on_device=held, from_device=True))
             return
-        ranges = self.encoding.ranges(u, d.level)
-        nbytes = sum(n for _, n in ranges)
+        nbytes = action.nbytes
         begin = max(t_req + link.request_overhead_s, self.link_free)
         t_arr = self.link_free = link.arrival(nbytes, t_req, self.link_free)
-        rec = UnitRecord(u.index, u.needed_by, u.label, d.level.label, nbytes, d.budget_bytes, d.window_s,
-                         d.rate_bps / 1e6, d.fits, t_req, deadline_t=deadline, ranges=len(ranges))
-        self.tl.requested(rec)
-        b = _Booked(u, d.level, ranges, rec, t_req, begin, t_arr, nbytes, on_device=on_device)
+        b = _Booked(action.unit, action.level, action.ranges, action.record, t_req, begin, t_arr, nbytes,
+                    on_device=action.held)
         self.booked.append(b)
         self.unseen.append(b)
 
@@ -231,9 +215,9 @@ class _SimulatedEdit:
                   else self.encoding.decode_prefix(b.unit, level, ranges, blobs))
             rebuild_s = self.timer() - t0
         t_ready = self.rebuild_free = max(b.t_arr, self.rebuild_free) + rebuild_s
-        self.unseen_rebuilds.append((t_ready, level.work, rebuild_s))
+        self.unseen_rebuilds.append((t_ready, level, rebuild_s))
         shard = b.unit.needed_by
-        self.rebuild_s[shard] = self.rebuild_s.get(shard, 0.0) + rebuild_s
+        self.sched.rebuilt(shard, level, rebuild_s)
         self.ready[shard] = max(self.ready[shard], t_ready)
         if self.keep:
             self.cache.update(kv)
@@ -242,52 +226,40 @@ class _SimulatedEdit:
         self.held.append((b.t_req, t_ready, b.nbytes))
         kv_bytes = sum(x.nbytes + y.nbytes for x, y in kv.values())
         self.kv_bytes[shard] = self.kv_bytes.get(shard, 0) + kv_bytes
-        self.kv_error.setdefault(shard, []).append(level.error)
         self.rebuilt.setdefault(shard, []).append((t_ready, kv_bytes))
 
     def _fall_back(self, k: int, need: float, mine: list[_Booked]) -> bool:
-        """While shard ``k`` would wait (from ``need`` until its last transfer is through), re-decide every
-        ``CHECK_EVERY_S`` as the device would; True when a fallback fired (its transfers are dropped)."""
+        """While shard ``k`` would wait (from ``need`` until its last transfer is through), ask the scheduler
+        every ``CHECK_EVERY_S`` as the device would; True when a fallback fired (its transfers are dropped)."""
         until = max((b.t_arr for b in mine), default=need)
-        fb, start, per_step = self.fallback, self.link.start_s, self.shards_per_step
-        prev = k - per_step
-        reuse_s = (self.rebuild_s.get(prev) if prev >= 0 and prev in self.rebuild_s and self.encoding.redecodable
-                   else None)
-        rebuild_est = sum(self.rebuild_s.values()) / max(1, len(self.rebuild_s))
-        kept_error = mean_or_none(self.kv_error.get(prev))
+        start = self.link.start_s
         t = need + CHECK_EVERY_S  # the executor's first look, as on the real clock
         while t < until:
             self._observe_until(t)
             flights = [in_flight(self.link.trace, start + b.begin, start + t, b.nbytes, b.nbytes)
                        for b in mine if b.t_arr > t]
-            ready = predict_ready(t, flights, self.monitor.rate_bps, rebuild_est)
-            kind, ends = choose_fallback(fb, k, t, ready, reuse_s, observed_rate_bps(self.monitor.rate_bps, flights),
-                                         kept_error)
-            if kind != "wait":
+            choice = self.sched.waiting(k, t, flights)
+            if choice.kind != WAIT:
                 self._drop([b for b in mine if not b.from_device], t)
-                self.tl.fallback(kind, k, t, ends)
-                if kind == "local":
+                self.tl.fallback(choice.kind, k, t, choice.ends)
+                if choice.kind == "local":
                     self.local_at = (k, t)
-                    self.tl.extras["local_from_step"] = fb.shard_step[k]
-                elif kind == "recompute":
-                    self._recompute(k, t, t + fb.full_step_s)
+                    self.tl.extras["local_from_step"] = choice.local_from_step
+                elif choice.kind == "recompute":
+                    self._recompute(choice, t, t + self.fallback.full_step_s)
                 else:
-                    self._reuse(k, prev, t + reuse_s)
+                    self._reuse(k, choice.reuse_from, t + self.sched.rebuild_s[k])
                 return True
             t += CHECK_EVERY_S
         return False
 
-    @property
-    def shards_per_step(self) -> int:
-        return sum(1 for s, _, _ in self.compute.shards if s == self.compute.shards[0][0])
-
     def _observe_until(self, t: float) -> None:
         while self.unseen and self.unseen[0].t_arr <= t:
             b = self.unseen.pop(0)
-            self.monitor.observe(b.nbytes, b.t_req, b.t_arr)
+            self.sched.transferred(b.nbytes, b.t_req, b.t_arr)
         seen = [x for x in self.unseen_rebuilds if x[0] <= t]  # the device knows a rebuild's time once done
-        for _, work, seconds in sorted(seen):
-            self.monitor.rebuild.observe(work, seconds)
+        for _, level, seconds in sorted(seen, key=lambda x: (x[0], x[1].work, x[2])):
+            self.sched.rebuild_timed(level, seconds)
         self.unseen_rebuilds = [x for x in self.unseen_rebuilds if x[0] > t]
 
     def _drop(self, mine: list[_Booked], t: float, used_level: str = "") -> None:
@@ -314,21 +286,17 @@ class _SimulatedEdit:
     def _reuse(self, k: int, prev: int, ready: float) -> None:
         """Shard ``k`` runs on the K/V its layers had one step earlier (shard ``prev``)."""
         self.ready[k] = self.rebuild_free = max(ready, self.rebuild_free)
-        self.rebuild_s[k] = self.rebuild_s[prev]
         self.rebuilt.setdefault(k, []).append((ready, self.kv_bytes.get(prev, 0)))
         self.kv_bytes[k] = self.kv_bytes.get(prev, 0)
-        reused = self.fallback.reuse_error(k, mean_or_none(self.kv_error.get(prev)))
-        self.kv_error[k] = [] if reused is None else [reused]
         step = self.compute.shards[k][0]
         for (s, layer), kv in list(self.cache.items()):
             if s == step - 1 and self.compute.shards[prev][1] <= layer < self.compute.shards[prev][2]:
                 self.cache[(step, layer)] = kv
 
-    def _recompute(self, k: int, t: float, ready: float) -> None:
+    def _recompute(self, choice: FallbackChoice, t: float, ready: float) -> None:
         """At ``t`` the device starts computing step 0's K/V itself (one full forward, done at ``ready``):
-        shard ``k`` and the rest of step 0 need no transfer; what was asked for them is dropped."""
-        mine = [j for j in range(k, len(self.starts)) if self.compute.shards[j][0] == 0]
-        self.recomputed.update(mine)
+        the waited-on shard and the rest of step 0 need no transfer; what was asked for them is dropped."""
+        mine = choice.shards
         self._drop([b for b in self.booked[self.done:] if b.unit.needed_by in mine and not b.dropped], t)
         kv = self.recompute() if self.recompute is not None and self.keep else {}
         for j in mine:
@@ -336,7 +304,6 @@ class _SimulatedEdit:
             part = {key: pair for key, pair in kv.items() if l0 <= key[1] < l1}
             self.cache.update(part)
             self.ready[j] = ready
-            self.kv_error[j] = [0.0]  # exact K/V
             self.rebuilt.setdefault(j, []).append((ready, sum(x.nbytes + y.nbytes for x, y in part.values())))
 
     def _local_end(self) -> float:

@@ -8,7 +8,9 @@ reconstructor rebuilds in arrival order (anytime: when execution reaches a shard
 the collector stops at the best configuration that came through — a pack's configurations arrive
 smallest first — and the rest of that transfer is dropped); the executor is the model's own masked run, whose provider
 callback blocks until the shard it asks for is rebuilt and releases each K/V as soon as it is
-consumed. Every step is recorded on the edit's :class:`Timeline` (which emits it as an event).
+consumed. Every decision is the scheduler's (:mod:`sakura.runtime.scheduler`, as on the simulated
+clock): these threads carry out what it answers and tell it what happened. Every step is recorded on the
+edit's :class:`Timeline` (which emits it as an event).
 """
 
 from __future__ import annotations
@@ -19,24 +21,17 @@ import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from sakura.formats import ChunkChecksumError, StreamEncoding
+from sakura.formats import ChunkChecksumError, FetchUnit, Level, Range, StreamEncoding
 from sakura.kvcache import shard_of_layers
 from sakura.model import DiTAdapter, EditRequest, EditResult, LocalSwitch
 from sakura.net.paced import DEFAULT_INFLIGHT
-from sakura.online.deadline import predict_need
-from sakura.online.fallback import (
-    CHECK_EVERY_S,
-    FallbackContext,
-    choose_fallback,
-    mean_or_none,
-    observed_rate_bps,
-    predict_ready,
-)
+from sakura.online.fallback import CHECK_EVERY_S, FallbackContext
 from sakura.online.monitor import DEFAULT_ESTIMATOR, RuntimeMonitor
 from sakura.online.policies import Policy
 from sakura.runtime.compute import ComputeProfile
 from sakura.runtime.errors import StreamError
 from sakura.runtime.prefetch import Prefetched
+from sakura.runtime.scheduler import WAIT, FallbackChoice, Fetch, StreamScheduler, UseHeld
 from sakura.runtime.timeline import Timeline, UnitRecord
 
 
@@ -51,25 +46,54 @@ class Link(Protocol):
 
 
 @dataclass
+class Sent:
+    """What the requester hands the collector: the scheduler's action and the link's handle (None: nothing
+    was sent, the prefetched bytes serve)."""
+
+    action: Fetch | UseHeld
+    pending: object | None
+
+
+@dataclass
+class Received:
+    """Bytes on the device, waiting for the reconstructor: ``parts`` of ``ranges`` make ``level`` (all of
+    them: ``whole``; else the leading prefix execution cut the transfer at)."""
+
+    unit: FetchUnit
+    level: Level
+    ranges: list[Range]
+    parts: list[bytes]
+    record: UnitRecord
+    whole: bool
+
+    def decode(self, encoding: StreamEncoding):
+        return (encoding.decode(self.unit, self.level, self.parts) if self.whole else
+                encoding.decode_prefix(self.unit, self.level, self.ranges, self.parts))
+
+
+@dataclass
 class StreamState:
-    """What the three threads of one streamed edit share."""
+    """What the threads of one streamed edit share (the decisions' state is the scheduler's)."""
 
     t0: float
-    starts: list[float | None]  # per shard: when execution started it
-    ready: list[threading.Event]  # per shard: all its fetch units are rebuilt
+    ready: list[threading.Event]  # per shard: its cache is on the device (rebuilt, or a fallback's)
     started: list[threading.Event]  # per shard: execution started (gates the receiver)
-    pending_units: list[int]  # per shard: fetch units not yet rebuilt
     cut: list[threading.Event]  # per shard: execution reached it first (anytime: use what arrived)
     drop: list[threading.Event]  # per shard: a fallback replaced it (its transfers stop, its bytes go unused)
     kv: dict = field(default_factory=dict)
     flights: dict = field(default_factory=dict)  # per shard: [(pending transfer, bytes of its smallest prefix)]
-    kept: dict = field(default_factory=dict)  # per shard: the compressed bytes it was rebuilt from (one step kept)
-    rebuild_s: dict = field(default_factory=dict)  # per shard: its measured rebuild time
-    kv_error: dict = field(default_factory=dict)  # per shard: the error its K/V were rebuilt at (None: unknown)
+    kept: dict = field(default_factory=dict)  # per shard: the Received it was rebuilt from (one step kept)
     error: BaseException | None = None
     held_bytes: int = 0
     peak_bytes: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @classmethod
+    def for_shards(cls, n: int) -> "StreamState":
+        def events():
+            return [threading.Event() for _ in range(n)]
+
+        return cls(time.perf_counter(), events(), events(), events(), events())
 
     def now(self) -> float:
         return time.perf_counter() - self.t0
@@ -93,24 +117,21 @@ class StreamedEdit:
                  fallback: FallbackContext | None = None, prefetched: Prefetched | None = None):
         self.fallback = fallback  # None: always wait for the cache (the paper's runtime)
         self.prefetched = prefetched
-        self.on_device = prefetched.units if prefetched is not None else {}  # fetched when the template was picked
-        self.adapter, self.encoding, self.policy, self.link = adapter, encoding.fresh(), policy, link
+        self.adapter, self.encoding, self.link = adapter, encoding.fresh(), link
         self.file_id, self.compute, self.ahead, self.timeout_s = file_id, compute, ahead, timeout_s
-        self.inflight, self.anytime = inflight, anytime
+        self.inflight = inflight
         self.monitor = RuntimeMonitor(initial_bps, estimator=estimator)
+        self.sched = StreamScheduler(self.encoding, policy, compute, self.monitor, ahead, anytime, fallback,
+                                     prefetched.units if prefetched is not None else None)
         self.executor = executor  # None: the adapter's eager masked run; else e.g. an ExecuTorch executor
-        self._per_step = sum(1 for s, _, _ in compute.shards if s == compute.shards[0][0])
 
     def run(self, req: EditRequest, timeline: Timeline) -> EditResult:
         """Stream, rebuild and execute; ``timeline`` (over the compute profile's shards) is filled in."""
         self._req = req  # (the recompute fallback computes the template's own step 0 from it)
         shards = self.compute.shards
         n = len(shards)
-        state = StreamState(time.perf_counter(), [None] * n, [threading.Event() for _ in range(n)],
-                            [threading.Event() for _ in range(n)],
-                            [sum(1 for u in self.encoding.units if u.needed_by == j) for j in range(n)],
-                            [threading.Event() for _ in range(n)], [threading.Event() for _ in range(n)])
-        self.policy.begin(self.encoding.units, self.compute.masked_s, self.monitor.initial_bps)
+        state = StreamState.for_shards(n)
+        self.sched.begin()
         if self.prefetched is not None:
             timeline.extras["prefetched"] = self.prefetched.summary()
         rebuild_q: queue.Queue = queue.Queue(maxsize=self.ahead + 1)
@@ -146,7 +167,7 @@ class StreamedEdit:
         if timeline.shards and "local_from_step" not in timeline.extras:
             timeline.shard_ended(n - 1, end)
         for rec in timeline.units:
-            rec.needed_t = state.starts[rec.needed_by] or 0.0
+            rec.needed_t = self.sched.starts[rec.needed_by] or 0.0
         timeline.latency_s = end
         timeline.bytes_total = sum(u.nbytes for u in timeline.units)
         timeline.peak_cache_bytes = state.peak_bytes
@@ -154,129 +175,101 @@ class StreamedEdit:
 
     # -- executor side (called from inside the model's masked run) -------------------------------
     def _provide(self, state: StreamState, timeline: Timeline, j: int, step: int, layer: int):
-        if state.starts[j] is None:
+        if self.sched.starts[j] is None:
             asked = state.now()
             if j > 0:
                 timeline.shard_ended(j - 1, asked)
-            if self.anytime and not state.ready[j].is_set():
+            if self.sched.anytime and not state.ready[j].is_set():
                 state.cut[j].set()  # use what has arrived (see _collect)
-            if not self._wait_for(state, timeline, j, step, asked):
+            if not self._wait_for(state, timeline, j, asked):
                 state.fail(StreamError(f"cache shard {j} did not arrive within {self.timeout_s:.0f} s"))
-            if state.pending_units[j] != 0 and not state.drop[j].is_set():  # woken by a failure, not by the shard
+            if not self.sched.ready(j):  # woken by a failure, not by the shard
                 raise StreamError(str(state.error))
             start = state.now()
-            state.starts[j] = start
+            self.sched.shard_started(j, start)
             state.started[j].set()
             timeline.shard_started(j, start, start - asked)
         k, v = state.kv.pop((step, layer))
         state.hold(-(k.nbytes + v.nbytes))
         return k, v
 
-    def _wait_for(self, state: StreamState, timeline: Timeline, j: int, step: int, asked: float) -> bool:
-        """Wait for shard ``j``'s cache, or fall back (:mod:`sakura.online.fallback`); False on timeout."""
-        fb = self.fallback
-        if fb is None:
+    def _wait_for(self, state: StreamState, timeline: Timeline, j: int, asked: float) -> bool:
+        """Wait for shard ``j``'s cache, asking the scheduler every ``CHECK_EVERY_S`` whether to fall back;
+        False on timeout."""
+        if self.fallback is None:
             return state.ready[j].wait(self.timeout_s)
-        prev = j - self._per_step
         while not state.ready[j].wait(CHECK_EVERY_S):
             now = state.now()
             if state.error is not None or now - asked > self.timeout_s:
                 return state.ready[j].is_set()
             flights = [self.link.progress(p, need) for p, need in state.flights.get(j, [])]
-            if not any(f.delivered < f.need_bytes for f in flights):
-                continue  # its bytes are here (or on the device): only a rebuild is left, as the sim clock has it
-            times = list(state.rebuild_s.values())
-            ready = predict_ready(now, flights, self.monitor.rate_bps, sum(times) / max(1, len(times)))
-            kept = state.kept.get(prev) if prev >= 0 else None
-            kind, ends = choose_fallback(fb, j, now, ready, state.rebuild_s.get(prev) if kept else None,
-                                         observed_rate_bps(self.monitor.rate_bps, flights), state.kv_error.get(prev))
-            if kind == "wait":
+            choice = self.sched.waiting(j, now, flights)
+            if choice.kind == WAIT:
                 continue
-            state.drop[j].set()
-            timeline.fallback(kind, j, now, ends)
-            if kind == "recompute":
-                self._recompute(state, j)
-                return True
-            if kind == "local":
-                timeline.extras["local_from_step"] = step
-                for later in state.drop[j:]:  # no later shard needs its cache: every transfer is dropped
-                    later.set()
+            for i in choice.shards:  # their transfers stop; the requester skips what it has not sent
+                state.drop[i].set()
+            timeline.fallback(choice.kind, j, now, choice.ends)
+            if choice.kind == "local":
+                timeline.extras["local_from_step"] = choice.local_from_step
                 state.fail(StreamError("the edit went local"))  # stops the receiver: no more cache needed
                 if hasattr(self.link, "close"):
                     self.link.close()
                 raise LocalSwitch
-            self._reuse(state, j, prev, kept)
+            if choice.kind == "recompute":
+                self._recompute(state, choice)
+            else:
+                self._reuse(state, j, choice.reuse_from)
             return True
         return True
 
-    def _recompute(self, state: StreamState, j: int) -> None:
-        """The device computes step 0's K/V itself (one full forward of the template's own request): shard
-        ``j`` and the rest of step 0 need no transfer."""
-        mine = [i for i in range(j, len(self.compute.shards)) if self.compute.shards[i][0] == 0]
-        for i in mine:
-            state.drop[i].set()  # their transfers stop; the requester skips what it has not sent
+    def _recompute(self, state: StreamState, choice: FallbackChoice) -> None:
+        """The device computes step 0's K/V itself (one full forward of the template's own request): the
+        shards of the choice need no transfer."""
         kv = self.adapter.recompute_first_step(self._req)
-        for i in mine:
+        for i in choice.shards:
             _, l0, l1 = self.compute.shards[i]
             for layer in range(l0, l1):
                 k, v = kv[(0, layer)]
                 state.kv[(0, layer)] = (k, v)
                 state.hold(k.nbytes + v.nbytes)
-            state.kv_error[i] = 0.0  # exact K/V
             state.ready[i].set()
 
-    def _reuse(self, state: StreamState, j: int, prev: int, kept: list) -> None:
+    def _reuse(self, state: StreamState, j: int, prev: int) -> None:
         """Shard ``j`` runs on its layers' K/V of one step earlier, rebuilt from the kept bytes."""
-        t0 = time.perf_counter()
         step = self.compute.shards[j][0]
-        for unit, level, ranges, parts, whole in kept:
-            kv = (self.encoding.decode(unit, level, parts) if whole else
-                  self.encoding.decode_prefix(unit, level, ranges, parts))
-            for (s, layer), pair in kv.items():
+        kept = state.kept[prev]
+        for got in kept:
+            for (_, layer), pair in got.decode(self.encoding).items():
                 state.kv[(step, layer)] = pair
                 state.hold(pair[0].nbytes + pair[1].nbytes)
-        state.kept[j], state.rebuild_s[j] = kept, time.perf_counter() - t0
-        state.kv_error[j] = self.fallback.reuse_error(j, state.kv_error.get(prev))
+        state.kept[j] = kept
 
-    # -- receiver: a requester that decides and sends, a collector that waits for the bytes ----------
+    # -- receiver: a requester that asks and sends, a collector that waits for the bytes -----------
     def _request(self, state: StreamState, timeline: Timeline, sent: queue.Queue, slots: threading.Semaphore) -> None:
-        """Decide and send each fetch unit in order, at most ``inflight`` outstanding."""
+        """Ask for each fetch unit in order, at most ``inflight`` outstanding."""
         try:
             for unit in self.encoding.units:
-                gate = unit.needed_by - self.ahead
-                if gate >= 0:
+                gate = self.sched.gate(unit)
+                if gate is not None:
                     state.started[gate].wait()
                 while not slots.acquire(timeout=0.05):
                     if state.error is not None:
                         return
                 if state.error is not None:
                     return
-                if state.drop[unit.needed_by].is_set():  # a fallback already gave its shard a cache
+                action = self.sched.request(unit, state.now())
+                if action is None:  # a fallback already gave its shard a cache
                     slots.release()
                     continue
-                now = state.now()
-                unit = self.encoding.priced(unit)
-                deadline = predict_need(unit.needed_by, now, self.compute, state.starts)
-                d = self.policy.choose(unit, now, deadline, self.monitor)
-                on_device = self.on_device.get(unit.index)
-                if on_device is not None and d.level.error >= on_device.level.error:  # nothing better: no request
+                timeline.requested(action.record)
+                if isinstance(action, UseHeld):
                     slots.release()
-                    rec = UnitRecord(unit.index, unit.needed_by, unit.label, on_device.level.label, 0, d.budget_bytes,
-                                     d.window_s, d.rate_bps / 1e6, True, now, deadline_t=deadline, prefetched=True)
-                    timeline.requested(rec)
-                    sent.put((unit, on_device.level, on_device.ranges, None, rec, None, on_device))
+                    sent.put(Sent(action, None))
                     continue
-                ranges = self.encoding.ranges(unit, d.level)
-                rec = UnitRecord(unit.index, unit.needed_by, unit.label, d.level.label, sum(n for _, n in ranges),
-                                 d.budget_bytes, d.window_s, d.rate_bps / 1e6, d.fits, now, deadline_t=deadline,
-                                 ranges=len(ranges))
-                timeline.requested(rec)
-                prefixes = self.encoding.prefixes(unit, d.level, ranges) if self.anytime else [(d.level, len(ranges))]
-                pending = self.link.send(self.file_id, ranges)
-                if on_device is None:  # (a unit with a prefetched floor never waits on the link)
-                    state.flights.setdefault(unit.needed_by, []).append(
-                        (pending, sum(n for _, n in ranges[:prefixes[0][1]])))
-                sent.put((unit, d.level, ranges, prefixes, rec, pending, on_device))
+                pending = self.link.send(self.file_id, action.ranges)
+                if action.held is None:  # (a unit with a prefetched floor never waits on the link)
+                    state.flights.setdefault(unit.needed_by, []).append((pending, action.least_bytes))
+                sent.put(Sent(action, pending))
         except BaseException as e:  # noqa: BLE001 - handed to the executor, which raises it
             state.fail(StreamError(f"receiving the cache failed: {e}"))
         finally:
@@ -284,34 +277,33 @@ class StreamedEdit:
 
     def _collect(self, state: StreamState, timeline: Timeline, sent: queue.Queue, slots: threading.Semaphore,
                  out: queue.Queue) -> None:
-        """Wait for each sent request's bytes, in order; feed the monitor and the reconstructor."""
+        """Wait for each sent request's bytes, in order; tell the scheduler, feed the reconstructor."""
         try:
             while (item := sent.get()) is not None:
-                unit, level, ranges, prefixes, rec, pending, on_device = item
+                a, j = item.action, item.action.unit.needed_by
                 if state.error is not None:  # drain, so the requester never blocks
-                    if pending is not None and state.drop[unit.needed_by].is_set():  # the edit went local
-                        timeline.dropped(rec, self.link.receive(pending, drop=state.drop[unit.needed_by]).nbytes,
+                    if item.pending is not None and state.drop[j].is_set():  # the edit went local
+                        timeline.dropped(a.record, self.link.receive(item.pending, drop=state.drop[j]).nbytes,
                                          state.now())
                     continue
-                if on_device is not None:
+                if isinstance(a, UseHeld) or a.held is not None:
                     self._from_device(state, timeline, slots, out, item)
                     continue
-                tr = self.link.receive(pending, state.cut[unit.needed_by], [k for _, k in prefixes],
-                                       state.drop[unit.needed_by])
-                if state.drop[unit.needed_by].is_set():  # a fallback replaced the unit
-                    self.monitor.observe(tr.nbytes, tr.t_request, tr.t_last_byte)
+                tr = self.link.receive(item.pending, state.cut[j], [k for _, k in a.prefixes], state.drop[j])
+                if state.drop[j].is_set():  # a fallback replaced the unit
+                    self.sched.transferred(tr.nbytes, tr.t_request, tr.t_last_byte)
                     slots.release()
-                    timeline.dropped(rec, tr.nbytes, state.now())
+                    timeline.dropped(a.record, tr.nbytes, state.now())
                     continue
-                whole = len(tr.parts) == len(ranges)
+                level, ranges, whole = a.level, a.ranges, len(tr.parts) == len(a.ranges)
                 if not whole:  # execution reached the unit first: its best prefix
-                    level, ranges = next(lv for lv, k in prefixes if k == len(tr.parts)), ranges[:len(tr.parts)]
-                    timeline.cut(rec, level.label, tr.nbytes, state.now())
-                active = self.monitor.observe(tr.nbytes, tr.t_request, tr.t_last_byte)
+                    level, ranges = next(lv for lv, k in a.prefixes if k == len(tr.parts)), ranges[:len(tr.parts)]
+                    timeline.cut(a.record, level.label, tr.nbytes, state.now())
+                active = self.sched.transferred(tr.nbytes, tr.t_request, tr.t_last_byte)
                 slots.release()
                 state.hold(tr.nbytes)
-                timeline.arrived(rec, state.now(), active, ranges)
-                out.put((unit, level, ranges, tr.parts, rec, whole))
+                timeline.arrived(a.record, state.now(), active, ranges)
+                out.put(Received(a.unit, level, ranges, tr.parts, a.record, whole))
         except BaseException as e:  # noqa: BLE001 - handed to the executor, which raises it
             state.fail(StreamError(f"receiving the cache failed: {e}"))
             while sent.get() is not None:  # let the requester finish
@@ -320,26 +312,24 @@ class StreamedEdit:
             out.put(None)
 
     def _from_device(self, state: StreamState, timeline: Timeline, slots: threading.Semaphore, out: queue.Queue,
-                     item) -> None:
+                     item: Sent) -> None:
         """A unit with prefetched bytes: nothing to receive, or an upgrade that is used only if it comes
         before execution needs the unit (else the prefetched level)."""
-        unit, level, ranges, prefixes, rec, pending, on_device = item
-        if pending is not None:
-            tr = self.link.receive(pending, drop=state.cut[unit.needed_by])
-            if len(tr.parts) == len(ranges):
-                active = self.monitor.observe(tr.nbytes, tr.t_request, tr.t_last_byte)
-                slots.release()
-                state.hold(tr.nbytes)
-                timeline.arrived(rec, state.now(), active, ranges)
-                out.put((unit, level, ranges, tr.parts, rec, True))
-                return
-            self.monitor.observe(tr.nbytes, tr.t_request, tr.t_last_byte)
+        a, held = item.action, item.action.held
+        if item.pending is not None:
+            tr = self.link.receive(item.pending, drop=state.cut[a.unit.needed_by])
+            active = self.sched.transferred(tr.nbytes, tr.t_request, tr.t_last_byte)
             slots.release()
-            timeline.dropped(rec, tr.nbytes, state.now(), on_device.level.label)
+            if len(tr.parts) == len(a.ranges):
+                state.hold(tr.nbytes)
+                timeline.arrived(a.record, state.now(), active, a.ranges)
+                out.put(Received(a.unit, a.level, a.ranges, tr.parts, a.record, True))
+                return
+            timeline.dropped(a.record, tr.nbytes, state.now(), held.level.label)
         else:
-            timeline.arrived(rec, state.now(), 0.0, on_device.ranges)
-        state.hold(on_device.nbytes)
-        out.put((unit, on_device.level, on_device.ranges, on_device.parts, rec, True))
+            timeline.arrived(a.record, state.now(), 0.0, held.ranges)
+        state.hold(held.nbytes)
+        out.put(Received(a.unit, held.level, held.ranges, held.parts, a.record, True))
 
     # -- reconstructor -----------------------------------------------------------------------------
     def _refetch(self, ranges, reason: str) -> list[bytes]:
@@ -351,37 +341,31 @@ class StreamedEdit:
         return self.link.receive(self.link.send(self.file_id, ranges)).parts
 
     def _rebuild(self, state: StreamState, timeline: Timeline, inbox: queue.Queue) -> None:
-        while (item := inbox.get()) is not None:
+        while (got := inbox.get()) is not None:
             if state.error is not None:
                 continue  # drain, so the receiver never blocks on a full queue
-            unit, level, ranges, parts, rec, whole = item
-            j = unit.needed_by
+            j = got.unit.needed_by
             if state.drop[j].is_set():  # a fallback replaced the shard while its bytes waited here
-                state.hold(-sum(len(p) for p in parts))
+                state.hold(-sum(len(p) for p in got.parts))
                 continue
             try:
                 t0 = time.perf_counter()
                 try:
-                    kv = (self.encoding.decode(unit, level, parts) if whole else
-                          self.encoding.decode_prefix(unit, level, ranges, parts))
+                    kv = got.decode(self.encoding)
                 except ChunkChecksumError as e:  # damaged bytes: fetch them once more (another source if any)
-                    parts = self._refetch(ranges, str(e))
+                    got.parts = self._refetch(got.ranges, str(e))
                     t0 = time.perf_counter()
-                    kv = (self.encoding.decode(unit, level, parts) if whole else
-                          self.encoding.decode_prefix(unit, level, ranges, parts))
+                    kv = got.decode(self.encoding)
                 took = time.perf_counter() - t0
-                state.rebuild_s[j] = state.rebuild_s.get(j, 0.0) + took
-                self.monitor.rebuild.observe(level.work, took)
+                self.sched.rebuild_timed(got.level, took)
                 if self.encoding.redecodable:
-                    state.kept.setdefault(j, []).append((unit, level, ranges, parts, whole))
-                    state.kv_error[j] = mean_or_none([lv.error for _, lv, *_ in state.kept[j]])
-                state.kept.pop(j - 2 * self._per_step, None)  # compressed bytes of one step back are enough
+                    state.kept.setdefault(j, []).append(got)
+                state.kept.pop(j - 2 * self.sched.per_step, None)  # compressed bytes of one step back are enough
             except Exception as e:  # noqa: BLE001 - malformed bytes: the executor raises it
-                state.fail(StreamError(f"rebuilding fetch unit {unit.index} failed: {e}"))
+                state.fail(StreamError(f"rebuilding fetch unit {got.unit.index} failed: {e}"))
                 continue
-            state.hold(sum(k.nbytes + v.nbytes for k, v in kv.values()) - sum(len(p) for p in parts))
+            state.hold(sum(k.nbytes + v.nbytes for k, v in kv.values()) - sum(len(p) for p in got.parts))
             state.kv.update(kv)
-            timeline.rebuilt(rec, state.now())
-            state.pending_units[unit.needed_by] -= 1
-            if state.pending_units[unit.needed_by] == 0:
-                state.ready[unit.needed_by].set()
+            timeline.rebuilt(got.record, state.now())
+            if self.sched.rebuilt(j, got.level, took):
+                state.ready[j].set()

@@ -17,9 +17,9 @@ from sakura.eval.plots import plt
 from sakura.kvcache import shard_plan
 from sakura.net.traces import load_trace
 from sakura.runtime.compute import ComputeProfile, shard_times, zero_cache
-from sakura.systems import COMPRESSED, SYSTEMS
+from sakura.systems import COMPRESSED, SYSTEMS, UNCOMPRESSED
 
-STUDIED = tuple(name for name in SYSTEMS if name != "fp16")  # fp16 is left out: Fig. 12 covers it
+STUDIED = tuple(name for name in SYSTEMS if name != UNCOMPRESSED)  # FP16 is left out: Fig. 12 covers it
 STREAMED = COMPRESSED  # the systems whose bytes and quality are plotted
 
 

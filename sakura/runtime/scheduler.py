@@ -1,0 +1,213 @@
+"""Every decision of one streamed edit, for both clocks: which unit to ask for next and at which level,
+whether prefetched bytes already serve it, when a shard may execute, and what to do while execution
+waits on one (wait, reuse, recompute, go local).
+
+Pure: no clock, no threads of its own, no I/O. A driver tells it what happened and when — a request slot
+opened (:meth:`StreamScheduler.request`), a transfer's bytes are through (:meth:`transferred`), a unit
+was rebuilt (:meth:`rebuilt`), a shard started executing (:meth:`shard_started`), execution is waiting
+on a shard (:meth:`waiting`) — and carries out the typed action it answers. The real-clock driver
+(:mod:`sakura.runtime.stream`: threads over a paced link) and the simulated one
+(:mod:`sakura.runtime.sim`: a replay over a bandwidth trace) differ only in how they learn the times.
+Cuts (anytime shards) are decided by :func:`sakura.net.paced.cut_point`, on both clocks.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from sakura.formats import FetchUnit, Level, Range, StreamEncoding
+from sakura.online.deadline import predict_need
+from sakura.online.fallback import (
+    FallbackContext,
+    InFlight,
+    choose_fallback,
+    mean_or_none,
+    observed_rate_bps,
+    predict_ready,
+)
+from sakura.online.monitor import RuntimeMonitor
+from sakura.online.policies import Policy
+from sakura.runtime.compute import ComputeProfile
+from sakura.runtime.prefetch import HeldUnit
+from sakura.runtime.timeline import UnitRecord
+
+
+@dataclass(frozen=True)
+class Fetch:
+    """Ask the link for ``ranges``: ``level`` of ``unit``. ``held``: prefetched bytes of the unit, a floor
+    used instead when the upgrade is not all through by the time execution needs it."""
+
+    unit: FetchUnit
+    level: Level
+    ranges: list[Range]
+    prefixes: list[tuple[Level, int]]  # usable leading ranges, smallest first; the last is all of them
+    record: UnitRecord
+    held: HeldUnit | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return sum(n for _, n in self.ranges)
+
+    @property
+    def least_bytes(self) -> int:
+        """Bytes of the smallest usable prefix: what execution must wait for at least."""
+        return sum(n for _, n in self.ranges[:self.prefixes[0][1]])
+
+
+@dataclass(frozen=True)
+class UseHeld:
+    """No request: the prefetched bytes are as good as anything the policy would fetch now."""
+
+    unit: FetchUnit
+    held: HeldUnit
+    record: UnitRecord
+
+
+@dataclass(frozen=True)
+class FallbackChoice:
+    """What execution does about ``shard``, which it is waiting on: ``wait``, ``reuse`` (the K/V of its
+    layers one step earlier, shard ``reuse_from``), ``recompute`` (step 0's K/V on the device: every shard
+    in ``shards``) or ``local`` (every token from ``local_from_step`` on; no shard needs a cache any more)."""
+
+    kind: str
+    shard: int
+    ends: dict[str, float] = field(default_factory=dict)  # each option's expected end of the edit
+    shards: tuple[int, ...] = ()  # the shards this choice gives a cache (their transfers stop)
+    reuse_from: int | None = None
+    local_from_step: int | None = None
+
+
+WAIT = "wait"
+
+
+class StreamScheduler:
+    """The decisions of one streamed edit. Safe to call from several threads (the real clock's requester,
+    collector, rebuilder and executor): each call holds the scheduler's lock."""
+
+    def __init__(self, encoding: StreamEncoding, policy: Policy, predicted: ComputeProfile, monitor: RuntimeMonitor,
+                 ahead: int = 2, anytime: bool = True, fallback: FallbackContext | None = None,
+                 held: dict[int, HeldUnit] | None = None):
+        self.encoding, self.policy, self.predicted, self.monitor = encoding, policy, predicted, monitor
+        self.ahead, self.anytime, self.fallback, self.held = ahead, anytime, fallback, held or {}
+        n = len(predicted.shards)
+        self.per_step = sum(1 for s, _, _ in predicted.shards if s == predicted.shards[0][0])
+        self.starts: list[float | None] = [None] * n  # per shard: when execution started it
+        self.pending = [sum(1 for u in encoding.units if u.needed_by == j) for j in range(n)]  # units not rebuilt
+        self.rebuild_s: dict[int, float] = {}  # per shard with data: its rebuild time (what a reuse of it costs)
+        self.kv_error: dict[int, list[float]] = {}  # per shard: its units' level errors (what a reuse keeps)
+        self.replaced: set[int] = set()  # shards a fallback gave a cache: their units are not asked for
+        self.asked: set[int] = set()  # fetch units answered with a request or the held bytes
+        self.local_from_step: int | None = None
+        self._lock = threading.RLock()
+
+    def begin(self) -> None:
+        """Before the first request: policies that plan the whole edit (IntQ) do it here."""
+        self.policy.begin(self.encoding.units, self.predicted.masked_s, self.monitor.initial_bps)
+
+    # -- requests ---------------------------------------------------------------------------------
+    def gate(self, unit: FetchUnit) -> int | None:
+        """The shard whose start lets ``unit`` be asked for (None: at once): at most ``ahead`` shards wait
+        beside the one executing, so cache memory stays bounded whatever the template size."""
+        shard = unit.needed_by - self.ahead
+        return shard if shard >= 0 else None
+
+    def request(self, unit: FetchUnit, now: float) -> Fetch | UseHeld | None:
+        """A request slot is free for ``unit`` (in consumption order) at ``now``: what to ask for, if
+        anything (None: a fallback already gave its shard a cache)."""
+        with self._lock:
+            if unit.index in self.asked:
+                raise ValueError(f"fetch unit {unit.index} was already requested")
+            if unit.needed_by in self.replaced or self.local_from_step is not None:
+                return None
+            self.asked.add(unit.index)
+            unit = self.encoding.priced(unit)
+            deadline = predict_need(unit.needed_by, now, self.predicted, self.starts)
+            d = self.policy.choose(unit, now, deadline, self.monitor)
+            held = self.held.get(unit.index)
+            if held is not None and d.level.error >= held.level.error:  # nothing better: no request
+                return UseHeld(unit, held, UnitRecord(unit.index, unit.needed_by, unit.label, held.level.label, 0,
+                                                      d.budget_bytes, d.window_s, d.rate_bps / 1e6, True, now,
+                                                      deadline_t=deadline, prefetched=True))
+            ranges = self.encoding.ranges(unit, d.level)
+            prefixes = self.encoding.prefixes(unit, d.level, ranges) if self.anytime else [(d.level, len(ranges))]
+            rec = UnitRecord(unit.index, unit.needed_by, unit.label, d.level.label, sum(n for _, n in ranges),
+                             d.budget_bytes, d.window_s, d.rate_bps / 1e6, d.fits, now, deadline_t=deadline,
+                             ranges=len(ranges))
+            return Fetch(unit, d.level, ranges, prefixes, rec, held)
+
+    # -- what the device learns --------------------------------------------------------------------
+    def transferred(self, nbytes: int, t_request: float, t_last_byte: float) -> float:
+        """A transfer's bytes are through (whole, cut or dropped): the monitor's rate learns from it.
+        Returns the seconds it was active on the link."""
+        with self._lock:
+            return self.monitor.observe(nbytes, t_request, t_last_byte)
+
+    def rebuild_timed(self, level: Level, seconds: float) -> None:
+        """A rebuild at ``level`` took ``seconds``: the monitor's rebuild rate learns from it. (Apart from
+        :meth:`rebuilt` because the simulated clock settles rebuilds ahead of time and tells the monitor
+        only once the device would know.)"""
+        with self._lock:
+            self.monitor.rebuild.observe(level.work, seconds)
+
+    def rebuilt(self, shard: int, level: Level, seconds: float) -> bool:
+        """One of ``shard``'s units is rebuilt at ``level`` in ``seconds``; True when the shard has all of
+        its units (it may execute)."""
+        with self._lock:
+            self.rebuild_s[shard] = self.rebuild_s.get(shard, 0.0) + seconds
+            self.kv_error.setdefault(shard, []).append(level.error)
+            self.pending[shard] -= 1
+            return self.ready(shard)
+
+    def ready(self, shard: int) -> bool:
+        """Execution may start ``shard``: all its units are rebuilt, or a fallback gave it a cache."""
+        return self.pending[shard] <= 0 or shard in self.replaced
+
+    def shard_started(self, shard: int, t: float) -> None:
+        with self._lock:
+            if not self.ready(shard):
+                raise ValueError(f"shard {shard} started before its cache was provided")
+            self.starts[shard] = t
+
+    # -- while execution waits -------------------------------------------------------------------
+    def reuse_s(self, shard: int) -> float | None:
+        """What running ``shard`` on its layers' K/V of one step earlier costs (their kept bytes' rebuild);
+        None: the device keeps none (step 0, a format whose bytes do not decode twice, no data)."""
+        prev = shard - self.per_step
+        if prev < 0 or not self.encoding.redecodable:
+            return None
+        return self.rebuild_s.get(prev)
+
+    def waiting(self, shard: int, now: float, flights: list[InFlight]) -> FallbackChoice:
+        """Execution has waited on ``shard`` up to ``now``; ``flights``: its transfers still on the link,
+        as the device sees them. Re-decided every ``CHECK_EVERY_S`` (:mod:`sakura.online.fallback`)."""
+        with self._lock:
+            fb = self.fallback
+            if fb is None or not any(f.delivered < f.need_bytes for f in flights):
+                return FallbackChoice(WAIT, shard)  # the paper's runtime; or only a rebuild is left
+            prev = shard - self.per_step
+            times = list(self.rebuild_s.values())
+            ready = predict_ready(now, flights, self.monitor.rate_bps, sum(times) / max(1, len(times)))
+            reuse_s = self.reuse_s(shard)
+            kept_error = mean_or_none(self.kv_error.get(prev))
+            kind, ends = choose_fallback(fb, shard, now, ready, reuse_s,
+                                         observed_rate_bps(self.monitor.rate_bps, flights), kept_error)
+            if kind == WAIT:
+                return FallbackChoice(WAIT, shard, ends)
+            n = len(self.starts)
+            if kind == "local":
+                self.local_from_step = fb.shard_step[shard]
+                mine = tuple(range(shard, n))
+                choice = FallbackChoice(kind, shard, ends, mine, local_from_step=self.local_from_step)
+            elif kind == "recompute":  # step 0's K/V are request-independent: exact, for the rest of step 0
+                mine = tuple(j for j in range(shard, n) if fb.shard_step[j] == 0)
+                for j in mine:
+                    self.kv_error[j] = [0.0]
+                choice = FallbackChoice(kind, shard, ends, mine)
+            else:
+                self.rebuild_s[shard] = self.rebuild_s[prev]
+                reused = fb.reuse_error(shard, kept_error)
+                self.kv_error[shard] = [] if reused is None else [reused]
+                choice = FallbackChoice(kind, shard, ends, (shard,), reuse_from=prev)
+            self.replaced.update(choice.shards)
+            return choice

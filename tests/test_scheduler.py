@@ -1,0 +1,159 @@
+"""The streaming scheduler, driven alone by generated event sequences (as either clock's driver would
+feed it): it never asks for a unit twice or for a shard a fallback already covered, lets no shard
+execute before its cache is there, and falls back only to what the device actually holds."""
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sakura.formats import FetchUnit, Level, StreamEncoding
+from sakura.online.fallback import FallbackContext, InFlight
+from sakura.online.monitor import RuntimeMonitor
+from sakura.online.policies import SakuraPolicy
+from sakura.runtime.compute import ComputeProfile
+from sakura.runtime.prefetch import HeldUnit
+from sakura.runtime.scheduler import WAIT, Fetch, StreamScheduler, UseHeld
+
+LEVELS = (Level("small", 2_000, 0.5, ("s",), work=1e6), Level("top", 40_000, 0.05, ("t",), work=1e7))
+STEPS, PER_STEP = 3, 2
+
+
+class _TwoPerShard(StreamEncoding):
+    """Two fetch units per execution shard, nothing to decode (the scheduler never decodes)."""
+
+    name = "two-per-shard"
+
+    def __init__(self, shards: int, redecodable: bool = True):
+        self._units = [FetchUnit(2 * j + h, j, f"shard {j}/{h}", LEVELS) for j in range(shards) for h in range(2)]
+        self.redecodable = redecodable
+
+    @property
+    def units(self):
+        return self._units
+
+    def ranges(self, fetch_unit, level):
+        return [(fetch_unit.index * 50_000, level.nbytes)]
+
+    def decode(self, fetch_unit, level, blobs):
+        return {}
+
+    @property
+    def storage_bytes(self):
+        return 0
+
+
+def _compute() -> ComputeProfile:
+    shards = [(s, 2 * j, 2 * j + 2) for s in range(STEPS) for j in range(PER_STEP)]
+    return ComputeProfile(shards, [0.05] * len(shards), 0.02, 3.0)
+
+
+def _scheduler(redecodable=True, held=None, fallback=True) -> StreamScheduler:
+    compute = _compute()
+    ctx = FallbackContext.for_edit(compute, STEPS, least_bytes=[2 * LEVELS[0].nbytes] * len(compute.shards))
+    sched = StreamScheduler(_TwoPerShard(len(compute.shards), redecodable), SakuraPolicy(), compute,
+                            RuntimeMonitor(initial_bps=8e6), ahead=2, fallback=ctx if fallback else None, held=held)
+    sched.begin()
+    return sched
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data(), st.booleans())
+def test_generated_event_sequences_keep_the_invariants(data, redecodable):
+    sched = _scheduler(redecodable)
+    units, n = sched.encoding.units, len(sched.starts)
+    t, cursor, cur = 0.0, 0, 0
+    on_link: list[tuple[Fetch, float]] = []  # requested, bytes not through yet
+    asked: set[int] = set()
+    rebuilt = {j: 0 for j in range(n)}  # the test's own count of each shard's rebuilt units
+    has_cache: set[int] = set()  # shards whose cache the device got: rebuilt in full, reused or recomputed
+    went_local = False
+    pace = data.draw(st.sampled_from([0.04, 0.3]))  # a link that keeps up, or one that crawls
+    for _ in range(data.draw(st.integers(10, 80))):
+        t += data.draw(st.floats(0.0, pace))
+        event = data.draw(st.sampled_from(["request", "arrive", "start", "wait"]))
+        if event == "request" and cursor < len(units):
+            unit = units[cursor]
+            gate = sched.gate(unit)
+            if gate is not None and sched.starts[gate] is None:
+                continue  # the driver holds the request until its gate shard started
+            covered = unit.needed_by in sched.replaced
+            action = sched.request(unit, t)
+            cursor += 1
+            if action is None:
+                assert covered or went_local
+                continue
+            assert not covered and not went_local and isinstance(action, Fetch)
+            assert action.unit.index not in asked  # never a unit twice
+            asked.add(action.unit.index)
+            on_link.append((action, t))
+        elif event == "arrive" and on_link:
+            action, t_req = on_link.pop(0)
+            sched.transferred(action.nbytes, t_req, t)
+            j = action.unit.needed_by
+            if j in sched.replaced:
+                continue  # the driver drops the bytes of a shard a fallback covered
+            sched.rebuild_timed(action.level, 0.002)
+            rebuilt[j] += 1
+            if sched.rebuilt(j, action.level, 0.002):
+                assert rebuilt[j] == 2
+                has_cache.add(j)
+        elif event == "start" and cur < n and not went_local:
+            if sched.ready(cur):
+                assert cur in has_cache or cur in sched.replaced
+                sched.shard_started(cur, t)
+                cur += 1
+            else:  # a shard without its cache never starts
+                with pytest.raises(ValueError):
+                    sched.shard_started(cur, t)
+        elif event == "wait" and cur < n and not went_local and not sched.ready(cur):
+            mine = [a for a, _ in on_link if a.unit.needed_by == cur]
+            delivered = data.draw(st.floats(0.0, 1.0))
+            flights = [InFlight(a.least_bytes, delivered * a.least_bytes, data.draw(st.floats(0.0, 1.0)))
+                       for a in mine]
+            reuse_s = sched.reuse_s(cur)
+            choice = sched.waiting(cur, t, flights)
+            if choice.kind == WAIT:
+                continue
+            assert any(f.delivered < f.need_bytes for f in flights)  # no fallback for a shard whose bytes are here
+            assert cur in choice.shards
+            if choice.kind == "reuse":  # only the previous step's K/V the device holds
+                assert redecodable and reuse_s is not None and choice.reuse_from == cur - PER_STEP
+                assert choice.reuse_from in has_cache
+            elif choice.kind == "recompute":
+                assert all(sched.fallback.shard_step[j] == 0 for j in choice.shards)
+            else:
+                went_local = True
+                assert choice.local_from_step == sched.fallback.shard_step[cur]
+                assert set(choice.shards) == set(range(cur, n))
+            if choice.kind != "local":
+                has_cache.update(choice.shards)
+            assert sched.ready(cur)
+    if went_local:
+        assert all(sched.request(u, t + 1) is None for u in units[cursor:])  # no more requests after local
+
+
+def test_a_unit_is_never_requested_twice():
+    sched = _scheduler()
+    unit = sched.encoding.units[0]
+    assert isinstance(sched.request(unit, 0.0), Fetch)
+    with pytest.raises(ValueError):
+        sched.request(unit, 0.01)
+
+
+def test_held_bytes_serve_when_the_policy_wants_no_better():
+    unit = _TwoPerShard(1).units[0]
+    held = {0: HeldUnit(LEVELS[1], [(0, LEVELS[1].nbytes)], [b"x" * LEVELS[1].nbytes])}
+    sched = _scheduler(held=held)
+    assert isinstance(sched.request(unit, 0.0), UseHeld)  # the top level is on the device already
+    small = {6: HeldUnit(LEVELS[0], [(0, LEVELS[0].nbytes)], [b"x" * LEVELS[0].nbytes])}
+    sched = _scheduler(held=small)
+    action = sched.request(sched.encoding.units[6], 0.0)  # needed by shard 3: time enough for the top level
+    assert isinstance(action, Fetch) and action.level.label == "top" and action.held is not None  # an upgrade
+
+
+def test_without_fallbacks_execution_always_waits():
+    sched = _scheduler(fallback=False)
+    action = sched.request(sched.encoding.units[0], 0.0)
+    stalled = [InFlight(action.least_bytes, 0.0, 5.0, 0.0, 0.1)]  # nothing through for 5 s
+    assert sched.waiting(0, 5.0, stalled).kind == WAIT
+    assert not sched.ready(0)
