@@ -45,10 +45,9 @@ from sakura.net.failover import FailoverSource
 from sakura.net.paced import LinkClosed
 from sakura.net.store_reader import ServerStoreClient, pack_bytes_from
 from sakura.net.traces import TraceError
-from sakura.quality import quality
 from sakura.runtime.calibration import CalibrationStore
 from sakura.runtime.errors import StreamError, TemplateUnavailable
-from sakura.runtime.session import DeviceRuntime
+from sakura.runtime.session import DeviceRuntime, EditInput
 from sakura.server.run import start_server
 from sakura.systems import OURS, SYSTEMS
 
@@ -238,33 +237,24 @@ class DeviceAgent:
         held, goes_on_at = self.prefetcher.take(template.id)  # the edit continues the prefetch's link
         held = held if spec.system == OURS and spec.prefetch else None  # (prefetch fetches SAKURA's pack)
         start = net.start if net.start is not None or held is None else goes_on_at
+        def on_event(e: dict) -> None:  # the plan event carries the job's id (device protocol)
+            emit(event("plan", job_id=job_id, **{k: v for k, v in e.items() if k != "type"})
+                 if e.get("type") == "plan" else e)
+
         try:
             t0 = time.perf_counter()
             calibrating = not self.runtime.knows(template)
             session = self.runtime.session(
                 template, spec.system, net.network(start), source=source,
-                on_event=emit, on_status=lambda stage, msg: emit(event("status", stage=stage, message=msg)),
+                on_event=on_event, on_status=lambda stage, msg: emit(event("status", stage=stage, message=msg)),
                 timeout_s=self.timeout_s, prefetched=held)
             timing["setup_s"] = time.perf_counter() - t0
             if calibrating:
                 timing["calibration_s"] = timing["setup_s"]
             catalog_request = None if spec.catalog_request is None else template.eval_requests[spec.catalog_request]
-            req = session.request(prompt=spec.prompt, reference=spec.photo.image() if spec.photo else None,
-                                  catalog_request=catalog_request)
-            emit(event("plan", job_id=job_id, **session.plan()))
-            if cancel.is_set():
-                raise EditCancelled("cancelled")
-            t0 = time.perf_counter()
-            outcome = session.run(req)
-            timing["edit_s"] = time.perf_counter() - t0
-            reference = metrics = None
-            if spec.reference_output and not cancel.is_set():
-                t0 = time.perf_counter()
-                reference = outcome.image if SYSTEMS[spec.system].holds_cache else session.reference(req)
-                metrics = quality(outcome.image, reference, req.mask)
-                timing["reference_s"] = time.perf_counter() - t0
-            if cancel.is_set():
-                raise EditCancelled("cancelled")
+            report = session.edit(EditInput(spec.prompt, spec.photo.image() if spec.photo else None, catalog_request),
+                                  with_reference=spec.reference_output, cancel=cancel)
+            timing.update(report.timing)
         finally:
             source.close()
         return event(
@@ -272,11 +262,11 @@ class DeviceAgent:
             job_id=job_id,
             template_id=template.id,
             system=spec.system,
-            image_png_b64=png_b64(outcome.image),
-            reference_png_b64=png_b64(reference) if reference is not None else None,
-            mask_png_b64=png_b64(req.mask),
-            metrics=metrics,
-            summary=session.summary(outcome),
+            image_png_b64=png_b64(report.image),
+            reference_png_b64=png_b64(report.reference) if report.reference is not None else None,
+            mask_png_b64=png_b64(report.request.mask),
+            metrics=report.quality,
+            summary=report.summary,
             sent_to_server=sent,
             pack_bytes_from=self._bytes_from or "server",
             link_emulation={"trace": net.trace, "start": session.start, "scale": session.scale, "shaped_by": "device"}

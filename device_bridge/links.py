@@ -11,10 +11,7 @@ import threading
 from collections.abc import Sequence
 
 from sakura.net.client import Transfer
-
-
-class EditCancelled(RuntimeError):
-    """The client went away; the edit stops at its next request."""
+from sakura.runtime.errors import EditCancelled
 
 
 class AuditedLink:

@@ -34,9 +34,8 @@ from sakura.offline.builder import build_template
 from sakura.offline.publish import BuildSettings, build_into_store
 from sakura.online.monitor import DEFAULT_ESTIMATOR
 from sakura.places import default_packs
-from sakura.quality import quality
 from sakura.runtime.calibration import SPREAD_BOUND, CalibrationStore, spread
-from sakura.runtime.session import DeviceRuntime, Network, network_scale
+from sakura.runtime.session import DeviceRuntime, EditInput, EditReport, Network, network_scale
 from sakura.systems import OURS, STREAMING, SYSTEMS
 
 WORKLOADS = {"fs": ("fs", "sakura-tiny"), "vton": ("vton", "sakura-tiny"), "mb": ("mb", "sakura-tiny"),
@@ -136,16 +135,21 @@ def prepare_template(tpl, packs: Path, max_rank: int = 128, q: float = 0.5, say:
     return TemplateBench(tpl, packs, calibration or CalibrationStore(repeats=repeats))
 
 
-def record(prepared: TemplateBench, req_index: int, system: str, start: float, tl, out: np.ndarray) -> dict:
+def edit_input(prepared: TemplateBench, req_index: int) -> EditInput:
+    """Evaluation request ``req_index`` of the template, named by its index (its reference is computed once)."""
+    return EditInput(catalog_request=prepared.template.eval_requests[req_index], key=req_index)
+
+
+def record(prepared: TemplateBench, req_index: int, system: str, start: float, report: EditReport) -> dict:
     """One sweep row: the timeline's summary and the output's quality vs the FP16-cache output."""
-    req = prepared.request(req_index)
+    tl = report.timeline
     return {"template": prepared.template.id, "request": req_index, "system": system, "start_s": start,
             "latency_s": tl.latency_s, "stall_s": tl.stall_s, "bytes": tl.bytes_total,
             "deadline_misses": tl.deadline_misses, "shards": len(tl.shards),
             "peak_cache_bytes": tl.peak_cache_bytes, "levels": [u.level for u in tl.units], "cuts": tl.cuts,
             "units": len(tl.units), "fallbacks": tl.fallback_counts(),
             "prefetched_bytes": (tl.extras.get("prefetched") or {}).get("bytes", 0),
-            **quality(out, prepared.reference(req_index), req.mask)}
+            **report.quality}
 
 
 # What a rebuild on the simulated clock is timed with. ``wall``: elapsed time (a quiet machine); ``cpu``:
@@ -197,10 +201,9 @@ def run_one(prepared: TemplateBench, req_index: int, system: str, trace: Trace, 
     if think_s:
         session.prefetch_simulated(think_s)
     kw = {} if anytime else {"anytime": False}
-    outcome = session.simulate(prepared.request(req_index), request_key=req_index,
-                               timer=timer or REBUILD_CLOCKS[rebuild_clock], **kw)
-    return record(prepared, req_index, name or (policy.name if policy else system), start, outcome.timeline,
-                  outcome.image)
+    report = session.edit(edit_input(prepared, req_index), clock="sim", timer=timer or REBUILD_CLOCKS[rebuild_clock],
+                          **kw)
+    return record(prepared, req_index, name or (policy.name if policy else system), start, report)
 
 
 def workload_benches(workload: str, cfg: "BenchConfig", cache: dict, say: Callable[[str], None]) -> list[TemplateBench]:

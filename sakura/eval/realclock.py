@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sakura.eval.bench import BenchConfig, TemplateBench, record, run_bench
+from sakura.eval.bench import BenchConfig, TemplateBench, edit_input, record, run_bench
 from sakura.eval.round_trips import warm
 from sakura.net.store_reader import link_for_server
 from sakura.net.traces import Trace
@@ -22,9 +22,8 @@ def run_one_real(runtime: DeviceRuntime, prepared: TemplateBench, req_index: int
     """One edit on the real clock: the same session as the simulated sweep's, reading the template
     server through ``runtime`` (which shares the bench's calibration) over a link paced on the device."""
     session = runtime.session(prepared.template, system, Network(trace, trace.name, start, scale))
-    req = prepared.request(req_index)
-    outcome = session.run(req)
-    return {**record(prepared, req_index, system, start, outcome.timeline, outcome.image), "clock": "real"}
+    report = session.edit(edit_input(prepared, req_index))
+    return {**record(prepared, req_index, system, start, report), "clock": "real"}
 
 
 def run_bench_real(cfg: BenchConfig, out: Path, progress=None, say=print, benches: dict | None = None) -> dict:

@@ -24,7 +24,7 @@ from sakura.net.stores import is_store_url
 from sakura.net.traces import load_trace
 from sakura.offline.builder import build_template
 from sakura.runtime.calibration import CalibrationStore
-from sakura.runtime.session import DeviceRuntime, Network
+from sakura.runtime.session import DeviceRuntime, EditInput, Network
 from sakura.server.run import start_server
 
 DEFAULT_PACKS = Path("packs")
@@ -86,15 +86,14 @@ def stream_edit(*, template: str, reference, prompt, out: Path, as_json: bool, c
         model = runtime.template_state(tpl).model
         session = runtime.session(tpl, policy, network, executor=make_executor(executor, model),
                                   reconstructor=make_reconstructor(reconstructor))
-        req = session.request(prompt=prompt or "", reference=ref)
-        outcome = session.run(req)
-        plan = session.plan()
+        edit = session.edit(EditInput(prompt or "", ref), with_reference=False)
+    plan = edit.plan
     report = {"template": tpl.id, "policy": policy, "trace": trace, "start": session.start,
               "trace_scale": session.scale, "server": base, "masked_compute_s": plan["compute"]["masked_s"],
               "local_full_s": plan["compute"]["local_full_s"], "executor": executor, "reconstructor": reconstructor,
-              **session.summary(outcome), "plan": plan, "timeline": outcome.timeline.to_dict() if as_json else None}
+              **edit.summary, "plan": plan, "timeline": edit.timeline.to_dict() if as_json else None}
     out.parent.mkdir(parents=True, exist_ok=True)
-    Image.fromarray((np.clip(outcome.image, 0, 1) * 255).round().astype("uint8")).save(out)
+    Image.fromarray((np.clip(edit.image, 0, 1) * 255).round().astype("uint8")).save(out)
     report["out"] = str(out)
     if as_json:
         typer.echo(json.dumps(report, indent=1, default=float))

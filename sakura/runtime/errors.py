@@ -10,3 +10,7 @@ class StreamError(RuntimeError):
 class TemplateUnavailable(RuntimeError):
     """The template's stored files are not where the device looks for them (not built, or not published)."""
 
+
+
+class EditCancelled(RuntimeError):
+    """The person (or the client that asked for the edit) went away; the edit stops at its next step."""

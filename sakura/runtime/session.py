@@ -4,8 +4,7 @@ The device agent, ``sakura edit --stream`` and the benchmark (real or simulated 
 
     runtime = DeviceRuntime(source)                          # once per process: caches live here
     session = runtime.session(template, "sakura", network)   # headers, calibration, scale, policy
-    outcome = session.run(request)                           # or session.simulate(request)
-    reference = session.reference(request); metrics = session.quality(outcome.image, request)
+    report = session.edit(EditInput(prompt=..., photo=...))  # request, plan, run, reference, quality
 
 :class:`DeviceRuntime` holds what a device keeps across edits: the model of each template, its
 stored files' headers (one request each, cached), its calibrated compute and the exact FP16 cache
@@ -40,11 +39,11 @@ from sakura.online.policies import Policy, get_policy
 from sakura.quality import quality
 from sakura.runtime.calibration import CalibrationStore
 from sakura.runtime.compute import ComputeProfile
-from sakura.runtime.errors import StreamError, TemplateUnavailable
+from sakura.runtime.errors import EditCancelled, StreamError, TemplateUnavailable
 from sakura.runtime.prefetch import Prefetched, simulate_prefetch
 from sakura.runtime.runners import Outcome, get_runner
 from sakura.runtime.sim import LinkModel
-from sakura.runtime.timeline import EventSink
+from sakura.runtime.timeline import EventSink, Timeline
 from sakura.systems import System, get_system
 
 REGIMES = ("paper", "none")
@@ -65,6 +64,31 @@ class Network:
     def __post_init__(self) -> None:
         if self.regime not in REGIMES:
             raise ValueError(f"regime must be one of {', '.join(REGIMES)}, got {self.regime!r}")
+
+
+@dataclass(frozen=True)
+class EditInput:
+    """What the person asked for: a prompt and/or their photo, or one of the template's catalog requests.
+    ``key`` names a request whose link-independent outputs (reference, local) a sweep may compute once."""
+
+    prompt: str = ""
+    photo: np.ndarray | None = None
+    catalog_request: object | None = None
+    key: object = None
+
+
+@dataclass
+class EditReport:
+    """One edit, whole: what the device made, what it is compared with, and where the time went."""
+
+    request: EditRequest
+    image: np.ndarray
+    timeline: Timeline
+    plan: dict
+    summary: dict
+    reference: np.ndarray | None = None  # the FP16-reference output (None: not asked for)
+    quality: dict | None = None  # PSNR / SSIM of ``image`` against it, in the edited region
+    timing: dict[str, float] = field(default_factory=dict)  # wall seconds of this process: edit_s, reference_s
 
 
 @dataclass
@@ -311,6 +335,40 @@ class EditSession:
                                         allow_recompute=self.encoding is None or self.encoding.redecodable,
                                         least_bytes=least, bound_share=self.fallback_bound_share,
                                         least_error=least_error, step_error=step_error)
+
+    def edit(self, edit_input: EditInput, *, clock: str = "real", with_reference: bool = True,
+             cancel: threading.Event | None = None, **sim_kw) -> EditReport:
+        """The whole edit in one call: the model's request from the person's input, the plan (emitted as
+        the ``plan`` event before the first byte moves), the run on the ``real`` or ``sim`` clock, and the
+        output's FP16 reference and quality (``with_reference``). ``cancel``: checked between the stages
+        (a real run also stops at its next request when its source says so)."""
+        def check() -> None:
+            if cancel is not None and cancel.is_set():
+                raise EditCancelled("edit cancelled")
+
+        req = self.request(prompt=edit_input.prompt, reference=edit_input.photo,
+                           catalog_request=edit_input.catalog_request)
+        plan = self.plan()
+        if self.on_event is not None:
+            self.on_event({"type": "plan", **plan})
+        check()
+        t0 = time.perf_counter()
+        if clock == "real":
+            outcome = self.run(req)
+        elif clock == "sim":
+            outcome = self.simulate(req, request_key=edit_input.key, **sim_kw)
+        else:
+            raise ValueError(f"clock must be real or sim, got {clock!r}")
+        report = EditReport(req, outcome.image, outcome.timeline, plan, self.summary(outcome),
+                            timing={"edit_s": time.perf_counter() - t0})
+        check()
+        if with_reference:
+            t0 = time.perf_counter()
+            report.reference = outcome.image if self.system.holds_cache else self.reference(req, edit_input.key)
+            report.quality = quality(outcome.image, report.reference, req.mask)
+            report.timing["reference_s"] = time.perf_counter() - t0
+            check()
+        return report
 
     def run(self, req: EditRequest) -> Outcome:
         """The edit on the real clock: bytes read from the source, paced along the scaled trace. A source
