@@ -1,5 +1,6 @@
-"""The device runtime: one edit put together (:mod:`session`) and run on the real clock (:mod:`stream`:
-receiver → reconstructor → executor threads) or the simulated one (:mod:`sim`), with the shard
+"""The device runtime: one edit put together (:mod:`session`: ``EditSession.edit`` is the one call) and run
+on the real clock (:mod:`stream`: receiver → reconstructor → executor threads) or the simulated one
+(:mod:`sim`), both carrying out the decisions of one scheduler (:mod:`scheduler`), with the shard
 executors (:mod:`executors`), rebuild backends (:mod:`reconstruct`), measured compute and calibration,
 prefetch, the timeline, and the device-side CLI bodies (``sakura edit --stream``, ``bench-device``,
 ``export``).

@@ -144,16 +144,12 @@ class StreamedEdit:
         for t in threads:
             t.daemon = True
             t.start()
-        shard_of = shard_of_layers(shards)
-
-        def provider(step, layer):
-            return self._provide(state, timeline, shard_of[(step, layer)], step, layer)
-
+        self._state, self._timeline, self._shard_of = state, timeline, shard_of_layers(shards)
         try:
             if self.executor is None:
-                result = self.adapter.masked_edit(req, provider)
+                result = self.adapter.masked_edit(req, self.provide)
             else:  # shard-by-shard programs (sakura.runtime.executors) over the same blocking provider
-                result = self.executor.run_masked_edit(req, provider, shards[0][2] - shards[0][1])
+                result = self.executor.run_masked_edit(req, self.provide, shards[0][2] - shards[0][1])
         finally:
             end = state.now()
             if state.error is None:
@@ -174,7 +170,10 @@ class StreamedEdit:
         return result
 
     # -- executor side (called from inside the model's masked run) -------------------------------
-    def _provide(self, state: StreamState, timeline: Timeline, j: int, step: int, layer: int):
+    def provide(self, step: int, layer: int):
+        """The model's K/V provider: blocks until the shard of (``step``, ``layer``) is rebuilt (or a fallback
+        gave it a cache), and releases each K/V as soon as it is consumed."""
+        state, timeline, j = self._state, self._timeline, self._shard_of[(step, layer)]
         if self.sched.starts[j] is None:
             asked = state.now()
             if j > 0:
