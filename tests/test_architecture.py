@@ -67,6 +67,15 @@ def test_the_library_imports_neither_the_app_nor_the_bridge():
     assert not wrong
 
 
+def test_each_package_imports_what_its_docstring_allows():
+    """runtime: the library below it only; eval (the benchmarks): imported by nothing in ``sakura`` but the CLI."""
+    edges = list(import_graph().edges)
+    below = ("sakura.eval", "sakura.cli", "sakura.server", "sakura.offline")
+    assert not [(a, b) for a, b in edges if a.startswith("sakura.runtime") and b.startswith(below)]
+    assert not [(a, b) for a, b in edges if b.startswith("sakura.eval") and a.startswith("sakura")
+                and not a.startswith(("sakura.eval", "sakura.cli"))]
+
+
 def test_the_checker_sees_a_function_level_cycle(tmp_path, monkeypatch):
     """(The test above can fail: a cycle made only of imports inside functions is found.)"""
     pkg = tmp_path / "sakura"

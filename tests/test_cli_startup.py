@@ -11,7 +11,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from sakura.cli_errors import EXPECTED_ELSEWHERE
+from sakura.cli.errors import EXPECTED_ELSEWHERE
 
 ROOT = Path(__file__).resolve().parent.parent
 HEAVY = ("torch", "diffusers", "gradio", "executorch")

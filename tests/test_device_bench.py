@@ -9,10 +9,10 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from sakura.cli_errors import friendly
+from sakura.cli.bench_device import bench_device_cmd
+from sakura.cli.errors import friendly
 from sakura.model.base import CodecConfig
 from sakura.model.geometry import GEOMETRIES, Flux2Geometry, geometry_model, get_geometry
-from sakura.runtime.device_bench_cli import bench_device_cmd
 
 # Nothing like the template's own model (sakura-tiny: 4 × 64 heads, 8 layers, 256² at patch 8 → 1024 tokens):
 # were --geometry ignored, every dim below would come out different.
@@ -81,7 +81,7 @@ def test_bench_device_model_options_fail_in_one_line(small, tmp_path):
 
 
 def test_rank_at_budget_is_where_the_fitted_rebuild_line_meets_the_budget():
-    from sakura.runtime.device_bench_report import rank_at_budget
+    from sakura.eval.device_bench_report import rank_at_budget
 
     # rebuild = 2 ms + 0.05 ms per rank; execute 100 ms → 10 ms at rank 160
     assert rank_at_budget([32, 64, 128], [3.6, 5.2, 8.4], 100.0) == 160

@@ -405,7 +405,7 @@ def test_the_demo_agent_and_the_cli_put_an_edit_together_the_same_way(agent, tem
     fetch units, measured compute, link) from the agent and from `sakura edit --stream`, and the same
     levels wherever the link leaves no room for timing noise (everything fits / nothing but the smallest
     does). Both read the same calibration file, as a device keeps it across restarts."""
-    from sakura.runtime.cli import stream_edit
+    from sakura.cli.edit_stream import stream_edit
 
     photo, _ = random_png(5)
     (tmp_path / "photo.png").write_bytes(photo)

@@ -127,8 +127,8 @@ def test_default_reconstructor(monkeypatch, tmp_path):
 
 def test_bench_device_smoke(tmp_path):
     """The benchmark end to end on its cheapest path (eager execution, torch + whatever OpenCL exists)."""
-    from sakura.runtime.device_bench import bench_device
-    from sakura.runtime.device_bench_cli import print_report
+    from sakura.cli.bench_device import print_report
+    from sakura.eval.device_bench import bench_device
 
     report = bench_device("fs-astronaut", shard_size=4, max_rank=16, configs=["R,2,2", "8,1,1"],
                           executors=("eager",), reconstructors=("torch", "opencl"), repeats=1, random_cache=True,

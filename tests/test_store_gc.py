@@ -48,7 +48,7 @@ def test_gc_deletes_only_old_unreferenced_objects(s3, tmp_path, capsys):
     assert sorted(dry.garbage) == sorted(unreferenced) and not dry.deleted
     assert object_keys(store) == everything  # a dry run deletes nothing
 
-    from sakura.net.store_cli import gc_cmd
+    from sakura.cli.store import gc_cmd
 
     gc_cmd(store.url, grace=0, yes=True, as_json=False)
     out = capsys.readouterr().out

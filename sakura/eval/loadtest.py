@@ -256,7 +256,7 @@ def loadtest_cmd(
     as_json: bool = typer.Option(False, "--json"),
 ):
     """Load test: N devices' streamed-edit fetches against template-server replicas and the pack store."""
-    from sakura.cli_errors import UserError
+    from sakura.cli.errors import UserError
     from sakura.server.run import start_server
 
     if not server and not store:

@@ -36,7 +36,6 @@ import numpy as np
 from sakura.formats import chunkcodec
 from sakura.formats.bitplanes import HEAD_BYTES, QuantizedFactors, plane_bytes, plane_records
 from sakura.formats.container import Blobs, PackFormatError, StoredInfo, coalesce, write_container
-from sakura.formats.groupdequant import dequantize_groups
 from sakura.formats.pack import LAYOUTS, Config, Geometry, Layout, PackInfo, PackReader, _geometry, base_header
 from sakura.kvcache import shard_plan
 
@@ -314,6 +313,8 @@ def received_planes(info: AllocatedPackInfo, shard: int, k: int, blobs: Blobs, *
 
 def decode_factors(info: AllocatedPackInfo, shard: int, k: int, blobs: Blobs, *, verify: bool = True):
     """``{unit: (A (n, r), B (r, d), mean (d,))}`` float32 for level ``k`` of ``shard`` (as v1's decode_factors)."""
+    from sakura.formats.groupdequant import dequantize_groups  # torch: not for header-only readers (the server)
+
     geo = info.geometry
     units, means, planes, groups = received_planes(info, shard, k, blobs, verify=verify)
     a = dequantize_groups(planes[0], groups, geo, geo.n, info.a_units(shard))
@@ -332,7 +333,9 @@ def low_rank(means: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Ten
 def decode_shard(info: AllocatedPackInfo, shard: int, k: int, blobs: Blobs, *, verify: bool = True):
     """``(units, K/V (U, n, d) float32 tensor)`` of level ``k``: the factors dequantised in one pass per
     factor and ``A·B + μ`` as one batched matmul (A used transposed in place)."""
-    import torch
+    import torch  # (torch, here and in groupdequant: not for header-only readers such as the server)
+
+    from sakura.formats.groupdequant import dequantize_groups
 
     geo = info.geometry
     units, means, planes, groups = received_planes(info, shard, k, blobs, verify=verify)

@@ -6,7 +6,7 @@ torch.set_num_threads(1)
 from sakura.catalog import load_catalog
 from sakura.editing import edit_request, model_for
 from sakura.formats.pack import PackReader
-from sakura.runtime.device_bench import _measure_execute
+from sakura.eval.device_bench import _measure_execute
 from sakura.runtime.reconstruct import get_reconstructor
 packs, tid, reps = sys.argv[1], sys.argv[2], int(sys.argv[3])
 out = sys.argv[4] if len(sys.argv) > 4 else "side_by_side.json"

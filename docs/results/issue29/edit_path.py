@@ -126,7 +126,7 @@ def main() -> None:
     from app.edit_page import EditPage
     from device_bridge import InProcessBridge, Photo
     from sakura.catalog import load_catalog
-    from sakura.runtime.cli import ensure_packs
+    from sakura.cli.edit_stream import ensure_packs
 
     tpl = load_catalog().get("fs-astronaut")
     ensure_packs(args.packs, tpl)

@@ -1,6 +1,6 @@
 """What ``sakura bench-device``'s measurements mean: per-config level rows, per-shard rows, the summary
 (means, rebuild / execute ratios, hidden shares) and the rank at which rebuild reaches the budget.
-The measuring is :mod:`sakura.runtime.device_bench`."""
+The measuring is :mod:`sakura.eval.device_bench`."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from sakura.cli_errors import friendly
+from sakura.cli.errors import friendly
 
 store_app = typer.Typer(invoke_without_command=True, add_completion=False, pretty_exceptions_enable=False,
                         help="Run a local S3 object store for packs (default), or collect an S3 store's garbage (gc).")

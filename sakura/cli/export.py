@@ -1,6 +1,6 @@
 """``sakura export``: export a template's shards to ExecuTorch programs (typer command body).
 
-Wire it in ``sakura/cli.py`` with ``app.command("export")(friendly(export_cmd))``; add
+Wired in ``sakura/cli/__init__.py`` with ``app.command("export")(friendly(export_cmd))``; add
 ``BackendUnavailable`` (``sakura.runtime.executors.errors``) to the expected errors so a missing
 SDK prints one line and exits 2.
 

@@ -1,5 +1,5 @@
 """``sakura bench-device`` on the command line: the report as rich tables, and the typer command
-(the measurement itself is :mod:`sakura.runtime.device_bench`)."""
+(the measurement itself is :mod:`sakura.eval.device_bench`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Optional
 
-from sakura.runtime.device_bench import DEFAULT_CONFIGS, bench_device
+from sakura.eval.device_bench import DEFAULT_CONFIGS, bench_device
 
 
 def print_report(report: dict, console=None) -> None:

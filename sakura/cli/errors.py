@@ -28,7 +28,7 @@ EXPECTED_ELSEWHERE = (
     ("sakura.model.embedded", "ModelLoadError"), ("sakura.formats.container", "PackFormatError"),
     ("sakura.net.traces", "TraceError"), ("sakura.runtime.executors.errors", "BackendUnavailable"),
     ("sakura.runtime.errors", "StreamError"), ("sakura.runtime.errors", "TemplateUnavailable"),
-    ("sakura.net.byteranges", "FetchError"), ("sakura.net.stores", "StoreError"),
+    ("sakura.net.byteranges", "FetchError"), ("sakura.net.store_base", "StoreError"),
     ("sakura.net.seaweed", "StoreStartError"), ("sakura.offline.ray_build", "RayUnavailable"),
     ("sakura.runtime.executors.base", "ShardExecutionError"),
     ("httpx", "TransportError"), ("websockets.exceptions", "WebSocketException"),

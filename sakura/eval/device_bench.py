@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from sakura.runtime.device_bench_pack import open_pack
-from sakura.runtime.device_bench_report import config_key, level_rows, shard_rows, summarise
+from sakura.eval.device_bench_pack import open_pack
+from sakura.eval.device_bench_report import config_key, level_rows, shard_rows, summarise
 
 DEFAULT_CONFIGS = ("R,8,8", "64,4,4", "32,3,2")
 LAYOUTS = ("uniform", "allocated")  # the pack bench-device builds: v1, or v2 as `sakura build` writes it
@@ -133,7 +133,7 @@ def bench_device(template_id: str, *, catalog: str | Path | None = None, shard_s
     import torch
 
     from sakura.catalog import load_catalog
-    from sakura.cli_errors import UserError
+    from sakura.cli.errors import UserError
     from sakura.editing import edit_request, model_for
     from sakura.model import ModelLoadError
     from sakura.model.geometry import geometry_model, geometry_record, get_geometry

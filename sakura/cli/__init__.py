@@ -1,4 +1,7 @@
-"""The ``sakura`` command. Each area keeps its commands in its own ``cli.py``; this file wires them.
+"""The ``sakura`` command: this file wires the commands; the longer command bodies are the modules beside it
+(``edit_stream``, ``export``, ``bench_device``, ``store``, ``build_store``) and ``errors`` is how every one of
+them fails. Imports any part of ``sakura``, inside the commands; ``app`` and ``device_bridge`` register their
+commands as entry points (``sakura.commands``) and are never imported by name.
 
 Heavy imports (torch, diffusers) happen inside commands so ``sakura --help`` stays fast. Every
 expected failure (bad template id, unreadable image, malformed pack, …) exits with status 2 and
@@ -15,7 +18,7 @@ from typing import Optional
 
 import typer
 
-from sakura.cli_errors import MAX_IMAGE_SIDE, UserError, check_image_file, friendly
+from sakura.cli.errors import MAX_IMAGE_SIDE, UserError, check_image_file, friendly
 from sakura.places import PACKS_HELP, packs_or_default
 from sakura.systems import SYSTEMS
 
@@ -100,7 +103,7 @@ def edit(
     """Edit a template locally: full recomputation or masked execution with template KV reuse."""
     check_image_file(reference)
     if stream:
-        from sakura.runtime.cli import stream_edit  # the streaming runtime owns this path
+        from sakura.cli.edit_stream import stream_edit  # the streaming runtime owns this path
 
         if executor not in ("eager", "executorch"):
             raise UserError(f"--executor must be eager or executorch, not {executor!r}")
@@ -194,7 +197,7 @@ def build(
         build_with_progress(chosen, Path(out), q=q, max_rank=max_rank, shard_size=shard_size, model_path=model_path,
                             basis=basis, rebuild_rank=rebuild_rank)
         return
-    from sakura.offline.store_cli import build_to_store
+    from sakura.cli.build_store import build_to_store
 
     build_to_store(chosen, out, q=q, max_rank=max_rank, shard_size=shard_size, model_path=model_path, ray=ray,
                    ray_workers=ray_workers, catalog=catalog, force=force, basis=basis, rebuild_rank=rebuild_rank)
@@ -418,12 +421,12 @@ def train_tiny(ctx: typer.Context):
 
 
 def _register_runtime_commands() -> None:
-    """Commands whose bodies live with their subsystem. Every ``sakura`` process imports these modules, so
+    """Commands whose bodies are modules of their own. Every ``sakura`` process imports these modules, so
     they must stay light: no torch, diffusers or gradio at import (tests/test_cli_startup.py checks)."""
+    from sakura.cli.bench_device import bench_device_cmd
+    from sakura.cli.export import export_cmd
+    from sakura.cli.store import store_app
     from sakura.eval.loadtest import loadtest_cmd
-    from sakura.net.store_cli import store_app
-    from sakura.runtime.device_bench_cli import bench_device_cmd
-    from sakura.runtime.export_cli import export_cmd
 
     app.command("export")(friendly(export_cmd))
     app.command("bench-device")(friendly(bench_device_cmd))
