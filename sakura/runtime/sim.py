@@ -19,7 +19,7 @@ import numpy as np
 
 from sakura.formats import KV, FetchUnit, Level, StreamEncoding
 from sakura.net.paced import DEFAULT_INFLIGHT, DEFAULT_REQUEST_OVERHEAD_S, cut_point
-from sakura.net.traces import Trace
+from sakura.net.traces import MAX_MBPS, Trace
 from sakura.online.fallback import CHECK_EVERY_S, FallbackContext, in_flight
 from sakura.online.monitor import DEFAULT_ESTIMATOR, RuntimeMonitor
 from sakura.online.policies import Policy
@@ -50,6 +50,34 @@ class LinkModel:
 
     def rate_bps_at(self, at: float) -> float:
         return float(self.trace.rate_at(self.start_s + at)) * 1e6
+
+
+def measured_link(timeline: Timeline, nominal: LinkModel, tail_s: float = 60.0) -> LinkModel:
+    """The link a real-clock run actually got, to replay that run on the simulated clock: each transfer's
+    bytes spread evenly over its active time (from its request plus the round trip, or the previous
+    transfer's last byte, to its own last byte), ``nominal`` wherever no transfer was on the link. What
+    then differs between the clocks is the pipeline and its decisions, not how promptly this machine's
+    threads were scheduled (a loaded CPU wakes the receiver late and reads as a slower link)."""
+    edges, rates, free = [0.0], [], 0.0
+
+    def nominal_until(t: float) -> None:
+        a = edges[-1]
+        if t > a + 1e-9:  # the first gap at the rate the edit started on (the monitor's first estimate)
+            got = nominal.trace.bytes_between(nominal.start_s + a, nominal.start_s + t)
+            rates.append(nominal.rate_bps_at(0.0) / 1e6 if a == 0.0 else 8 * got / (t - a) / 1e6)
+            edges.append(t)
+
+    on_link = [u for u in timeline.units if u.arrival_t is not None and u.nbytes > 0 and not u.prefetched]
+    for u in sorted(on_link, key=lambda u: u.request_t):
+        begin = max(u.request_t + nominal.request_overhead_s, free)
+        nominal_until(begin)
+        if u.arrival_t > edges[-1] + 1e-9:
+            rates.append(min(MAX_MBPS, 8 * u.nbytes / (u.arrival_t - edges[-1]) / 1e6))
+            edges.append(u.arrival_t)
+        free = max(free, u.arrival_t)
+    nominal_until(edges[-1] + tail_s)
+    return LinkModel(Trace(np.array(edges), np.array(rates), f"{nominal.trace.name} as measured"), 0.0,
+                     nominal.request_overhead_s, nominal.inflight)
 
 
 @dataclass
