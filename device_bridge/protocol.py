@@ -73,7 +73,7 @@ class NetworkSpec:
     def network(self, start: float | None = None):
         """The runtime's :class:`~sakura.runtime.session.Network` this spec stands for (``start`` overrides
         the spec's offset: an edit that continues a prefetch's link). The protocol only serialises it."""
-        from sakura.runtime.session import Network
+        from sakura.runtime.session import Network  # the runtime loads torch; the app reads this module without
 
         return Network(self.link_trace, self.trace, self.start if start is None else start, self.scale, self.regime)
 
