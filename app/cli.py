@@ -49,7 +49,7 @@ def start_app(app: FastAPI, host: str = "127.0.0.1", port: int = 0, timeout: flo
     """Serve ``app`` from a background thread (tests, embedding); port 0 = a free port."""
     import uvicorn
 
-    from sakura.net.listen import bind_socket, serve_in_thread, url_of
+    from sakura.net.listen import bind_socket, serve_in_thread, url_of  # uvicorn: sakura --help stays light
 
     sock = bind_socket(host, port)
     server, thread = serve_in_thread(uvicorn.Config(app, log_level="warning", lifespan="on"), sock, name="sakura-app",
@@ -60,7 +60,7 @@ def start_app(app: FastAPI, host: str = "127.0.0.1", port: int = 0, timeout: flo
 def connect_device(device: str, server_url: str, agent_port: int = 0):
     """A bridge to the device agent: ``subprocess`` / ``inprocess`` use our template server; a remote
     agent (``tcp://…``, ``ws://…``, ``adb``) already knows its own."""
-    from device_bridge import connect
+    from device_bridge import connect  # sakura --help stays light
 
     if device == "subprocess":
         return connect(device, server_url=server_url, port=agent_port)
@@ -76,13 +76,13 @@ def run_demo(host: str = "127.0.0.1", port: int = 7860, packs: str | Path = "pac
     (0: any free port)."""
     import uvicorn
 
-    from app.server import create_app
-    from sakura.catalog import load_catalog
-    from sakura.eval.explorer import Explorer
-    from sakura.net.listen import bind_socket, url_of
-    from sakura.net.stores import is_store_url, open_store
-    from sakura.offline.build_queue import BuildQueue
-    from sakura.server.run import start_server
+    from app.server import create_app  # gradio: sakura --help stays light
+    from sakura.catalog import load_catalog  # sakura --help stays light
+    from sakura.eval.explorer import Explorer  # torch: sakura --help stays light
+    from sakura.net.listen import bind_socket, url_of  # uvicorn: sakura --help stays light
+    from sakura.net.stores import is_store_url, open_store  # sakura --help stays light
+    from sakura.offline.build_queue import BuildQueue  # torch: sakura --help stays light
+    from sakura.server.run import start_server  # fastapi/uvicorn: sakura --help stays light
 
     catalog = load_catalog()
     data = Path(data)
@@ -161,9 +161,9 @@ def demo(
                                    help="Port of the subprocess device agent on 127.0.0.1 (0: any free port)."),
 ):
     """Run the demo: template server, a device agent, and the app (missing packs build behind it)."""
-    from device_bridge import BridgeError
-    from sakura.catalog import CatalogError
-    from sakura.process import sigterm_as_interrupt
+    from device_bridge import BridgeError  # sakura --help stays light
+    from sakura.catalog import CatalogError  # sakura --help stays light
+    from sakura.process import sigterm_as_interrupt  # sakura --help stays light
 
     sigterm_as_interrupt()  # SIGTERM stops the server, agent and builds as Ctrl-C does
     ids = [t.strip() for t in templates.split(",") if t.strip()] if templates else None

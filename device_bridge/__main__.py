@@ -10,6 +10,8 @@ import argparse
 import sys
 
 from device_bridge.agent import DEFAULT_TIMEOUT_S
+from device_bridge.cli import run_agent
+from sakura.process import sigterm_as_interrupt
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,12 +29,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="JSON file keeping measured device compute across restarts")
     ap.add_argument("--log-level", default="warning")
     a = ap.parse_args(argv)
-    from sakura.process import sigterm_as_interrupt
-
     sigterm_as_interrupt()  # SIGTERM cleans up (the local template server) as Ctrl-C does
     try:
-        from device_bridge.cli import run_agent
-
         run_agent(a.listen, a.server, a.packs, catalog=a.catalog, link=a.link, timeout_s=a.timeout,
                   warmup=a.warmup, calibration_file=a.calibration,
                   log_level=a.log_level)

@@ -17,11 +17,11 @@ def run_agent(listen: str = "127.0.0.1:8700", server: str | None = None, packs: 
               calibration_file: str | Path | None = None, log_level: str = "warning") -> None:
     """Start a :class:`DeviceAgent` (and a local template server over ``packs`` when no ``server``
     is given) and serve it until interrupted."""
-    from device_bridge.agent import DeviceAgent
-    from device_bridge.server import parse_listen, serve_agent
+    from device_bridge.agent import DeviceAgent  # torch: sakura --help stays light
+    from device_bridge.server import parse_listen, serve_agent  # fastapi/uvicorn: sakura --help stays light
 
     parse_listen(listen)  # fail before loading anything
-    from sakura.catalog import CatalogError
+    from sakura.catalog import CatalogError  # sakura --help stays light
 
     try:
         agent = DeviceAgent(server, catalog, packs, link=link, timeout_s=timeout_s,
@@ -60,7 +60,7 @@ def device(
 ):
     """Run the device agent: edits arrive over a websocket (docs/device-protocol.md); the user's photo
     and prompt stay on this side; packs are streamed from the template server."""
-    from sakura.process import sigterm_as_interrupt
+    from sakura.process import sigterm_as_interrupt  # sakura --help stays light
 
     sigterm_as_interrupt()  # SIGTERM cleans up (the local template server) as Ctrl-C does
     try:

@@ -40,6 +40,7 @@ from websockets.sync.client import connect as ws_connect
 
 from device_bridge.agent import DeviceAgent
 from device_bridge.protocol import EditFailed, EditRejected, Job, NetworkSpec, one_line
+from device_bridge.server import READY_PREFIX
 
 EventCallback = Callable[[dict], None]
 DEFAULT_ADB_PORT = 8700
@@ -213,8 +214,6 @@ class SubprocessBridge(WsBridge):
         reader = threading.Thread(target=lambda: lines.append(self.proc.stdout.readline()), daemon=True)
         reader.start()
         reader.join(self.READY_TIMEOUT_S)
-        from device_bridge.server import READY_PREFIX
-
         line = lines[0] if lines else ""
         if not line.startswith(READY_PREFIX):
             self.close()

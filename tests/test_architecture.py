@@ -76,6 +76,43 @@ def test_each_package_imports_what_its_docstring_allows():
                 and not a.startswith(("sakura.eval", "sakura.cli"))]
 
 
+def silent_function_level_imports() -> list[str]:
+    """Imports of a project module written inside a function with no ``#`` comment on their first or last line."""
+    modules = _modules()
+    silent = []
+    for path in modules.values():
+        lines = path.read_text().splitlines()
+        tree = ast.parse("\n".join(lines), str(path))
+        inside = {node for fn in ast.walk(tree) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+                  for node in ast.walk(fn) if isinstance(node, (ast.Import, ast.ImportFrom))}
+        for node in sorted(inside, key=lambda n: n.lineno):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            project = isinstance(node, ast.ImportFrom) and node.level or any(_project_module(n, modules) for n in names)
+            if project and "#" not in lines[node.lineno - 1] and "#" not in lines[node.end_lineno - 1]:
+                silent.append(f"{path.relative_to(ROOT)}:{node.lineno}: {lines[node.lineno - 1].strip()}")
+    return silent
+
+
+def test_function_level_imports_say_why():
+    """An import of a project module inside a function is there for start-up time (torch, gradio, …), an
+    optional dependency or a cycle, and its line says which in a ``#`` comment (on its first or last line);
+    every other import of the project is at the top of the module."""
+    silent = silent_function_level_imports()
+    assert not silent, silent
+
+
+def test_the_checker_sees_a_silent_function_level_import(tmp_path, monkeypatch):
+    pkg = tmp_path / "sakura"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "b.py").write_text("")
+    (pkg / "a.py").write_text("def f():\n    from sakura.b import g\n    from . import b  # cycle\n"
+                              "    import json\n")
+    monkeypatch.setattr(__import__(__name__), "ROOT", tmp_path)
+    monkeypatch.setattr(__import__(__name__), "PACKAGES", ("sakura",))
+    assert silent_function_level_imports() == ["sakura/a.py:2: from sakura.b import g"]
+
+
 def test_the_checker_sees_a_function_level_cycle(tmp_path, monkeypatch):
     """(The test above can fail: a cycle made only of imports inside functions is found.)"""
     pkg = tmp_path / "sakura"

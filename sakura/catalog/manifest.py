@@ -34,6 +34,8 @@ from typing import Any
 
 import numpy as np
 
+import sakura
+
 from .errors import CatalogError, UnknownTemplateError
 from .images import ImageSpec
 from .masks import MaskSpec, token_mask
@@ -52,8 +54,6 @@ _TEMPLATE_KEYS = {"id", "task", "title", "image", "crop", "mask", "model", "seed
 
 def default_catalog_path() -> Path:
     """The embedded manifest: ``templates_catalog/catalog.toml`` next to the ``sakura`` package."""
-    import sakura
-
     return Path(sakura.__file__).resolve().parent.parent / "templates_catalog" / "catalog.toml"
 
 

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from .errors import CatalogError
+from .images import parse_box
 
 SHAPES = ("png", "box", "ellipse", "polygon")
 
@@ -67,8 +68,6 @@ def _parse_shape(value: Any, base_dir: Path, what: str) -> MaskShape:
         path = (path if path.is_absolute() else base_dir / path).resolve()
         return MaskShape("png", path=path)
     if kind == "box":
-        from .images import parse_box
-
         return MaskShape("box", parse_box(v, f"{what} box"))
     if kind == "ellipse":
         cx, cy, rx, ry = _floats(v, 4, f"{what} ellipse [cx, cy, rx, ry]")

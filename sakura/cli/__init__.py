@@ -38,7 +38,7 @@ def catalog_list(catalog: Optional[Path] = CatalogOpt, as_json: bool = typer.Opt
     from rich.console import Console
     from rich.table import Table
 
-    from sakura.catalog import load_catalog
+    from sakura.catalog import load_catalog  # inside the command, as every library import here
 
     cat = load_catalog(catalog)
     rows = [t.summary() for t in cat]
@@ -55,7 +55,7 @@ def catalog_list(catalog: Optional[Path] = CatalogOpt, as_json: bool = typer.Opt
 
 
 def _load_reference(spec: str) -> "object":
-    from sakura.catalog import load_image_spec
+    from sakura.catalog import load_image_spec  # inside the command, as every library import here
 
     try:
         return load_image_spec(spec, Path.cwd())
@@ -121,9 +121,9 @@ def edit(
     import torch
     from PIL import Image
 
-    from sakura.catalog import load_catalog
-    from sakura.editing import edit_request, model_for
-    from sakura.quality import quality
+    from sakura.catalog import load_catalog  # inside the command, as every library import here
+    from sakura.editing import edit_request, model_for  # heavy (torch): inside the command
+    from sakura.quality import quality  # inside the command, as every library import here
 
     tpl = load_catalog(catalog).get(template)
     if tpl.task in ("fs", "vton") and not reference:
@@ -185,19 +185,19 @@ def build(
                                                "`rank_at_budget` from `sakura bench-device` (default: no cap)."),
 ):
     """Offline: capture, profile importance, write the progressive pack and the baselines' files."""
-    from sakura.catalog import load_catalog
-    from sakura.net.stores import is_store_url
+    from sakura.catalog import load_catalog  # inside the command, as every library import here
+    from sakura.net.stores import is_store_url  # inside the command, as every library import here
 
     cat = load_catalog(catalog)
     chosen = [cat.get(t.strip()) for t in templates.split(",")] if templates else list(cat)
     out = packs_or_default(out)
     if ray is None and not is_store_url(out):  # the embedded default, exactly as before
-        from sakura.offline.builder import build_with_progress
+        from sakura.offline.builder import build_with_progress  # heavy (torch): inside the command
 
         build_with_progress(chosen, Path(out), q=q, max_rank=max_rank, shard_size=shard_size, model_path=model_path,
                             basis=basis, rebuild_rank=rebuild_rank)
         return
-    from sakura.cli.build_store import build_to_store
+    from sakura.cli.build_store import build_to_store  # heavy (torch): inside the command
 
     build_to_store(chosen, out, q=q, max_rank=max_rank, shard_size=shard_size, model_path=model_path, ray=ray,
                    ray_workers=ray_workers, catalog=catalog, force=force, basis=basis, rebuild_rank=rebuild_rank)
@@ -208,7 +208,7 @@ def build(
 def pack_info(path: Path = typer.Argument(..., help="PACKDIR/ID (the template's files in PACKDIR)."),
               as_json: bool = typer.Option(False, "--json")):
     """Sizes of a template's stored formats and its SAKURA pack's frontier."""
-    from sakura.formats.inspect import pack_summary
+    from sakura.formats.inspect import pack_summary  # inside the command, as every library import here
 
     info = pack_summary(path.parent, path.name)
     if as_json:
@@ -243,8 +243,8 @@ def serve(
     trace_dir: Optional[Path] = typer.Option(None, "--trace-dir", help="Folder of trace files clients may name."),
 ):
     """Run the stateless template server over a pack folder or an object store."""
-    from sakura.net.stores import is_store_url
-    from sakura.server.run import serve as run_server
+    from sakura.net.stores import is_store_url  # inside the command, as every library import here
+    from sakura.server.run import serve as run_server  # heavy (fastapi/uvicorn): inside the command
 
     packs = packs_or_default(packs)
     if not is_store_url(packs) and not Path(packs).is_dir():
@@ -328,8 +328,8 @@ def bench(
     torch.set_num_threads(threads)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from sakura.eval import bench, figures
-    from sakura.runtime.calibration import default_path
+    from sakura.eval import bench, figures  # heavy (torch, matplotlib): inside the command
+    from sakura.runtime.calibration import default_path  # heavy (torch): inside the command
 
     if clock not in ("sim", "real", "both"):
         raise UserError("--clock must be sim, real or both")
@@ -352,7 +352,7 @@ def bench(
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as bar:
         say = bar.console.print
         if clock == "both":
-            from sakura.eval import plots, realclock
+            from sakura.eval import plots, realclock  # heavy (torch, matplotlib): inside the command
 
             summary = realclock.run_both_clocks(cfg, out, progress=bar, say=say)
             say(realclock.clock_table(summary["clock_check"]))
@@ -373,8 +373,8 @@ def report(
     out: Path = typer.Option(Path("runs/report"), "--out"),
 ):
     """Offline observations: token importance (Fig. 2), rank-precision trade-off (Fig. 8), q sweep (Fig. 19)."""
-    from sakura.catalog import load_catalog
-    from sakura.eval import bench, reports
+    from sakura.catalog import load_catalog  # inside the command, as every library import here
+    from sakura.eval import bench, reports  # heavy (torch): inside the command
 
     if kind not in ("importance", "tradeoff", "q-sweep"):
         raise UserError("report kind must be importance, tradeoff or q-sweep")
@@ -383,7 +383,7 @@ def report(
     cat = load_catalog()
     chosen = [cat.get(t.strip()) for t in templates.split(",")]
     if kind == "q-sweep":
-        from sakura.eval import figures
+        from sakura.eval import figures  # heavy (torch, matplotlib): inside the command
 
         tasks = {t.task for t in chosen}
         workload = "fs" if "fs" in tasks else sorted(tasks)[0]
@@ -414,7 +414,7 @@ def train_tiny(ctx: typer.Context):
     """Train the embedded models (flow matching on edits synthesized from packaged images).
 
     Arguments pass through to `python -m sakura.model.train` (see `sakura train-tiny --help-train`)."""
-    from sakura.model import train
+    from sakura.model import train  # heavy (torch): inside the command
 
     args = ["--help" if a == "--help-train" else a for a in ctx.args]
     train.main(args)
@@ -423,10 +423,10 @@ def train_tiny(ctx: typer.Context):
 def _register_runtime_commands() -> None:
     """Commands whose bodies are modules of their own. Every ``sakura`` process imports these modules, so
     they must stay light: no torch, diffusers or gradio at import (tests/test_cli_startup.py checks)."""
-    from sakura.cli.bench_device import bench_device_cmd
-    from sakura.cli.export import export_cmd
-    from sakura.cli.store import store_app
-    from sakura.eval.loadtest import loadtest_cmd
+    from sakura.cli.bench_device import bench_device_cmd  # registered by main(), not on import
+    from sakura.cli.export import export_cmd  # registered by main(), not on import
+    from sakura.cli.store import store_app  # registered by main(), not on import
+    from sakura.eval.loadtest import loadtest_cmd  # registered by main(), not on import
 
     app.command("export")(friendly(export_cmd))
     app.command("bench-device")(friendly(bench_device_cmd))

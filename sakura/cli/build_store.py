@@ -32,11 +32,11 @@ def build_to_store(templates, out: str, *, q: float, max_rank: int, shard_size: 
             results.append(build_into_store(tpl, store, settings, force=force))
             _say(results[-1])
     else:
-        from sakura.offline.ray_build import ray_build
+        from sakura.offline.ray_build import ray_build  # Ray's module: only with --ray
 
         results = ray_build(templates, store.url, settings, address=ray, num_cpus=ray_workers,
                             catalog_path=catalog.resolve() if catalog else None, force=force, on_done=_say)
-    from sakura.offline.ray_build import build_throughput
+    from sakura.offline.ray_build import build_throughput  # cli module: imports on use
 
     summary = {"store": store.url, "ray": ray, **build_throughput(results, time.perf_counter() - t0)}
     typer.echo(json.dumps(summary))

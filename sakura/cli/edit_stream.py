@@ -42,8 +42,8 @@ def server_for(packs: Path | str, url: str | None):
 
 def ensure_packs(packs: Path | str, template, model_path=None) -> None:
     if is_store_url(packs):
-        from sakura.net.stores import open_store
-        from sakura.offline.publish import build_into_store
+        from sakura.net.stores import open_store  # only for an s3:// store
+        from sakura.offline.publish import build_into_store  # only for an s3:// store
 
         store = open_store(packs, create=True)
         if store.published_key(template.id) is None:  # any published build will do, as for a folder

@@ -40,10 +40,10 @@ def export_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the export metadata as JSON."),
 ):
     """Export every shard of a template's masked run (static token counts) to a .pte program."""
-    from sakura.catalog import load_catalog
-    from sakura.editing import edit_request, model_for
-    from sakura.runtime.executors.errors import BackendUnavailable
-    from sakura.runtime.executors.executorch_backend import BACKENDS, check_qnn_sdk, export_shards
+    from sakura.catalog import load_catalog  # sakura --help stays light
+    from sakura.editing import edit_request, model_for  # torch: sakura --help stays light
+    from sakura.runtime.executors.errors import BackendUnavailable  # torch: sakura --help stays light
+    from sakura.runtime.executors.executorch_backend import BACKENDS, check_qnn_sdk, export_shards  # ExecuTorch (heavy)
 
     if backend not in BACKENDS:
         raise BackendUnavailable(f"--backend must be one of {', '.join(BACKENDS)}, not {backend!r}")

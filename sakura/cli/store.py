@@ -30,7 +30,7 @@ def store_cmd(
         return
     import signal
 
-    from sakura.net.seaweed import start_local_s3
+    from sakura.net.seaweed import start_local_s3  # sakura --help stays light
 
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # `kill` stops the store as Ctrl-C does
     with start_local_s3(data_dir, s3_port=port, access_key=access_key, secret_key=secret_key) as s3:
@@ -62,8 +62,8 @@ def gc_cmd(
     as_json: bool = typer.Option(False, "--json"),
 ):
     """Delete content-addressed objects that no published template index references (dry run unless --yes)."""
-    from sakura.net.store_gc import collect
-    from sakura.net.stores import open_store
+    from sakura.net.store_gc import collect  # sakura --help stays light
+    from sakura.net.stores import open_store  # sakura --help stays light
 
     report = collect(open_store(url), grace_s=grace, delete=yes)
     if as_json:

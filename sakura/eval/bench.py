@@ -22,15 +22,17 @@ from typing import Callable, Iterator
 import numpy as np
 import torch
 
+from sakura.catalog import load_catalog
 from sakura.editing import edit_request
 from sakura.eval.round_trips import measure_round_trips
 from sakura.eval.summary_stats import edit_key, fallback_stats, paired_over_oracle, summarize  # noqa: F401
 from sakura.formats import PackFormatError, file_id
+from sakura.formats.pack import PackInfo
 from sakura.kvcache import KVCache
 from sakura.net.folder import FolderSource
 from sakura.net.stores import is_store_url, open_store
 from sakura.net.traces import Trace, TraceError, load_trace
-from sakura.offline.builder import build_template
+from sakura.offline.builder import DEFAULT_BASIS, DEFAULT_LAYOUT, build_template
 from sakura.offline.publish import BuildSettings, build_into_store
 from sakura.online.monitor import DEFAULT_ESTIMATOR
 from sakura.places import default_packs
@@ -105,9 +107,6 @@ def current_pack(path: Path) -> bool:
     """Whether a built pack exists in the layout the builder writes now: a pack of an older version, one
     built without the ``auto`` basis check (its build report says which basis it kept) or an unreadable
     one is rebuilt, never streamed as if it were current."""
-    from sakura.formats.pack import PackInfo
-    from sakura.offline.builder import DEFAULT_BASIS, DEFAULT_LAYOUT
-
     try:
         info = PackInfo.open(path)[1]
         report = json.loads(path.with_name(f"{info.template_id}.build.json").read_text())
@@ -208,8 +207,6 @@ def run_one(prepared: TemplateBench, req_index: int, system: str, trace: Trace, 
 
 def workload_benches(workload: str, cfg: "BenchConfig", cache: dict, say: Callable[[str], None]) -> list[TemplateBench]:
     """The prepared templates of a workload, prepared once per process (``cache`` by template id)."""
-    from sakura.catalog import load_catalog
-
     out = []
     for tpl in workload_templates(load_catalog(), workload):
         if tpl.id not in cache:

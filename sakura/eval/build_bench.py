@@ -18,7 +18,12 @@ import json
 import secrets
 import time
 
+from sakura.catalog import load_catalog
+from sakura.editing import model_for
 from sakura.eval.projection import SETTINGS
+from sakura.net.stores import open_store
+from sakura.offline.publish import BuildSettings
+from sakura.offline.ray_build import timed_ray_build
 
 
 def stage_seconds(store, template_id: str) -> dict[str, float]:
@@ -46,10 +51,6 @@ def project(seconds: dict[str, float], ours: dict, paper_name: str = "flux2-klei
 
 
 def main(argv: list[str] | None = None) -> None:
-    from sakura.catalog import load_catalog
-    from sakura.offline.publish import BuildSettings
-    from sakura.offline.ray_build import timed_ray_build
-
     ap = argparse.ArgumentParser(prog="python -m sakura.eval.build_bench")
     ap.add_argument("--store", required=True, help="s3://bucket/prefix (each run gets a fresh sub-prefix)")
     ap.add_argument("--templates", default="fs-astronaut,fs-grace-hopper,vton-astronaut,vton-grace-hopper")
@@ -73,9 +74,6 @@ def main(argv: list[str] | None = None) -> None:
 
 def projection(runs: dict, chosen: list, count: int) -> dict:
     """Per-template cost from the run with the fewest workers (the least contended), at our scale and the paper's."""
-    from sakura.editing import model_for
-    from sakura.net.stores import open_store
-
     base = runs[min(runs)]
     store = open_store(base["store"])
     seconds: dict[str, float] = {}

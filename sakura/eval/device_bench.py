@@ -39,6 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
+from sakura.catalog import load_catalog
+from sakura.cli.errors import UserError
 from sakura.eval.device_bench_pack import open_pack
 from sakura.eval.device_bench_report import config_key, level_rows, shard_rows, summarise
 
@@ -132,12 +134,10 @@ def bench_device(template_id: str, *, catalog: str | Path | None = None, shard_s
     ``rebuild_rank`` caps its decoded rank as ``sakura build --rebuild-rank`` does."""
     import torch
 
-    from sakura.catalog import load_catalog
-    from sakura.cli.errors import UserError
-    from sakura.editing import edit_request, model_for
-    from sakura.model import ModelLoadError
-    from sakura.model.geometry import geometry_model, geometry_record, get_geometry
-    from sakura.runtime.calibration import machine_fingerprint
+    from sakura.editing import edit_request, model_for  # torch: sakura --help stays light
+    from sakura.model import ModelLoadError  # torch: sakura --help stays light
+    from sakura.model.geometry import geometry_model, geometry_record, get_geometry  # torch: sakura --help stays light
+    from sakura.runtime.calibration import machine_fingerprint  # torch: sakura --help stays light
 
     if geometry is not None and model_path:
         raise ModelLoadError("give a model folder or a geometry, not both")
@@ -259,8 +259,8 @@ class _Rebuilds:
 def _measure_rebuild(names: Sequence[str], info, cfgs, key, blobs, repeats: int, log) -> _Rebuilds:
     import torch
 
-    from sakura.runtime.executors import BackendUnavailable
-    from sakura.runtime.reconstruct import get_reconstructor
+    from sakura.runtime.executors import BackendUnavailable  # torch: sakura --help stays light
+    from sakura.runtime.reconstruct import get_reconstructor  # torch: sakura --help stays light
 
     out = _Rebuilds()
     for name in names:
@@ -297,7 +297,7 @@ class _Executions:
 
 def _measure_execute(names: Sequence[str], model, req, shard_size: int, provider, repeats: int,
                      log) -> _Executions:
-    from sakura.runtime.executors import BackendUnavailable, get_executor
+    from sakura.runtime.executors import BackendUnavailable, get_executor  # torch: sakura --help stays light
 
     out = _Executions()
     for name in names:

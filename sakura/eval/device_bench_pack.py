@@ -6,6 +6,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from sakura.formats.pack import PackReader
+from sakura.kvcache import KVCache
+
 
 def open_pack(pack: str | Path | None, tpl, model, req, tmp: Path, *, max_rank: int, shard_size: int,
                importance: bool, random_cache: bool, layout: str = "uniform", basis: str = "shard",
@@ -14,12 +17,14 @@ def open_pack(pack: str | Path | None, tpl, model, req, tmp: Path, *, max_rank: 
     ``pack_options``, decoded rank capped at ``rebuild_rank``); and its report entry."""
     import torch
 
-    from sakura.formats.pack import PackReader
-
     if pack:
         return PackReader(pack), {"path": str(pack), "built": False}
-    from sakura.offline.builder import capture_request, pack_options, profile_importance
-    from sakura.offline.compress import pack_cache
+    from sakura.offline.builder import (  # torch: sakura --help stays light
+        capture_request,
+        pack_options,
+        profile_importance,
+    )
+    from sakura.offline.compress import pack_cache  # torch: sakura --help stays light
 
     t0 = time.perf_counter()
     if random_cache:  # times do not depend on the values: skip the capture run
@@ -40,8 +45,6 @@ def open_pack(pack: str | Path | None, tpl, model, req, tmp: Path, *, max_rank: 
 def random_cache_of(model, req):
     """Seeded FP16 K/V of the template's geometry (for timing only)."""
     import torch
-
-    from sakura.kvcache import KVCache
 
     reuse = torch.nonzero(~model.token_mask(req.mask)).flatten()
     cache = KVCache(model.num_steps, model.num_layers, model.heads, model.head_dim, reuse)

@@ -24,6 +24,8 @@ from typing import Callable
 import numpy as np
 import torch
 
+from sakura.eval import bench
+from sakura.eval.plots import fig_quality_vs_bytes
 from sakura.formats import FetchUnit, Level, file_id
 from sakura.online.policies import best_within
 from sakura.quality import quality
@@ -288,9 +290,6 @@ def fig15_bytes_quality(cfg, out: Path, cache: dict, progress, say, requests: in
     (``requests`` held-out requests per template, default ``cfg.quality_requests``; ``budgets`` SAKURA
     budgets); PNG + JSON."""
     import json
-
-    from sakura.eval import bench
-    from sakura.eval.plots import fig_quality_vs_bytes
 
     requests = requests or cfg.quality_requests
 

@@ -26,6 +26,7 @@ from sakura.eval.tails import fig_tails
 from sakura.formats import FetchUnit, Level, StreamEncoding
 from sakura.formats.pack import PackEncoding, PackInfo, decode_shard
 from sakura.net.traces import load_trace
+from sakura.offline.builder import load_importance
 from sakura.offline.compress import pack_cache
 from sakura.online.policies import SakuraPolicy
 from sakura.quality import quality
@@ -234,8 +235,6 @@ def _paired_bars(res: dict, systems: tuple[str, str], panels: list[tuple[str, fl
 def fig19_q_sweep(cfg, out, cache, progress, say, qs=(0.0, 0.25, 0.5, 1.0), ratios=(5, 15, 50)) -> list[Path]:
     """Importance-weighting strength: PSNR vs the FP16-cache output at 5×, 15×, 50× compression."""
     import matplotlib.pyplot as plt
-
-    from sakura.offline.builder import load_importance
 
     workload = cfg.workloads[0]
     benches = bench.workload_benches(workload, cfg, cache, say)

@@ -27,6 +27,7 @@ from typing import Optional
 import numpy as np
 import typer
 
+from sakura.cli.errors import UserError
 from sakura.formats import encoding_from_header, file_id
 from sakura.net.paced import PacedLink
 from sakura.net.store_reader import ServerStoreClient
@@ -256,8 +257,7 @@ def loadtest_cmd(
     as_json: bool = typer.Option(False, "--json"),
 ):
     """Load test: N devices' streamed-edit fetches against template-server replicas and the pack store."""
-    from sakura.cli.errors import UserError
-    from sakura.server.run import start_server
+    from sakura.server.run import start_server  # fastapi/uvicorn: sakura --help stays light
 
     if not server and not store:
         raise UserError("pass --server URL[,URL...] or --store s3://bucket/prefix")

@@ -28,6 +28,7 @@ from sakura.net.clock import RealClock
 from sakura.net.paced import PacedLink
 from sakura.net.shaping import BUCKET_BYTES, TraceShaper
 from sakura.net.traces import Trace, load_trace, synthetic
+from sakura.server import start_server
 
 
 def shaper_ratio(trace: Trace, start: float, n: int) -> float:
@@ -52,8 +53,6 @@ def paced_link_ratio(n: int = 200_000) -> float:
 
 
 def server_rows(repeats: int) -> dict[str, list[float]]:
-    from sakura.server import start_server
-
     with tempfile.TemporaryDirectory() as d:
         (Path(d) / "blob.pack").write_bytes(np.random.default_rng(0).bytes(2_000_000))
         with start_server(d, process=True) as srv, httpx.Client(base_url=srv.url, timeout=60) as c:

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from sakura.eval.bench import BenchConfig, TemplateBench, edit_input, record, run_bench
+from sakura.eval.plots import load_records
 from sakura.eval.round_trips import warm
 from sakura.net.store_reader import link_for_server
 from sakura.net.traces import Trace
@@ -72,8 +73,6 @@ def run_both_clocks(cfg: BenchConfig, out: Path, progress=None, say=print) -> di
     """The sweep on the simulated clock (``out``) and on the real one (``out/real``), same offsets,
     templates, requests and calibration; the simulated summary gains a ``clock_check`` table."""
     import json
-
-    from sakura.eval.plots import load_records
 
     benches: dict = {}
     summary = run_bench(cfg, out, progress, say, benches=benches)

@@ -335,7 +335,7 @@ def decode_shard(info: AllocatedPackInfo, shard: int, k: int, blobs: Blobs, *, v
     factor and ``A·B + μ`` as one batched matmul (A used transposed in place)."""
     import torch  # (torch, here and in groupdequant: not for header-only readers such as the server)
 
-    from sakura.formats.groupdequant import dequantize_groups
+    from sakura.formats.groupdequant import dequantize_groups  # torch: not for header-only readers (the server)
 
     geo = info.geometry
     units, means, planes, groups = received_planes(info, shard, k, blobs, verify=verify)

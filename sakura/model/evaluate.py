@@ -34,11 +34,14 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from sakura.editing import model_for
+from sakura.formats import encoding_from_header
 from sakura.formats.intq import decode_unit, encode_unit
 from sakura.model.base import EditRequest
 from sakura.model.edit_data import EDIT_OPS, TASKS, EditSynth, heldout_examples
 from sakura.model.embedded import WEIGHTS_DIR, load_model, load_model_folder, seeded_model
 from sakura.model.sample_grid import render_catalog_edits, render_grid
+from sakura.offline.builder import build_template, capture_request
 from sakura.quality import ssim
 
 TOP = 0.10
@@ -180,10 +183,6 @@ def pack_sensitivity(template, model_path: str | Path, held: list[EditRequest]) 
     bytes as a share of the FP16 cache."""
     import tempfile
 
-    from sakura.editing import model_for
-    from sakura.formats import encoding_from_header
-    from sakura.offline.builder import build_template, capture_request
-
     adapter = model_for(template, model_path)
     with tempfile.TemporaryDirectory() as tmp:
         report = build_template(template, tmp, model_path=model_path, encodings=("sakura", "sakura-v1"))
@@ -219,7 +218,7 @@ def synthetic_templates(name: str, heldout: int):
 
 def catalog_templates(name: str, heldout: int, with_template: bool = False, only: set[str] | None = None):
     try:
-        from sakura.catalog import load_catalog
+        from sakura.catalog import load_catalog  # ImportError: synthetic templates instead
     except ImportError:
         yield from synthetic_templates(name, heldout)
         return

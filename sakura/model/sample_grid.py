@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from sakura.editing import edit_request
 from sakura.model.base import EditRequest
 from sakura.model.edit_data import EditExample
 
@@ -44,8 +45,6 @@ def render_catalog_edits(adapter, templates, path: Path, title: str = "", per_te
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from skimage.segmentation import find_boundaries
-
-    from sakura.editing import edit_request
 
     if not templates:
         return

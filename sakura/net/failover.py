@@ -20,6 +20,7 @@ import httpx
 from websockets.exceptions import ConnectionClosed
 
 from sakura.net.byteranges import FetchError, Transfer
+from sakura.net.store_reader import link_for_server
 
 # What a dying or restarting source looks like to a client: refused or reset connections, a websocket closed
 # under it, a response cut short, a timeout, a 5xx from a proxy in front of it. A 4xx is an answer (the file or
@@ -160,8 +161,6 @@ class _Mismatch(Exception):
 def failover_for_servers(urls: Sequence[str]):
     """The device's link to one or more template server replicas (``link_for_server`` for each, in order);
     one URL gives that server's link itself."""
-    from sakura.net.store_reader import link_for_server
-
     urls = [u.strip() for u in urls if u.strip()]
     if len(urls) == 1:
         return link_for_server(urls[0])

@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 from sakura.formats import FORMATS, file_id
 from sakura.net.client import FetchError
 from sakura.net.store_base import Store, StoreError, check_template_id, staged_files, template_of
+from sakura.net.store_reader import PresignedRangeSource
 
 INDEX_TTL_S = 5.0  # how long a resolved index is trusted before re-reading (a server sees republishes)
 PRESIGN_S = 900  # presigned URLs live 15 minutes: an edit takes seconds
@@ -198,8 +199,6 @@ class S3Store(Store):
         return index.get("build_key") if index else None
 
     def source(self):
-        from sakura.net.store_reader import PresignedRangeSource
-
         return PresignedRangeSource(self.presign)
 
     # -------------------------------------------------------------------------------- writing

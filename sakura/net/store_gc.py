@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
+from sakura.net.s3store import S3Store, _store_error
 from sakura.net.stores import StoreError
 
 DEFAULT_GRACE_S = 3600.0
@@ -48,8 +49,6 @@ def _age_s(last_modified: datetime, now: float) -> float:
 
 def referenced_keys(store) -> set[str]:
     """Every object key a published index of ``store`` names (pack files and build records)."""
-    from sakura.net.s3store import _store_error
-
     keys: set[str] = set()
     paginator = store.client.get_paginator("list_objects_v2")
     for page in paginator.paginate(Bucket=store.bucket, Prefix=store._key("templates") + "/"):
@@ -69,8 +68,6 @@ def referenced_keys(store) -> set[str]:
 
 def collect(store, *, grace_s: float = DEFAULT_GRACE_S, delete: bool = False) -> GcReport:
     """Find (and with ``delete``, delete) the unreferenced objects of an S3 store older than ``grace_s``."""
-    from sakura.net.s3store import S3Store, _store_error
-
     if not isinstance(store, S3Store):
         raise StoreError(f"{store.url} is a folder: it keeps only the published files, so there is nothing to "
                          "collect (gc is for s3:// stores)")

@@ -36,6 +36,7 @@ from sakura.net.byteranges import (
     read_body,
     slice_segments,
 )
+from sakura.net.client import RangeClient
 
 T = TypeVar("T")
 PARALLEL_RANGES = 4  # separate ranges of one fetch travel on this many connections at once
@@ -186,6 +187,4 @@ def link_for_server(server_url: str):
     """The device's link to a template server: pack bytes from the server itself, or — when the server
     says its packs are in an object store — straight from the store (``/healthz`` tells which). A server
     that does not answer gets the plain range client, whose first request then reports the failure."""
-    from sakura.net.client import RangeClient
-
     return ServerStoreClient(server_url) if pack_bytes_from(server_url) == "store" else RangeClient(server_url)

@@ -113,7 +113,7 @@ class FolderStore(Store):
         os.replace(tmp, self.root / record_name)
 
     def source(self):
-        from sakura.net.folder import FolderSource
+        from sakura.net.folder import FolderSource  # only a folder store reads through it (stores.py stays light)
 
         return FolderSource(self.root)
 

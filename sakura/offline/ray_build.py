@@ -18,6 +18,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
+from sakura.catalog import load_catalog
+from sakura.net.stores import open_store
 from sakura.offline.publish import BuildSettings, Published, build_into_store
 
 TASK_RETRIES = 3
@@ -29,9 +31,6 @@ def _build_task(catalog_path: str | None, template_id: str, store_url: str, sett
                 build: Callable | None) -> dict:
     """One template, in a Ray worker: load the catalog (cached per worker), build, publish."""
     import torch
-
-    from sakura.catalog import load_catalog
-    from sakura.net.stores import open_store
 
     torch.set_num_threads(1)  # one task per CPU: more threads only fight over the same cores
     template = load_catalog(catalog_path).get(template_id)
@@ -92,8 +91,6 @@ def ray_build(
 ) -> list[Published]:
     """Build ``templates`` as Ray tasks into the store at ``store_url``; returns one result per template in
     completion order. ``build`` replaces the per-template builder (tests); it must be importable by workers."""
-    from sakura.net.stores import open_store
-
     store = open_store(store_url, create=True)
     results: list[Published] = []
     todo = []

@@ -29,6 +29,7 @@ import torch
 
 from sakura.editing import edit_request
 from sakura.model import DiTAdapter, EditRequest
+from sakura.places import cache_root
 from sakura.runtime.compute import ComputeProfile, measure_compute, zero_cache
 
 log = logging.getLogger(__name__)
@@ -52,8 +53,6 @@ def load_per_core() -> float | None:
 
 def default_path() -> Path:
     """Where `sakura bench` keeps its calibration between runs (``SAKURA_CACHE_DIR`` or the XDG cache)."""
-    from sakura.places import cache_root
-
     return cache_root() / "calibration.json"
 
 

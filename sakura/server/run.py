@@ -14,8 +14,10 @@ from pathlib import Path
 import uvicorn
 
 from sakura.net.listen import bind_socket, serve_in_thread, url_of
+from sakura.net.stores import is_store_url, open_store
 from sakura.server.app import create_app
 from sakura.server.limits import ServerLimits, uvicorn_config
+from sakura.server.store_app import create_store_app
 
 READY_PREFIX = "sakura server listening on "
 
@@ -48,11 +50,7 @@ def serve(
 def app_for(packs: str | Path, **kw):
     """The server over a pack folder (it serves the bytes too), or over an object store URL such as
     ``s3://bucket/prefix`` (catalog, headers and presigned URLs; devices read the bytes from the store)."""
-    from sakura.net.stores import is_store_url, open_store
-
     if is_store_url(packs):
-        from sakura.server.store_app import create_store_app
-
         return create_store_app(open_store(packs), access_log=kw.get("access_log"))
     return create_app(packs, **kw)
 

@@ -22,6 +22,8 @@ from sakura.formats.bitplanes import QuantizedFactors
 from sakura.formats.pack import Geometry, PackReader, PackSource, write_pack
 from sakura.runtime.executors.errors import BackendUnavailable
 from sakura.runtime.reconstruct.base import Reconstructor
+from sakura.runtime.reconstruct.opencl import OpenCLReconstructor
+from sakura.runtime.reconstruct.torch_backend import TorchReconstructor
 
 RECONSTRUCTORS = ("torch", "opencl")
 _default: Reconstructor | None = None
@@ -33,12 +35,8 @@ def get_reconstructor(name: str, **options) -> Reconstructor:
     """A reconstructor by name; ``opencl`` options: ``platform`` (name substring), ``matmul`` (torch|opencl).
     Raises BackendUnavailable (one line, what is missing) when the backend cannot run here."""
     if name == "torch":
-        from sakura.runtime.reconstruct.torch_backend import TorchReconstructor
-
         return TorchReconstructor()
     if name == "opencl":
-        from sakura.runtime.reconstruct.opencl import OpenCLReconstructor
-
         return OpenCLReconstructor(**options)
     raise ValueError(f"unknown reconstructor {name!r}; choose one of {', '.join(RECONSTRUCTORS)}")
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from sakura.formats.allocated import low_rank
+from sakura.formats.allocated import low_rank, received_planes
 from sakura.formats.bitplanes import FactorBytes, plane_bytes
 from sakura.formats.container import Blobs
 from sakura.formats.pack import PackInfo, shard_bytes
@@ -236,8 +236,6 @@ class OpenCLReconstructor(Reconstructor):
         """:meth:`factors` of a v2 pack: chunks decoded on the host (zstd), then one launch per factor
         (``dequant_groups``: every component at its group's plane count). A comes back ``(U, n, r)``, or
         ``(1, n, r)`` for a shared token basis."""
-        from sakura.formats.allocated import received_planes
-
         geo = info.geometry
         units, means, planes, groups = received_planes(info, shard, k, blobs, verify=verify)
         if not groups:
