@@ -82,7 +82,7 @@ class StreamState:
     drop: list[threading.Event]  # per shard: a fallback replaced it (its transfers stop, its bytes go unused)
     kv: dict = field(default_factory=dict)
     flights: dict = field(default_factory=dict)  # per shard: [(pending transfer, bytes of its smallest prefix)]
-    kept: dict = field(default_factory=dict)  # per shard: the Received it was rebuilt from (one step kept)
+    kept: dict = field(default_factory=dict)  # per shard: the Received it was rebuilt from, until its next step starts
     error: BaseException | None = None
     held_bytes: int = 0
     peak_bytes: int = 0
@@ -186,6 +186,7 @@ class StreamedEdit:
                 raise StreamError(str(state.error))
             start = state.now()
             self.sched.shard_started(j, start)
+            state.kept.pop(j - self.sched.per_step, None)  # only shard j could have reused those bytes
             state.started[j].set()
             timeline.shard_started(j, start, start - asked)
         k, v = state.kv.pop((step, layer))
@@ -359,7 +360,6 @@ class StreamedEdit:
                 self.sched.rebuild_timed(got.level, took)
                 if self.encoding.redecodable:
                     state.kept.setdefault(j, []).append(got)
-                state.kept.pop(j - 2 * self.sched.per_step, None)  # compressed bytes of one step back are enough
             except Exception as e:  # noqa: BLE001 - malformed bytes: the executor raises it
                 state.fail(StreamError(f"rebuilding fetch unit {got.unit.index} failed: {e}"))
                 continue
