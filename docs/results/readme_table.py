@@ -44,10 +44,29 @@ def main(path: str) -> None:
             "SAKURA p50 / Oracle p50": ours["latency_p50_s"] / floor["latency_p50_s"],
             "SAKURA / Oracle per edit, p50 (paired)": ours.get("over_oracle_p50", float("nan")),
         }
+        prefetch = rows.get(f"{OURS}+prefetch")
+        if prefetch:
+            ratios[workload]["SAKURA+prefetch p90 / Oracle p90"] = prefetch["latency_p90_s"] / floor["latency_p90_s"]
+        for other in ("cachegen", "intq"):
+            if other in rows:
+                p90 = rows[other]["latency_p90_s"]
+                ratios[workload][f"{label(other)} p90 / SAKURA p90"] = p90 / ours["latency_p90_s"]
+        if "cachegen" in rows:
+            cg = rows["cachegen"]
+            ratios[workload]["masked PSNR SAKURA − CacheGen (dB)"] = ours["psnr_masked_mean"] - cg["psnr_masked_mean"]
+            ratios[workload]["bytes CacheGen / SAKURA"] = cg["bytes_mean"] / ours["bytes_mean"]
+        if "fp16" in rows:
+            ratios[workload]["storage FP16 / SAKURA"] = rows["fp16"]["storage_bytes"] / ours["storage_bytes"]
+        ratios[workload]["SAKURA edits with a fallback"] = ours.get("fallback_rate", float("nan"))
     workloads = list(ratios)
     print(f"\n| ratio | {' | '.join(workloads)} |\n|---|{'---|' * len(workloads)}")
     for key in next(iter(ratios.values())):
-        print(f"| {key} | " + " | ".join(f"{ratios[w][key]:.2f}" for w in workloads) + " |")
+        def cell(x: float) -> str:
+            if key.endswith("fallback"):
+                return f"{100 * x:.0f}%"
+            return f"{x:+.1f}" if "(dB)" in key else f"{x:.2f}"
+
+        print(f"| {key} | " + " | ".join(cell(ratios[w].get(key, float("nan"))) for w in workloads) + " |")
 
 
 if __name__ == "__main__":
