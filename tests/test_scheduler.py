@@ -92,7 +92,7 @@ def test_generated_event_sequences_keep_the_invariants(data, redecodable):
             j = action.unit.needed_by
             if j in sched.replaced:
                 continue  # the driver drops the bytes of a shard a fallback covered
-            sched.rebuild_timed(action.level, 0.002)
+            sched.rebuild_timed(action.level.work, 0.002)
             rebuilt[j] += 1
             if sched.rebuilt(j, action.level, 0.002):
                 assert rebuilt[j] == 2

@@ -143,12 +143,12 @@ class StreamScheduler:
         with self._lock:
             return self.monitor.observe(nbytes, t_request, t_last_byte)
 
-    def rebuild_timed(self, level: Level, seconds: float) -> None:
-        """A rebuild at ``level`` took ``seconds``: the monitor's rebuild rate learns from it. (Apart from
-        :meth:`rebuilt` because the simulated clock settles rebuilds ahead of time and tells the monitor
-        only once the device would know.)"""
+    def rebuild_timed(self, work: float, seconds: float) -> None:
+        """A rebuild of ``work`` (its level's ``work``) took ``seconds``: the monitor's rebuild rate learns from
+        it. (Apart from :meth:`rebuilt` because the simulated clock settles rebuilds ahead of time and tells
+        the monitor only once the device would know.)"""
         with self._lock:
-            self.monitor.rebuild.observe(level.work, seconds)
+            self.monitor.rebuild.observe(work, seconds)
 
     def rebuilt(self, shard: int, level: Level, seconds: float) -> bool:
         """One of ``shard``'s units is rebuilt at ``level`` in ``seconds``; True when the shard has all of

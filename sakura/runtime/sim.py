@@ -243,7 +243,7 @@ class _SimulatedEdit:
                   else self.encoding.decode_prefix(b.unit, level, ranges, blobs))
             rebuild_s = self.timer() - t0
         t_ready = self.rebuild_free = max(b.t_arr, self.rebuild_free) + rebuild_s
-        self.unseen_rebuilds.append((t_ready, level, rebuild_s))
+        self.unseen_rebuilds.append((t_ready, level.work, rebuild_s))
         shard = b.unit.needed_by
         self.sched.rebuilt(shard, level, rebuild_s)
         self.ready[shard] = max(self.ready[shard], t_ready)
@@ -286,8 +286,8 @@ class _SimulatedEdit:
             b = self.unseen.pop(0)
             self.sched.transferred(b.nbytes, b.t_req, b.t_arr)
         seen = [x for x in self.unseen_rebuilds if x[0] <= t]  # the device knows a rebuild's time once done
-        for _, level, seconds in sorted(seen, key=lambda x: (x[0], x[1].work, x[2])):
-            self.sched.rebuild_timed(level, seconds)
+        for _, work, seconds in sorted(seen):
+            self.sched.rebuild_timed(work, seconds)
         self.unseen_rebuilds = [x for x in self.unseen_rebuilds if x[0] > t]
 
     def _drop(self, mine: list[_Booked], t: float, used_level: str = "") -> None:

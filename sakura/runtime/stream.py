@@ -357,7 +357,7 @@ class StreamedEdit:
                     t0 = time.perf_counter()
                     kv = got.decode(self.encoding)
                 took = time.perf_counter() - t0
-                self.sched.rebuild_timed(got.level, took)
+                self.sched.rebuild_timed(got.level.work, took)
                 if self.encoding.redecodable:
                     state.kept.setdefault(j, []).append(got)
             except Exception as e:  # noqa: BLE001 - malformed bytes: the executor raises it

@@ -14,6 +14,8 @@ the stream engine, the model). The same for ``sakura edit --stream`` (``stream_e
 from __future__ import annotations
 
 import argparse
+import ast
+import functools
 import json
 import sys
 import threading
@@ -34,9 +36,7 @@ class Recorder:
     """Every project frame's parent, per thread; the stacks at the moments of interest."""
 
     def __init__(self):
-        self.parent: dict[int, tuple] = {}  # id(frame) → (caller frame id, where)
         self.snaps: dict[str, list[str]] = {}
-        self.started_from: dict[str, list[str]] = {}  # thread name → the main stack that started it
 
     @staticmethod
     def where(frame) -> str | None:
@@ -79,24 +79,33 @@ def inside_the_model(stack: list[str]) -> list[str]:
     return stack[:cut + 1] + stack[back:]
 
 
+@functools.cache
+def functions_of(path: str) -> dict:
+    """Every function of a source file by its ``__qualname__``."""
+    out = {}
+
+    def visit(node, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                visit(child, f"{prefix}{child.name}.")
+            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                out[prefix + child.name] = child
+                visit(child, f"{prefix}{child.name}.<locals>.")
+
+    visit(ast.parse((ROOT / path).read_text()), "")
+    return out
+
+
 def pass_through(where: str) -> bool:
     """A function whose body (past its docstring) is one call, returned or not: it hands the edit on and
     decides nothing (not a stop)."""
-    import ast
-
     path, qualname = where.split(":")
-    tree = ast.parse((ROOT / path).read_text())
-    for node in ast.walk(tree):
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                child.parent_name = getattr(node, "name", "")
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and qualname.endswith(node.name) and (
-                "." not in qualname or qualname.split(".")[-2] in (getattr(node, "parent_name", ""), "<locals>")):
-            body = [b for b in node.body if not (isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant))]
-            return len(body) == 1 and isinstance(body[0], (ast.Return, ast.Expr)) and isinstance(
-                getattr(body[0], "value", None), ast.Call)
-    return False
+    node = functions_of(path).get(qualname)
+    if node is None:
+        return False
+    body = [b for b in node.body if not (isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant))]
+    return len(body) == 1 and isinstance(body[0], (ast.Return, ast.Expr)) and isinstance(
+        getattr(body[0], "value", None), ast.Call)
 
 
 def path_of(stacks: list[list[str]], seen: set[str]) -> dict:
