@@ -251,12 +251,10 @@ def test_bandwidth_collapse_goes_local_and_missing_packs_are_clear(agent):
                 "regime": "none"}
     old, agent.timeout_s = agent.timeout_s, 1.0
     events: list[dict] = []
-    t0 = time.monotonic()
-    try:  # the cache cannot come in time: the edit runs locally instead of failing or hanging
+    try:  # the cache cannot come in time: the edit runs locally instead of failing (a hang: pytest's timeout)
         res = agent.edit(job("sakura", network=collapse, reference_output=False), events.append)
     finally:
         agent.timeout_s = old
-    assert time.monotonic() - t0 < 30
     plan = next(e for e in events if e["type"] == "plan")
     assert plan["timeout_s"] == 1.0 and plan["initial_mbps"] == pytest.approx(0.01)
     fallbacks = [e for e in events if e["type"] == "fallback"]  # step 0 recomputed on the device, or at once local
