@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 
+from app.calibrations import Calibrations
 from sakura.places import PACKS_HELP, packs_or_default
 
 # `sakura` registers the `demo` command from this module in every process (`sakura --help` included): what the
@@ -57,15 +58,21 @@ def start_app(app: FastAPI, host: str = "127.0.0.1", port: int = 0, timeout: flo
     return RunningApp(server, thread, url_of(host, sock) + "/")
 
 
-def connect_device(device: str, server_url: str, agent_port: int = 0):
-    """A bridge to the device agent: ``subprocess`` / ``inprocess`` use our template server; a remote
-    agent (``tcp://…``, ``ws://…``, ``adb``) already knows its own."""
+# Masked runs per template when the demo's agent calibrates (local runs: one fewer): two or more local runs
+# let the agent apply the bench's spread rule.
+CALIBRATION_REPEATS = 3
+
+
+def connect_device(device: str, server_url: str, agent_port: int = 0, calibration_file: str | Path | None = None):
+    """A bridge to the device agent: ``subprocess`` / ``inprocess`` use our template server (and keep their
+    calibration in ``calibration_file``); a remote agent (``tcp://…``, ``ws://…``, ``adb``) already knows its own."""
     from device_bridge import connect  # sakura --help stays light
 
+    calibration = {"calibration_file": calibration_file, "calibration_repeats": CALIBRATION_REPEATS}
     if device == "subprocess":
-        return connect(device, server_url=server_url, port=agent_port)
+        return connect(device, server_url=server_url, port=agent_port, **calibration)
     if device == "inprocess":
-        return connect(device, server_url=server_url)
+        return connect(device, server_url=server_url, **calibration)
     return connect(device)
 
 
@@ -82,6 +89,7 @@ def run_demo(host: str = "127.0.0.1", port: int = 7860, packs: str | Path = "pac
     from sakura.net.listen import bind_socket, url_of  # uvicorn: sakura --help stays light
     from sakura.net.stores import is_store_url, open_store  # sakura --help stays light
     from sakura.offline.build_queue import BuildQueue  # torch: sakura --help stays light
+    from sakura.runtime.calibration import default_path  # torch: sakura --help stays light
     from sakura.server.run import start_server  # fastapi/uvicorn: sakura --help stays light
 
     catalog = load_catalog()
@@ -101,39 +109,38 @@ def run_demo(host: str = "127.0.0.1", port: int = 7860, packs: str | Path = "pac
         where = "pack bytes from the store, by presigned URL" if is_store_url(store.url) else "pack bytes too"
         echo(f"  template server: {server.url} ({where}; access log: {data / 'template-server-access.log'})")
         echo(f"starting the device agent ({device})…")
-        bridge = connect_device(device, server.url, agent_port)
+        bridge = connect_device(device, server.url, agent_port, default_path())
         stack.callback(bridge.close)
+        calibrations = Calibrations(bridge, [t.id for t in chosen], builds)  # started with the builds
+        stack.callback(calibrations.stop)
         if getattr(bridge, "url", None):
             echo(f"  device agent: {bridge.url}")
         echo("starting the app…")
         app = create_app(bridge, data_dir=data, explorer=Explorer(store, data / "explorer"), builds=builds,
-                         offered=[t.id for t in chosen] if templates else None)
+                         calibrations=calibrations, offered=[t.id for t in chosen] if templates else None)
         try:
             sock = bind_socket(host, port)
         except OSError as e:
             raise typer.BadParameter(f"cannot listen on {host}:{port} ({e.strerror}); pick another --port") from None
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=3))
-        threading.Thread(target=_after_start, args=(server, builds, bridge, chosen, echo), daemon=True).start()
+        threading.Thread(target=_after_start, args=(server, builds, calibrations, echo), daemon=True).start()
         echo(f"\nSAKURA demo running at {url_of(host, sock)}/  (Ctrl-C stops everything)")
         server.run(sockets=[sock])
         echo("stopping… (the device agent finishes the step it is in: at most ~10 s)")
     echo("stopped.")
 
 
-def _after_start(server: uvicorn.Server, builds: BuildQueue, bridge, templates: list, echo) -> None:
+def _after_start(server: uvicorn.Server, builds: BuildQueue, calibrations: Calibrations, echo) -> None:
     """Once the page is served (the 2 cores are its until then): build the missing packs behind it, and
-    load the model and calibrate compute for the first ready template while the browser opens."""
+    calibrate the device's compute for each template whose packs are ready (builds hold meanwhile)."""
     while not server.started and not server.should_exit:
         time.sleep(0.1)
     builds.start()
+    calibrations.start()
     summary = builds.summary()
     if not summary["done"]:
         echo(f"  packs: {summary['ready']}/{summary['total']} templates ready; the rest build in the background "
              "(progress on the page)")
-    first = next((t.id for t in templates if builds.ready(t.id)), None)
-    if first:
-        with contextlib.suppress(Exception):
-            bridge.warmup(first)
 
 
 def demo(

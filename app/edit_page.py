@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import html
 import random
+from dataclasses import replace
 
 import gradio as gr
 from PIL import Image
@@ -23,6 +24,7 @@ from app.edit_panels import (
     COMPARE_HEADERS,
     PRIVACY_HEADERS,
     compare_rows,
+    machine_note,
     metrics_html,
     privacy_html,
     privacy_rows,
@@ -31,7 +33,7 @@ from app.edit_panels import (
 )
 from app.images import UploadError, diff_heatmap, from_b64
 from app.timeline import latency_figure, timeline_figure
-from device_bridge import OURS, EditProgress, EditRejected, Job, NetworkSpec, Photo
+from device_bridge import FLOOR, OURS, EditProgress, EditRejected, Job, NetworkSpec, Photo
 
 TASK_TITLES = {"fs": "Face swap", "vton": "Virtual try-on", "mb": "Text edit"}
 NETWORKS = [("5G (mmWave, walking)", "5g"), ("4G + 5G (mixed)", "4g5g"), ("Wi-Fi 6", "wifi"),
@@ -49,10 +51,11 @@ def _esc(x) -> str:
 class EditPage:
     """Builds the edit tab inside the current ``gr.Blocks``; talks to ``bridge`` only."""
 
-    def __init__(self, bridge, templates: list[dict], builds=None):
+    def __init__(self, bridge, templates: list[dict], builds=None, calibrations=None):
         """``builds``: packs still building in the background (``ready(id)``, ``status(id)``,
-        ``prioritize(id)``, ``summary()``), or None."""
-        self.bridge, self.builds = bridge, builds
+        ``prioritize(id)``, ``summary()``), or None; ``calibrations``: the device's compute calibrated per
+        template behind the page (:class:`app.calibrations.Calibrations`), or None."""
+        self.bridge, self.builds, self.calibrations = bridge, builds, calibrations
         self.templates = templates
         self.by_id = {t["id"]: t for t in templates}
 
@@ -62,18 +65,25 @@ class EditPage:
         return (self.by_id.get(tid) or {}).get("available") is not False
 
     def build_status(self) -> str:
-        """One line on the background builds (empty when there are none left)."""
-        if self.builds is None:
-            return ""
-        s = self.builds.summary()
-        if s["done"] and not s["failed"]:
-            return ""
-        line = f"Preparing templates: {s['ready']}/{s['total']} ready"
-        if s["current"]:
-            line += f" · building {s['current']} ({s['stage']})"
-        if s["failed"]:
-            line += " · failed: " + ", ".join(s["failed"])
-        return status_html(line, "run" if not s["done"] else "warn")
+        """One line on the background builds and calibrations (empty when there are none left)."""
+        parts, kind = [], "run"
+        if self.builds is not None:
+            s = self.builds.summary()
+            if not s["done"] or s["failed"]:
+                parts.append(f"Preparing templates: {s['ready']}/{s['total']} ready")
+                if s["current"]:
+                    parts.append(f"building {s['current']} ({s['stage']})")
+                if s["failed"]:
+                    parts.append("failed: " + ", ".join(s["failed"]))
+                    kind = "warn" if s["done"] else kind
+        if self.calibrations is not None:
+            c = self.calibrations.summary()
+            if c["ready"] < c["total"]:
+                parts.append(f"device compute calibrated for {c['ready']}/{c['total']}"
+                             + (f", calibrating {c['current']}" if c["current"] else ""))
+            if c["failed"]:
+                parts.append("calibration failed: " + ", ".join(c["failed"]))
+        return status_html(" · ".join(parts), kind) if parts else ""
 
     # ------------------------------------------------------------------------------------ layout
     def _inputs(self) -> dict:
@@ -133,6 +143,9 @@ class EditPage:
                 prefetch = gr.Checkbox(value=True, elem_id="use-prefetch",
                                        label="Prefetch: start downloading a template's cache when it is picked "
                                        "(a single SAKURA run uses it; Compare all never does)")
+                sim_baselines = gr.Checkbox(value=True, elem_id="sim-baselines",
+                                            label="Compare all: baselines on the simulated clock (their calibrated "
+                                            "compute and the trace's integral; SAKURA always runs on the real clock)")
                 run = gr.Button("Run edit", variant="primary", elem_id="run-btn")
         return dict(
             builds=builds,
@@ -149,6 +162,7 @@ class EditPage:
             regime=regime,
             system=system,
             prefetch=prefetch,
+            sim_baselines=sim_baselines,
             run=run,
             photo_state=photo_state,
             trace_state=trace_state,
@@ -190,11 +204,11 @@ class EditPage:
         self._outputs(c["runs_state"])
         galleries, template, template_info, photo, preview, prompt = (c[k] for k in (
             "galleries", "template", "template_info", "photo", "preview", "prompt"))
-        network, fixed, start, trace_file, regime, system, prefetch, run = (c[k] for k in (
-            "network", "fixed", "start", "trace_file", "regime", "system", "prefetch", "run"))
+        network, fixed, start, trace_file, regime, system, prefetch, sim_baselines, run = (c[k] for k in (
+            "network", "fixed", "start", "trace_file", "regime", "system", "prefetch", "sim_baselines", "run"))
         photo_state, trace_state, runs_state = c["photo_state"], c["trace_state"], c["runs_state"]
         status = self._c["status"]
-        if self.builds is not None:  # packs building behind the page: its progress, and the picked one's state
+        if self.builds is not None or self.calibrations is not None:  # work behind the page: its progress
             gr.Timer(2.0).tick(lambda tid: (self.build_status(), self._template_info(tid)), template,
                                [c["builds"], template_info], show_progress="hidden", queue=False)
         for g, gids in galleries:
@@ -216,7 +230,8 @@ class EditPage:
                                      "compare", "outputs_gallery", "privacy", "privacy_table", "view", "runs_state")]
         run.click(
             self.run,
-            [template, photo_state, prompt, network, fixed, trace_state, start, regime, system, prefetch],
+            [template, photo_state, prompt, network, fixed, trace_state, start, regime, system, prefetch,
+             sim_baselines],
             outs,
             show_progress="minimal",
             concurrency_limit=1,
@@ -248,6 +263,8 @@ class EditPage:
             avail = f" <b class='sk-warn'>Its packs are not ready yet ({_esc(self.builds.status(tid))}).</b>"
         else:
             avail = "" if self._ready(tid) else " <b class='sk-warn'>Its packs are not on the template server.</b>"
+        if self.calibrations is not None and not self.calibrations.ready(tid) and self.calibrations.status(tid):
+            avail += f" Device compute: {_esc(self.calibrations.status(tid))} (a Run now measures it first)."
         return (f"<div class='sk-tinfo'><b>{_esc(t.get('title') or t['id'])}</b> · <code>{_esc(t['id'])}</code> · "
                 f"{_esc(TASK_TITLES.get(t['task'], t['task']))} · model {_esc(t.get('model', ''))} · "
                 f"mask {t.get('mask_ratio', 0):.1%} of pixels, {t.get('token_ratio', 0):.1%} of tokens · "
@@ -267,6 +284,8 @@ class EditPage:
         a text edit only hides it."""
         if self.builds is not None and tid:
             self.builds.prioritize(tid)  # the template the user wants is built next
+        if self.calibrations is not None and tid:
+            self.calibrations.prioritize(tid)  # and calibrated next
         task = self._task(tid)
         photo_task = task != "mb"
         fetching = self._prefetch(tid, network, fixed, trace_up, start, regime) if prefetch else ""
@@ -340,7 +359,8 @@ class EditPage:
             raise UploadError(f"Please upload {what} first (PNG or JPEG).")
         return "", photo
 
-    def run(self, tid, photo, prompt, network, fixed, trace_up, start, regime, system, prefetch=True):
+    def run(self, tid, photo, prompt, network, fixed, trace_up, start, regime, system, prefetch=True,
+            sim_baselines=True):
         try:
             text, photo = self._validate(tid, photo, prompt)
             net = network_spec(network, fixed, trace_up, start, bool(regime))
@@ -354,21 +374,24 @@ class EditPage:
                               net.upload)
         runs: dict[str, EditProgress] = {}
         yield self._reset_outputs(len(systems) > 1)
+        jobs = {name: Job(tid, name, text, photo, net, prefetch=bool(prefetch) and len(systems) == 1,
+                          clock="sim" if len(systems) > 1 and sim_baselines and name != OURS else "real")
+                for name in systems}  # prefetched bytes only for a single SAKURA run: Compare all stays comparable
         # a measured run never shares the CPU with the demo's background pack builds: they hold meanwhile
         with self.builds.paused() if self.builds is not None else contextlib.nullcontext():
-            stopped = yield from self._run_systems(tid, text, photo, net, systems, prefetch, runs)
+            stopped = yield from self._run_systems(jobs, photo is not None, bool(text), runs)
+            if runs and not stopped:
+                yield self._o("status", status_html("Checking each measured run against its calibration…", "run"))
+                self._check_machine(jobs, runs)
         if runs and not stopped:
             yield self._final(runs, len(systems) > 1)
 
-    def _run_systems(self, tid, text, photo, net, systems, prefetch, runs: dict):
+    def _run_systems(self, jobs: dict[str, Job], had_photo: bool, had_prompt: bool, runs: dict):
         """Each system's edit in turn, filling ``runs``; returns True when a problem ended them early."""
-        for k, name in enumerate(systems):
-            prefix = f"[{k + 1}/{len(systems)}] " if len(systems) > 1 else ""
+        for k, (name, job) in enumerate(jobs.items()):
+            prefix = f"[{k + 1}/{len(jobs)}] " if len(jobs) > 1 else ""
             progress = EditProgress(system=SYSTEM_TITLES[name])
-            # prefetched bytes only for a single SAKURA run: the side-by-side stays paper-comparable
-            edit = EditRun(
-                self.bridge, Job(tid, name, text, photo, net, prefetch=bool(prefetch) and len(systems) == 1)
-            ).start()
+            edit = EditRun(self.bridge, job).start()
             for batch in edit.events():
                 for ev in batch:
                     progress.apply(ev)
@@ -380,13 +403,33 @@ class EditPage:
                     gr.Warning(problem.friendly)
                 msg = prefix + f"{SYSTEM_TITLES[name]}: {problem.friendly}"
                 yield self._o("status", status_html(msg, "warn" if problem.user_fixable else "error"))
-                if problem.user_fixable or len(systems) == 1:
+                if problem.user_fixable or len(jobs) == 1:
                     return True
                 continue
             runs[name] = progress
             if name == OURS or len(runs) == 1:
-                yield self._render(progress, photo is not None, bool(text))
+                yield self._render(progress, had_photo, had_prompt)
         return False
+
+    def _check_machine(self, jobs: dict[str, Job], runs: dict[str, EditProgress]) -> None:
+        """A real-clock latency measures the machine too. Each run whose compute left its calibration's spread,
+        or that came out below the oracle's floor, gets the same job's simulated-clock latency beside it
+        (marked on its result, which the table and status show)."""
+        floor = (runs[FLOOR].result or {}).get("summary", {}).get("latency_s") if FLOOR in runs else None
+        for name, progress in runs.items():
+            res = progress.result or {}
+            s = res.get("summary") or {}
+            if s.get("clock") != "real" or name == FLOOR:
+                continue
+            if floor is not None and (s.get("latency_s") or 0) < floor:
+                res["below_floor"] = floor
+            if (s.get("compute_check") or {}).get("busy") or res.get("below_floor"):
+                sim = EditRun(self.bridge, replace(jobs[name], clock="sim", reference_output=False,
+                                                   prefetch=False)).start()
+                for _ in sim.events():
+                    pass
+                res["sim_latency_s"] = ((sim.result or {}).get("summary") or {}).get("latency_s")
+                res["sim_without_prefetch"] = jobs[name].prefetch
 
     def _final(self, runs: dict[str, EditProgress], compare: bool) -> dict:
         results = {name: progress.result for name, progress in runs.items()}
@@ -409,7 +452,13 @@ class EditPage:
                 + (f"; fell back: {'; '.join(fell)}. " if fell else ". ") if compare else
                 f"Done: {what_ran(shown, fired[shown])} finished in {s.get('latency_s', 0):.3f} s "
                 f"({s.get('stall_s', 0):.3f} s stalled), {s.get('bytes', 0) / 1e6:.2f} MB sent.")
-        out.update(self._o("status", status_html(done, "ok")))
+        notes = {n: machine_note(r) for n, r in results.items() if machine_note(r)}
+        if notes:
+            flagged = ", ".join(SYSTEM_TITLES[n] for n in notes)
+            done += (f" Measured on a busy machine or below the oracle's floor: {flagged} (see the note column; "
+                     "the measured figure stays beside the simulated one)." if compare
+                     else f" Note: {notes[shown]}." if shown in notes else "")
+        out.update(self._o("status", status_html(done, "warn" if notes else "ok")))
         return out
 
     def on_view(self, name, runs, photo, prompt, tid):

@@ -101,22 +101,43 @@ def what_ran(name: str, fallbacks: list[dict]) -> str:
     return label
 
 
+def machine_note(result: dict) -> str:
+    """Why a real-clock latency may measure the machine rather than the system ("" when nothing says so):
+    its compute outside the calibration's spread (busy), or a latency below the oracle's floor."""
+    check = (result.get("summary") or {}).get("compute_check") or {}
+    notes = []
+    if check.get("busy"):
+        notes.append(f"machine busy: compute {check['measured_s']:.2f} s vs {check['calibrated_s']:.2f} s calibrated "
+                     f"({check['ratio']:.2f}×, beyond its ±{check['tolerance']:.0%})")
+    if result.get("below_floor"):
+        notes.append(f"below the oracle's floor ({result['below_floor']:.3f} s)")
+    if notes and isinstance(result.get("sim_latency_s"), (int, float)):
+        notes.append(f"simulated from the calibration: {result['sim_latency_s']:.3f} s"
+                     + (" (without the prefetch)" if result.get("sim_without_prefetch") else ""))
+    return "; ".join(notes)
+
+
 def compare_rows(results: dict[str, dict], fallbacks: dict[str, list[dict]] | None = None) -> list[list]:
     """One row per system; ``fallbacks`` (per system, the timeline's) name what each one fell back to."""
     rows = []
     for sysname, res in results.items():
         s, m = res.get("summary") or {}, res.get("metrics") or {}
         fp16 = s.get("fp16_bytes") or 0
-        rows.append([what_ran(sysname, (fallbacks or {}).get(sysname, [])), round(s.get("latency_s") or 0, 3),
+        check = s.get("compute_check") or {}
+        compute = (f"{check['measured_s']:.2f} / {check['calibrated_s']:.2f}" if check
+                   else f"— / {s['compute_s']:.2f}" if isinstance(s.get("compute_s"), (int, float)) else "")
+        sim = res.get("sim_latency_s")
+        rows.append([what_ran(sysname, (fallbacks or {}).get(sysname, [])), s.get("clock", ""),
+                     round(s.get("latency_s") or 0, 3), round(sim, 3) if isinstance(sim, (int, float)) else None,
                      round(s.get("stall_s") or 0, 3), round((s.get("bytes") or 0) / 1e6, 3),
-                     f"{(s.get('bytes') or 0) / fp16:.1%}" if fp16 else "",
+                     f"{(s.get('bytes') or 0) / fp16:.1%}" if fp16 else "", compute,
                      *(round(m.get(k), 4) if isinstance(m.get(k), (int, float)) else None
-                       for k in ("psnr", "ssim", "psnr_masked", "ssim_masked"))])
+                       for k in ("psnr", "ssim", "psnr_masked", "ssim_masked")), machine_note(res)])
     return rows
 
 
-COMPARE_HEADERS = ["system", "latency s", "stall s", "MB sent", "vs FP16", "PSNR", "SSIM", "PSNR masked",
-                   "SSIM masked"]
+COMPARE_HEADERS = ["system", "clock", "latency s", "simulated s", "stall s", "MB sent", "vs FP16",
+                   "compute s measured / calibrated", "PSNR", "SSIM", "PSNR masked", "SSIM masked", "note"]
 PRIVACY_HEADERS = ["#", "file id", "byte ranges (offset+length)", "bytes"]
 
 

@@ -40,12 +40,13 @@ DEVICE_NOTE = ("Here the “device” is an agent process on this computer runni
                "unless one is attached through the adb transport.")
 
 
-def build_blocks(bridge, *, data_dir: str | Path, explorer=None, builds=None, study_systems=DEFAULT_SYSTEMS,
-                 study_requests: int = 2, study_templates: list[str] | None = None,
+def build_blocks(bridge, *, data_dir: str | Path, explorer=None, builds=None, calibrations=None,
+                 study_systems=DEFAULT_SYSTEMS, study_requests: int = 2, study_templates: list[str] | None = None,
                  offered: list[str] | None = None) -> gr.Blocks:
     """``builds``: the background pack builds (``sakura.offline.build_queue.BuildQueue``), or None when
-    every pack is there already. ``offered``: the template ids the edit page offers (``--templates``;
-    None: every template the device lists)."""
+    every pack is there already; ``calibrations``: the device compute calibrated behind the page
+    (:class:`app.calibrations.Calibrations`), or None. ``offered``: the template ids the edit page offers
+    (``--templates``; None: every template the device lists)."""
     data = Path(data_dir)
     data.mkdir(parents=True, exist_ok=True)
     try:
@@ -65,7 +66,7 @@ the device.</p><p class="sk-device-note" id="sk-device-note">{DEVICE_NOTE}</p></
         with gr.Tabs(elem_id="sk-tabs"):
             with gr.Tab("Edit", id="tab-edit", elem_id="tab-edit"):
                 if templates:
-                    EditPage(bridge, templates, builds).build()
+                    EditPage(bridge, templates, builds, calibrations).build()
                 else:
                     gr.HTML("<div class='sk-status sk-warn'>The device lists no templates.</div>")
             with gr.Tab("Quality explorer", id="tab-explorer", elem_id="tab-explorer") as explorer_tab:
@@ -80,13 +81,14 @@ the device.</p><p class="sk-device-note" id="sk-device-note">{DEVICE_NOTE}</p></
     return demo
 
 
-def create_app(bridge, *, data_dir: str | Path, explorer=None, builds=None, study_systems=DEFAULT_SYSTEMS,
-               study_requests: int = 2, study_templates: list[str] | None = None,
+def create_app(bridge, *, data_dir: str | Path, explorer=None, builds=None, calibrations=None,
+               study_systems=DEFAULT_SYSTEMS, study_requests: int = 2, study_templates: list[str] | None = None,
                max_file_size: str = "25mb", offered: list[str] | None = None) -> FastAPI:
     """The whole app as one ASGI application (Gradio at ``/``, static files at ``/sakura-static``)."""
     os.environ.setdefault("GRADIO_TEMP_DIR", str(Path(data_dir).resolve() / "gradio-tmp"))
-    demo = build_blocks(bridge, data_dir=data_dir, explorer=explorer, builds=builds, study_systems=study_systems,
-                        study_requests=study_requests, study_templates=study_templates, offered=offered)
+    demo = build_blocks(bridge, data_dir=data_dir, explorer=explorer, builds=builds, calibrations=calibrations,
+                        study_systems=study_systems, study_requests=study_requests, study_templates=study_templates,
+                        offered=offered)
     demo.queue(default_concurrency_limit=2)
     api = FastAPI(title="SAKURA app", docs_url=None, redoc_url=None, openapi_url=None)
 

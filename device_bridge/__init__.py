@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 # names imports the model code (torch, diffusers: seconds).
 _SOURCES = {
     "DeviceAgent": "device_bridge.agent",
-    **dict.fromkeys(("COMPRESSED", "OURS", "PROTOCOL_VERSION", "SYSTEMS", "EditFailed", "EditProgress",
+    **dict.fromkeys(("COMPRESSED", "FLOOR", "OURS", "PROTOCOL_VERSION", "SYSTEMS", "EditFailed", "EditProgress",
                      "EditRejected", "Job", "NetworkSpec", "Photo", "TraceUpload"), "device_bridge.protocol"),
     **dict.fromkeys(("AdbBridge", "Bridge", "BridgeError", "InProcessBridge", "SubprocessBridge", "WsBridge",
                      "connect"), "device_bridge.transport"),
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from device_bridge.agent import DeviceAgent
     from device_bridge.protocol import (
         COMPRESSED,
+        FLOOR,
         OURS,
         PROTOCOL_VERSION,
         SYSTEMS,
@@ -71,6 +72,7 @@ __all__ = [
     "InProcessBridge",
     "Job",
     "NetworkSpec",
+    "FLOOR",
     "OURS",
     "PROTOCOL_VERSION",
     "Photo",

@@ -27,12 +27,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="load the model and calibrate compute for this template before serving")
     ap.add_argument("--calibration", default=None, metavar="FILE",
                     help="JSON file keeping measured device compute across restarts")
+    ap.add_argument("--calibration-repeats", type=int, default=1, metavar="N",
+                    help="masked runs per template calibration (local runs: N − 1, their spread judged from 2)")
     ap.add_argument("--log-level", default="warning")
     a = ap.parse_args(argv)
     sigterm_as_interrupt()  # SIGTERM cleans up (the local template server) as Ctrl-C does
     try:
         run_agent(a.listen, a.server, a.packs, catalog=a.catalog, link=a.link, timeout_s=a.timeout,
-                  warmup=a.warmup, calibration_file=a.calibration,
+                  warmup=a.warmup, calibration_file=a.calibration, calibration_repeats=a.calibration_repeats,
                   log_level=a.log_level)
     except KeyboardInterrupt:
         return 0

@@ -253,7 +253,7 @@ class DeviceAgent:
                 timing["calibration_s"] = timing["setup_s"]
             catalog_request = None if spec.catalog_request is None else template.eval_requests[spec.catalog_request]
             report = session.edit(EditInput(spec.prompt, spec.photo.image() if spec.photo else None, catalog_request),
-                                  with_reference=spec.reference_output, cancel=cancel)
+                                  clock=spec.clock, with_reference=spec.reference_output, cancel=cancel)
             timing.update(report.timing)
         finally:
             source.close()
@@ -269,7 +269,8 @@ class DeviceAgent:
             summary=report.summary,
             sent_to_server=sent,
             pack_bytes_from=self._bytes_from or "server",
-            link_emulation={"trace": net.trace, "start": session.start, "scale": session.scale, "shaped_by": "device"}
+            link_emulation={"trace": net.trace, "start": session.start, "scale": session.scale,
+                            "shaped_by": "device" if spec.clock == "real" else "simulated clock"}
             if session.system.streams
             else None,
             timing=timing,

@@ -14,7 +14,8 @@ from sakura.places import PACKS_HELP, packs_or_default
 def run_agent(listen: str = "127.0.0.1:8700", server: str | None = None, packs: str | Path | None = None, *,
               catalog: str | Path | None = None, link: str = "ws", timeout_s: float = DEFAULT_TIMEOUT_S,
               warmup: list[str] | tuple[str, ...] = (),
-              calibration_file: str | Path | None = None, log_level: str = "warning") -> None:
+              calibration_file: str | Path | None = None, calibration_repeats: int = 1,
+              log_level: str = "warning") -> None:
     """Start a :class:`DeviceAgent` (and a local template server over ``packs`` when no ``server``
     is given) and serve it until interrupted."""
     from device_bridge.agent import DeviceAgent  # torch: sakura --help stays light
@@ -25,7 +26,7 @@ def run_agent(listen: str = "127.0.0.1:8700", server: str | None = None, packs: 
 
     try:
         agent = DeviceAgent(server, catalog, packs, link=link, timeout_s=timeout_s,
-                            calibration_file=calibration_file)
+                            calibration_file=calibration_file, calibration_repeats=calibration_repeats)
     except CatalogError as e:
         raise ValueError(str(e)) from None
     try:

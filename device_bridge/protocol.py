@@ -22,10 +22,11 @@ from device_bridge.errors import EditFailed, EditRejected, jsonable, one_line
 from device_bridge.media import MAX_PHOTO_BYTES, Photo, TraceUpload, b64_field
 from sakura.net.traces import SYNTHETIC_NAMES, Trace, TraceError, load_trace
 from sakura.runtime.timeline import Timeline
-from sakura.systems import COMPRESSED, OURS, SYSTEMS, get_system
+from sakura.systems import COMPRESSED, FLOOR, OURS, SYSTEMS, get_system
 
 __all__ = [
     "COMPRESSED",
+    "FLOOR",
     "OURS",
     "EditFailed",
     "EditProgress",
@@ -45,6 +46,7 @@ __all__ = [
 PROTOCOL_VERSION = 1
 REGIMES = ("paper", "none")
 MAX_PROMPT_CHARS = 2000
+CLOCKS = ("real", "sim")  # the edit session's two clocks
 # The agent's default: a shard that has not arrived by then fails the edit (bandwidth collapse). Here, not in
 # agent.py, so that `sakura device` (device_bridge.cli) gets its option default without importing the agent.
 DEFAULT_TIMEOUT_S = 60.0
@@ -88,12 +90,13 @@ class Job:
     reference_output: bool = True
     catalog_request: int | None = None  # use the template's evaluation request #i as the input (user studies)
     prefetch: bool = True  # sakura may use the pack bytes prefetched when the template was picked
+    clock: str = "real"  # real: bytes paced along the trace, compute as it runs; sim: the calibrated replay
 
     def to_wire(self) -> dict:
         return {"template_id": self.template_id, "system": self.system, "prompt": self.prompt,
                 "photo": self.photo.to_wire() if self.photo else None, "network": self.network.to_wire(),
                 "reference_output": self.reference_output, "catalog_request": self.catalog_request,
-                "prefetch": self.prefetch}
+                "prefetch": self.prefetch, "clock": self.clock}
 
 
 def _number(value: Any, what: str, *, positive: bool = False) -> float | None:
@@ -181,8 +184,11 @@ def parse_job(job: Any, catalog) -> tuple[Job, Any]:
     ref_out, prefetch = get("reference_output", True), get("prefetch", True)
     if not isinstance(ref_out, bool) or not isinstance(prefetch, bool):
         raise EditRejected("reference_output and prefetch must be true or false")
+    clock = get("clock", "real")
+    if clock not in CLOCKS:
+        raise EditRejected(f"clock must be one of {', '.join(CLOCKS)}, got {one_line(repr(clock), 40)}")
     return Job(template.id, get_system(system).name, prompt if template.task == "mb" else "", photo,
-               _network(get("network")), ref_out, catalog_request, prefetch), template
+               _network(get("network")), ref_out, catalog_request, prefetch, clock), template
 
 
 def _photo(get, from_wire: bool) -> Photo | None:

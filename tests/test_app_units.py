@@ -242,7 +242,7 @@ def test_result_panels_never_show_the_input():
     assert "its object store" in privacy_html({**res, "pack_bytes_from": "store"}, had_photo=True, had_prompt=False)
     assert privacy_rows(res["sent_to_server"]) == [[1, "fs-a", "0+8, 8+100, 200+5, … (4 ranges)", 118]]
     rows = compare_rows({"sakura": res})
-    assert rows[0][0] == "SAKURA" and rows[0][4] == "10.0%"
+    assert rows[0][0] == "SAKURA" and rows[0][6] == "10.0%"
 
 
 # ----------------------------------------------------------------------------------------- explorer

@@ -30,16 +30,15 @@ import torch
 from sakura.editing import edit_request
 from sakura.model import DiTAdapter, EditRequest
 from sakura.places import cache_root
-from sakura.runtime.compute import ComputeProfile, measure_compute, zero_cache
+from sakura.runtime.compute import SPREAD_BOUND, ComputeProfile, measure_compute, spread, zero_cache
 
 log = logging.getLogger(__name__)
 
 VERSION = 2
 KEEP_ROUND_TRIPS = 400  # most recent request round trips kept
-# Local-generation runs further apart than this ((max − min) / median) are re-measured once; still that
-# wide, the profile serves the run that measured it and is never stored as the machine's (a busy machine
-# calibrated fs-astronaut at 3.4 s with runs 85 % apart, and every later run reused it).
-SPREAD_BOUND = 0.10
+# Local-generation runs further apart than SPREAD_BOUND are re-measured once; still that wide, the profile
+# serves the run that measured it and is never stored as the machine's (a busy machine calibrated fs-astronaut
+# at 3.4 s with runs 85 % apart, and every later run reused it).
 BUSY_LOAD_PER_CORE = 1.0  # 1-minute load average per core above which a measurement is flagged busy
 
 
@@ -231,7 +230,3 @@ class CalibrationStore:
         except OSError as e:
             log.warning("cannot save calibration to %s: %s", self.path, e)
 
-
-def spread(xs: list[float]) -> float | None:
-    """(max − min) / median of repeated timings; None for fewer than two."""
-    return (max(xs) - min(xs)) / statistics.median(xs) if len(xs) > 1 else None

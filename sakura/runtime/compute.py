@@ -11,6 +11,10 @@ from dataclasses import asdict, dataclass, field
 from sakura.kvcache import KVCache, shard_plan
 from sakura.model import DiTAdapter, EditRequest
 
+# Repeated local-generation runs further apart than this ((max − min) / median) are not trusted as the machine's
+# calibration; an edit's compute further than this (or the calibration's own spread) from it ran on a busy machine.
+SPREAD_BOUND = 0.10
+
 
 @dataclass
 class ComputeProfile:
@@ -41,6 +45,50 @@ class ComputeProfile:
         return ComputeProfile(self.shards, [s * factor for s in self.shard_s], self.prelude_s * factor,
                               self.local_full_s * factor, [s * factor for s in self.local_full_samples])
 
+
+
+@dataclass(frozen=True)
+class ComputeCheck:
+    """A real-clock edit's own compute against what calibration measured for the same work: a machine
+    busy with something else during the edit shows as measured compute outside the calibration's spread,
+    and then its latency measures the machine, not the system."""
+
+    measured_s: float
+    calibrated_s: float
+    tolerance: float  # relative: the calibration's spread, at least SPREAD_BOUND
+
+    @property
+    def ratio(self) -> float:
+        return self.measured_s / self.calibrated_s if self.calibrated_s > 0 else float("nan")
+
+    @property
+    def busy(self) -> bool:
+        return self.calibrated_s > 0 and abs(self.ratio - 1.0) > self.tolerance
+
+    def to_dict(self) -> dict:
+        return {"measured_s": round(self.measured_s, 4), "calibrated_s": round(self.calibrated_s, 4),
+                "ratio": round(self.ratio, 3), "tolerance": round(self.tolerance, 3), "busy": self.busy}
+
+    @classmethod
+    def of(cls, timeline, compute: ComputeProfile, runs_locally: bool) -> "ComputeCheck | None":
+        """For a real-clock timeline: local generation against the calibrated local time, or the shards
+        that executed against their calibrated times (stalls are not compute). None when nothing executed
+        that calibration timed (a simulated timeline, a stream that went local before its first shard)."""
+        if timeline.clock != "real":
+            return None
+        tol = max(SPREAD_BOUND, spread(compute.local_full_samples) or 0.0)
+        if runs_locally:
+            return cls(timeline.latency_s, compute.local_full_s, tol) if compute.local_full_s > 0 else None
+        ran = [(r.exec_end_t - r.exec_start_t, compute.shard_s[r.shard]) for r in timeline.shards
+               if r.exec_start_t is not None and r.exec_end_t is not None and r.shard < len(compute.shard_s)]
+        if not ran or "local_from_step" in timeline.extras:
+            return None
+        return cls(sum(m for m, _ in ran), sum(c for _, c in ran), tol)
+
+
+def spread(xs: list[float]) -> float | None:
+    """(max − min) / median of repeated timings; None for fewer than two."""
+    return (max(xs) - min(xs)) / statistics.median(xs) if len(xs) > 1 else None
 
 
 def shard_times(layer_times: list[tuple[int, int, float]], t0: float, t1: float,

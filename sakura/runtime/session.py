@@ -38,7 +38,7 @@ from sakura.online.monitor import DEFAULT_ESTIMATOR
 from sakura.online.policies import Policy, get_policy
 from sakura.quality import quality
 from sakura.runtime.calibration import CalibrationStore
-from sakura.runtime.compute import ComputeProfile
+from sakura.runtime.compute import ComputeCheck, ComputeProfile
 from sakura.runtime.errors import EditCancelled, StreamError, TemplateUnavailable
 from sakura.runtime.prefetch import Prefetched, simulate_prefetch
 from sakura.runtime.runners import Outcome, get_runner
@@ -431,6 +431,8 @@ class EditSession:
         tl = outcome.timeline
         xfer, hidden, exposed = tl.transfer_split()
         compute_s = self.compute.local_full_s if self.system.runs_locally else self.compute.masked_s
+        check = ComputeCheck.of(tl, self.compute, self.system.runs_locally)
         return {**tl.summary(), "fp16_bytes": self.state.fp16_bytes, "transfer_s": xfer,
                 "transfer_hidden_s": hidden, "transfer_exposed_s": exposed, "compute_s": compute_s,
+                "compute_check": check.to_dict() if check is not None else None,
                 "trace_scale": self.scale, "trace_start": self.start}
