@@ -43,7 +43,8 @@ def test_a_tight_calibration_is_stored_with_its_load(tmp_path, monkeypatch, mode
     store = cal.CalibrationStore(tmp_path / "c.json", full_repeats=3)
     store.measure(model, tpl, SHARDS)
     assert calls[0] == 1
-    saved = json.loads((tmp_path / "c.json").read_text())["profiles"]
+    (section,) = json.loads((tmp_path / "c.json").read_text())["machines"].values()
+    saved = section["profiles"]
     (entry,) = saved.values()
     assert entry["local_full_samples"] == [1.00, 1.02, 1.05] and "refused" not in entry
     assert entry["load_per_core"] is not None and isinstance(entry["busy"], bool)
@@ -79,3 +80,20 @@ def test_one_local_run_is_not_judged(tmp_path, monkeypatch, model):
     store = cal.CalibrationStore(tmp_path / "c.json")
     store.measure(model, tpl, SHARDS)
     assert calls[0] == 1 and not store.refused and (tmp_path / "c.json").exists()
+
+
+def test_two_thread_settings_keep_their_own_sections_of_one_file(tmp_path, monkeypatch, model):
+    """The bench (1 torch thread) and the demo's agent (the machine's threads) share the bench's file: each
+    keeps its own section, neither measures the other's away."""
+    timings(monkeypatch, [1.00, 1.02, 1.05])
+    tpl = load_catalog().get("fs-astronaut")
+    settings = [{**cal.machine_fingerprint(), "threads": n} for n in (1, 2)]
+    for machine in settings:
+        monkeypatch.setattr(cal, "machine_fingerprint", lambda m=machine: m)
+        cal.CalibrationStore(tmp_path / "c.json", full_repeats=3).measure(model, tpl, SHARDS)
+    assert len(json.loads((tmp_path / "c.json").read_text())["machines"]) == 2
+    for machine in settings:
+        monkeypatch.setattr(cal, "machine_fingerprint", lambda m=machine: m)
+        assert cal.CalibrationStore(tmp_path / "c.json").get(model, tpl, SHARDS) is not None
+    monkeypatch.setattr(cal, "machine_fingerprint", lambda: {**settings[0], "threads": 3})
+    assert cal.CalibrationStore(tmp_path / "c.json").get(model, tpl, SHARDS) is None

@@ -34,7 +34,7 @@ from sakura.runtime.compute import SPREAD_BOUND, ComputeProfile, measure_compute
 
 log = logging.getLogger(__name__)
 
-VERSION = 2
+VERSION = 3  # 3: one section per machine fingerprint (the bench's 1 thread and the agent's own share a file)
 KEEP_ROUND_TRIPS = 400  # most recent request round trips kept
 # Local-generation runs further apart than SPREAD_BOUND are re-measured once; still that wide, the profile
 # serves the run that measured it and is never stored as the machine's (a busy machine calibrated fs-astronaut
@@ -112,14 +112,28 @@ class CalibrationStore:
         if self.path is not None and self.path.is_file():
             self._load()
 
-    def _load(self) -> None:
+    @property
+    def _machine_key(self) -> str:
+        return hashlib.sha1(json.dumps(self.machine, sort_keys=True).encode()).hexdigest()[:12]
+
+    def _read(self) -> dict:
+        """The file's sections by machine ({} for a missing, unreadable or older file)."""
         try:
             d = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return {}
         except (OSError, ValueError):
             log.warning("ignoring unreadable calibration file %s", self.path)
-            return
-        if not isinstance(d, dict) or d.get("version") != VERSION or d.get("machine") != self.machine:
-            log.info("calibration file %s is for another machine or version: measuring again", self.path)
+            return {}
+        if not isinstance(d, dict) or d.get("version") != VERSION or not isinstance(d.get("machines"), dict):
+            log.info("calibration file %s is of another version: measuring again", self.path)
+            return {}
+        return d["machines"]
+
+    def _load(self) -> None:
+        d = self._read().get(self._machine_key)
+        if not isinstance(d, dict) or d.get("machine") != self.machine:
+            log.info("calibration file %s has nothing for this machine and setting: measuring", self.path)
             return
         self._profiles = {k: v for k, v in dict(d.get("profiles", {})).items() if isinstance(v, dict)}
         link = d.get("link") or {}
@@ -220,8 +234,11 @@ class CalibrationStore:
     def _save(self) -> None:
         if self.path is None:
             return
-        data = {"version": VERSION, "machine": self.machine, "profiles": self._profiles,
-                "link": {"round_trips_s": self._round_trips, "measured_at": self._link_measured_at}}
+        machines = self._read()  # other machines' (or thread settings') sections stay as they are
+        machines[self._machine_key] = {
+            "machine": self.machine, "profiles": self._profiles,
+            "link": {"round_trips_s": self._round_trips, "measured_at": self._link_measured_at}}
+        data = {"version": VERSION, "machines": machines}
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
