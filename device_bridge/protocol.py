@@ -248,6 +248,11 @@ class EditProgress:
             self.status = str(ev.get("message") or "")
         elif kind == "result":
             self.result = ev
+            if isinstance(ev.get("timeline"), dict):
+                try:
+                    self.timeline = Timeline.from_dict(ev["timeline"])
+                except (TypeError, ValueError, KeyError):  # a malformed one: the events' timeline stays
+                    pass
             lat = (ev.get("summary") or {}).get("latency_s")
             if isinstance(lat, (int, float)):
                 self.timeline.latency_s = float(lat)

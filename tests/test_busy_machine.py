@@ -96,3 +96,14 @@ def test_an_edit_under_load_is_flagged_and_simulated_beside(fs_packs):
         sim = result["sim_latency_s"]
         assert isinstance(sim, float) and sim < result["summary"]["latency_s"]  # the calibrated replay
         assert "machine busy" in machine_note(result) and "simulated from the calibration" in machine_note(result)
+
+
+def test_a_simulated_timeline_travels_whole_and_is_drawn_from_the_result():
+    tl = timeline("sim", [0.1, 0.1, 0.1, 0.2])
+    tl.fallbacks.append({"kind": "local", "shard": 2, "t": 0.9, "predicted_end_s": 3.0})
+    progress = EditProgress(system="IntQ")
+    progress.apply({"type": "result", "summary": tl.summary(), "timeline": tl.to_dict()})
+    assert progress.timeline == tl and progress.timeline.fallbacks[0]["kind"] == "local"
+    broken = EditProgress(system="IntQ")
+    broken.apply({"type": "result", "summary": {"latency_s": 1.0}, "timeline": {"shards": [{"layers": 3}]}})
+    assert broken.result is not None and broken.timeline.latency_s == 1.0  # a malformed one is ignored

@@ -225,6 +225,18 @@ class Timeline:
         d["summary"] = self.summary()
         return d
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "Timeline":
+        """The timeline :meth:`to_dict` wrote (a simulated edit's, sent whole: it emitted no events)."""
+        units = [UnitRecord(**{k: v for k, v in u.items() if k in UnitRecord.__dataclass_fields__})
+                 for u in d.get("units") or []]
+        shards = [ShardRecord(**{**{k: v for k, v in s.items() if k in ShardRecord.__dataclass_fields__},
+                                 "layers": tuple(s["layers"])}) for s in d.get("shards") or []]
+        return cls(str(d.get("system", "")), str(d.get("clock", "sim")), units, shards,
+                   float(d.get("latency_s") or 0.0), int(d.get("bytes_total") or 0),
+                   int(d.get("peak_cache_bytes") or 0), float(d.get("trace_start_s") or 0.0),
+                   dict(d.get("extras") or {}), list(d.get("fallbacks") or []))
+
 
 def _num(x) -> float:
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else 0.0
