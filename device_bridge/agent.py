@@ -269,7 +269,7 @@ class DeviceAgent:
             summary=report.summary,
             sent_to_server=sent,
             # a simulated edit emitted no timeline events: its timeline comes whole, for the viewer to draw
-            timeline=report.timeline.to_dict() if spec.clock == "sim" else None,
+            **({"timeline": report.timeline.to_dict()} if spec.clock == "sim" else {}),
             pack_bytes_from=self._bytes_from or "server",
             link_emulation={"trace": net.trace, "start": session.start, "scale": session.scale,
                             "shaped_by": "device" if spec.clock == "real" else "simulated clock"}

@@ -56,6 +56,7 @@ PAPER_LOCAL_FULL_S = 13.0
 # No link is faster than 1 Pbit/s; above this a rate is a typo or an attack (and overflows the byte
 # integrals: fixed:1e308 made NaN byte counts).
 MAX_MBPS = 1e9
+MIN_MBPS = 1e-6  # 1 bit/s: a slower positive rate is a typo or a denormal (its byte integrals overflow); 0 is dead
 MAX_DURATION_S = 1e12  # (~30 000 years) keeps every byte integral finite at MAX_MBPS
 
 
@@ -84,6 +85,9 @@ class Trace:
             raise TraceError(f"{self.name}: rates must be finite and >= 0")
         if np.any(r > MAX_MBPS):
             raise TraceError(f"{self.name}: rates must be at most {MAX_MBPS:g} Mbps, got {float(r.max()):g}")
+        if np.any((r > 0) & (r < MIN_MBPS)):
+            raise TraceError(f"{self.name}: a rate must be 0 (a dead link) or at least {MIN_MBPS:g} Mbps (1 bit/s), "
+                             f"got {float(r[(r > 0) & (r < MIN_MBPS)][0]):g}")
         object.__setattr__(self, "edges", e)
         object.__setattr__(self, "mbps", r)
         # Cumulative bytes at each edge: makes every integral O(log n) and exact.

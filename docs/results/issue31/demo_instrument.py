@@ -43,17 +43,19 @@ def wait_for(pg, js: str, timeout_s: float, arg=None) -> None:
     pg.wait_for_function(js, arg=arg, timeout=timeout_s * 1000)
 
 
+STATUS = "(document.querySelector('#status .sk-status')?.innerText || '')"  # (not the progress overlay's timer)
+
+
 def run_and_time(pg, timeout_s: float = 600) -> tuple[float, str]:
-    """Click Run; wall seconds until the status says Done (after it said the run started)."""
+    """Click Run; wall seconds until the status says Done (the old status is blanked first: the page only
+    writes a new one)."""
+    pg.evaluate("() => { const s = document.querySelector('#status .sk-status'); if (s) s.textContent = ''; }")
     t0 = time.monotonic()
     pg.click("#run-btn")
-    wait_for(pg, "() => !(document.querySelector('#status')?.innerText || '').startsWith('Done')", 60)
-    wait_for(pg, "() => (document.querySelector('#status')?.innerText || '').startsWith('Done')"
-                 " || document.querySelector('#status .sk-error')", timeout_s)
+    wait_for(pg, f"() => {STATUS}.startsWith('Done') || document.querySelector('#status .sk-error')", timeout_s)
     wall = time.monotonic() - t0
-    # every picture on the page loaded before the screenshot
-    wait_for(pg, "() => [...document.images].every(i => i.complete)", 60)
-    return wall, pg.inner_text("#status")
+    wait_for(pg, "() => [...document.images].every(i => i.complete)", 60)  # every picture loaded
+    return wall, pg.evaluate(f"() => {STATUS}")
 
 
 def compare_table(pg) -> list[dict]:
