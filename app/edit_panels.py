@@ -107,7 +107,8 @@ def machine_note(result: dict) -> str:
     check = (result.get("summary") or {}).get("compute_check") or {}
     notes = []
     if check.get("busy"):
-        notes.append(f"machine busy: compute {check['measured_s']:.2f} s vs {check['calibrated_s']:.2f} s calibrated "
+        why = "machine busy during the run" if check["ratio"] > 1 else "calibrated while the machine was busier"
+        notes.append(f"{why}: compute {check['measured_s']:.2f} s vs {check['calibrated_s']:.2f} s calibrated "
                      f"({check['ratio']:.2f}×, beyond its ±{check['tolerance']:.0%})")
     if result.get("below_floor"):
         notes.append(f"below the oracle's floor ({result['below_floor']:.3f} s)")

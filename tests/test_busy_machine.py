@@ -48,11 +48,13 @@ def test_the_table_says_which_clock_and_why_a_row_is_suspect():
                        "compute_check": ComputeCheck(1.0, 0.5, 0.1).to_dict()},
            "below_floor": 0.45, "sim_latency_s": 0.61, "metrics": {}}
     note = machine_note(res)
-    assert "machine busy: compute 1.00 s vs 0.50 s calibrated (2.00×" in note
+    assert "machine busy during the run: compute 1.00 s vs 0.50 s calibrated (2.00×" in note
     assert "below the oracle's floor (0.450 s)" in note and "simulated from the calibration: 0.610 s" in note
     row = compare_rows({"sakura": res})[0]
     assert row[1] == "real" and row[2] == 0.4 and row[3] == 0.61 and row[7] == "1.00 / 0.50" and row[-1] == note
     assert machine_note({"summary": {"clock": "sim", "latency_s": 0.5}}) == ""
+    faster = {"summary": {"compute_check": ComputeCheck(0.5, 1.0, 0.1).to_dict()}}
+    assert machine_note(faster).startswith("calibrated while the machine was busier: compute 0.50 s vs 1.00 s")
 
 
 def _spin(stop) -> None:

@@ -54,14 +54,19 @@ def run_and_time(pg, timeout_s: float = 600) -> tuple[float, str]:
     pg.click("#run-btn")
     wait_for(pg, f"() => {STATUS}.startsWith('Done') || document.querySelector('#status .sk-error')", timeout_s)
     wall = time.monotonic() - t0
-    wait_for(pg, "() => [...document.images].every(i => i.complete)", 60)  # every picture loaded
+    # every picture loaded before the screenshot (the gallery's are lazy: ask for them now)
+    pg.evaluate("() => { for (const i of document.images) i.loading = 'eager'; }")
+    try:
+        wait_for(pg, "() => [...document.images].every(i => i.complete)", 30)
+    except Exception:  # noqa: BLE001 - a picture still loading is not a result
+        print("warning: some pictures had not loaded by the screenshot", flush=True)
     return wall, pg.evaluate(f"() => {STATUS}")
 
 
 def compare_table(pg) -> list[dict]:
     """The comparison table's rows as dicts (header → cell), read from the rendered table."""
-    grid = pg.evaluate("""() => [...document.querySelectorAll('#compare-table table tr')].map(
-        tr => [...tr.querySelectorAll('th, td')].map(c => c.innerText.trim()))""")
+    grid = pg.evaluate("""() => [...document.querySelectorAll('#compare-table [role=row]')].map(
+        tr => [...tr.querySelectorAll('[role=gridcell], [role=columnheader], td')].map(c => c.innerText.trim()))""")
     grid = [r for r in grid if any(r)]
     headers = [h.replace("\n", " ") for h in grid[0]] if grid else []
     return [dict(zip(headers, r)) for r in grid[1:]]
