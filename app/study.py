@@ -203,6 +203,7 @@ class StudyStore:
         self.db_path = self.folder / "study.sqlite"
         self.design = design
         self._queue_lock = threading.Lock()
+        self._local = threading.local()
         with self._db() as db:
             db.execute("PRAGMA journal_mode=WAL")
             db.executescript(SCHEMA + "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);")
@@ -211,13 +212,20 @@ class StudyStore:
 
     @contextlib.contextmanager
     def _db(self) -> Iterator[sqlite3.Connection]:
-        db = sqlite3.connect(self.db_path, timeout=30, isolation_level=None)  # autocommit: every vote lands
-        try:
+        """This thread's connection (opened once: closing the last one checkpoints the WAL, which costs more than
+        the query), in autocommit mode: every vote is on disk when the call returns."""
+        db = getattr(self._local, "db", None)
+        if db is None:
+            db = sqlite3.connect(self.db_path, timeout=30, isolation_level=None, check_same_thread=False)
             db.execute("PRAGMA synchronous=FULL")
             db.execute("PRAGMA busy_timeout=30000")
+            self._local.db = db
+        try:
             yield db
-        finally:
-            db.close()
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
 
     # -- the pool -----------------------------------------------------------------------------------------
     def add_image(self, png: bytes) -> str:
@@ -358,9 +366,11 @@ class StudyStore:
 
     def candidate_of(self, ticket: str) -> Candidate | None:
         """The pair behind a ticket (operator side: scripted participants, analysis)."""
+        cols = [f.name for f in fields(Candidate)]
         with self._db() as db:
-            row = db.execute("SELECT candidate FROM queue WHERE ticket=?", (ticket,)).fetchone()
-        return next((c for c in self.pool() if row and c.id == row[0]), None)
+            row = db.execute(f"SELECT {','.join('c.' + k for k in cols)} FROM queue q JOIN candidates c "
+                             "ON c.id=q.candidate WHERE q.ticket=?", (ticket,)).fetchone()
+        return Candidate(*row) if row else None
 
     # -- results (operator side) --------------------------------------------------------------------------------
     def votes(self, include_simulated: bool = True) -> list[Vote]:
