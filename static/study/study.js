@@ -30,7 +30,7 @@
     (d.prefetch || []).forEach((src) => { const i = new Image(); i.src = src; });
     ticket = d.ticket;
     bar.style.width = `${(100 * (d.position - 1)) / d.total}%`;
-    say(`Pair ${d.position} of ${d.total}: do the two pictures look similar?`);
+    say(`Pair ${d.position} of ${d.total}`);
     enable(true);
   }
 
