@@ -254,6 +254,15 @@ class StudyStore:
             db.execute("COMMIT")
         return n
 
+    def import_pool(self, other: "StudyStore") -> int:
+        """Copy another study's pool (pairs and their files) into this one: a fresh study over the same pictures
+        (scripted participants, latency measurements) that leaves the other's votes alone."""
+        cands = other.pool()
+        for name in {n for c in cands for n in (c.image, c.reference)}:
+            if not (self.pool_dir / name).is_file():
+                (self.pool_dir / name).write_bytes((other.pool_dir / name).read_bytes())
+        return self.add_candidates(cands)
+
     def pool(self) -> list[Candidate]:
         cols = [f.name for f in fields(Candidate)]
         with self._db() as db:

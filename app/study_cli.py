@@ -203,11 +203,9 @@ def simulate_cmd(
         typer.echo(f"error: {out} already holds a study; pick another --out", err=True)
         raise typer.Exit(2)
     sim = _store(out, per_cell, controls)
-    pool = src.pool()
-    for c in pool:
-        for name in {c.image, c.reference}:
-            (sim.pool_dir / name).write_bytes((src.pool_dir / name).read_bytes())
-    sim.add_candidates(pool)
+    if not sim.import_pool(src):
+        typer.echo(f"error: {data} has no prepared pairs (run `sakura study prepare` or `serve` first)", err=True)
+        raise typer.Exit(2)
     t0 = time.perf_counter()
     limits = Limits(votes_per_minute=10**9, min_vote_interval_s=0.0, consents_per_minute=10**9)
     with start_app(participant_app(sim, limits), "127.0.0.1", 0) as srv:
