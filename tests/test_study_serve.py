@@ -4,8 +4,12 @@ clear 4xx answers."""
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import sqlite3
+import subprocess
+import sys
 from collections import Counter
 
 import httpx
@@ -198,3 +202,38 @@ def test_queues_are_balanced_across_systems_budgets_templates_and_sides(tmp_path
     assert plan_queue(pool, 3, design, "seed") == plan_queue(pool, 3, design, "seed")
     assert [c.id for c, _ in plan_queue(pool, 3, design, "seed")] != [c.id for c, _ in plan_queue(pool, 4, design,
                                                                                                    "seed")]
+
+
+def test_sakura_study_serve_starts_both_origins_and_stops_on_sigterm(tmp_path):
+    """The real command: participants' origin and operator origin on their own ports, the token printed once."""
+    code = "import sys; from sakura.cli import main; sys.argv[0] = 'sakura'; sys.exit(main())"
+    (tmp_path / "packs").mkdir()
+    proc = subprocess.Popen([sys.executable, "-c", code, "study", "serve", "--port", "0", "--operator-port", "0",
+                             "--packs", str(tmp_path / "packs"), "--templates", "fs-astronaut", "--no-build",
+                             "--data", str(tmp_path / "study")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        lines: list[str] = []
+        while not any(line.startswith("pool:") for line in lines):
+            line = proc.stdout.readline()
+            assert line, "".join(lines)
+            lines.append(line)
+        who = re.search(r"participants: (http://\S+)", "".join(lines)).group(1).rstrip("/")
+        op, token = re.search(r"operator \(keep private\): (http://\S+)\?token=(\S+)", "".join(lines)).groups()
+        assert who.rsplit(":", 1)[1] != op.rstrip("/").rsplit(":", 1)[1]
+        c = _participant(who)
+        assert c.get("/api/next").json()["state"] == "preparing"  # no pack published yet
+        assert c.get("/report.png").status_code == 404
+        with httpx.Client(base_url=op.rstrip("/"), timeout=30) as o:
+            assert o.get("/api/status").status_code == 403
+            st = o.get("/api/status", headers={"authorization": f"Bearer {token}"}).json()
+            assert st["counts"]["participants"] == 1 and st["pool"]["waiting"] == ["fs-astronaut"]
+        c.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            out = proc.communicate(timeout=60)[0]
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    assert proc.returncode == 0 and "stopping" in out
