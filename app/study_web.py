@@ -47,7 +47,7 @@ answers so far are kept, and the link you will be shown lets you continue later.
 class Limits:
     votes_per_minute: int = 60  # per participant
     min_vote_interval_s: float = 0.3  # per participant: faster than a person can look at two pictures
-    consents_per_minute: int = 30  # per client address
+    consents_per_minute: int = 60  # per client address (a lab behind one NAT arrives together)
 
 
 class RateLimit:
@@ -202,6 +202,20 @@ def participant_app(store: StudyStore, limits: Limits = Limits()) -> FastAPI:
     return api
 
 
+def _prep_line(status: Callable[[], object] | None) -> str:
+    s = status() if status else None
+    if s is None:
+        return ""
+    parts = [f"prepared: {', '.join(s.done) or 'none yet'}"]
+    if s.working_on:
+        parts.append(f"preparing {s.working_on}")
+    if s.waiting:
+        parts.append(f"waiting for packs: {', '.join(s.waiting)}")
+    if s.errors:
+        parts.append(f"last error: {s.errors[-1]}")
+    return "<br>Pool " + html.escape("; ".join(parts)) + "."
+
+
 def operator_app(store: StudyStore, token: str, status: Callable[[], object] | None = None,
                  threshold: float = 0.8) -> FastAPI:
     """The operator's origin: the pool's progress, the report (plot + CSV), every vote as CSV. ``status``: the
@@ -235,7 +249,7 @@ def operator_app(store: StudyStore, token: str, status: Callable[[], object] | N
         kept = sum(s.kept for s in rep.screened)
         body = f"""<h1>Study — operator</h1><div class="box" id="op-status">Pool: {c['candidates']} test pairs and
 {c['controls']} controls from {c['units']} template requests. {c['participants']} participants, {c['votes']} answers;
-{kept} of {len(rep.screened)} who answered pass the screen ({html.escape(rep.rule)}).</div>
+{kept} of {len(rep.screened)} who answered pass the screen ({html.escape(rep.rule)}).{_prep_line(status)}</div>
 <p><a href="/report.csv">report CSV</a> · <a href="/participants.csv">screen CSV</a> ·
 <a href="/votes.csv">every answer (CSV)</a> · <a href="/api/status">pool status (JSON)</a></p>
 <img class="plot" id="op-plot" src="/report.png?v={c['votes']}" alt="similar rate against bytes and masked PSNR">"""
