@@ -88,29 +88,33 @@ def serve(
     --operator-host:--operator-port behind a token; the pool is prepared behind the pages as packs are ready."""
     from app.cli import start_app  # uvicorn: sakura --help stays light
     from app.study_web import operator_app, participant_app  # fastapi: sakura --help stays light
-    from sakura.offline.build_queue import BuildQueue  # torch: sakura --help stays light
     from sakura.process import sigterm_as_interrupt  # sakura --help stays light
 
     sigterm_as_interrupt()
     store = _store(data, per_cell, controls)
-    prep, chosen, pack_store = _preparer(store, packs_or_default(packs), data, templates, requests, budgets,
-                                         max_fraction, typer.echo)
     token = secrets.token_urlsafe(24)
+    preparer: list = []  # made once the pages are up: a pool prepared earlier is served before torch is imported
     with contextlib.ExitStack() as stack:
         try:
             who = stack.enter_context(start_app(participant_app(store), host, port))
-            op = stack.enter_context(start_app(operator_app(store, token, prep.status), operator_host, operator_port))
+            op = stack.enter_context(start_app(operator_app(store, token, lambda: preparer[0].status() if preparer
+                                                            else None), operator_host, operator_port))
         except (OSError, RuntimeError) as e:
             typer.echo(f"error: cannot listen ({' '.join(str(e).split())}); pick other ports", err=True)
             raise typer.Exit(2)
+        typer.echo(f"study for participants: {who.url}  (only the study is served there)")
+        typer.echo(f"operator (keep private): {op.url}?token={token}")
+        prep, chosen, pack_store = _preparer(store, packs_or_default(packs), data, templates, requests, budgets,
+                                             max_fraction, typer.echo)
+        preparer.append(prep)
         if build:
+            from sakura.offline.build_queue import BuildQueue  # torch: imported once the pages are up
+
             builds = BuildQueue(chosen, pack_store)
             stack.callback(builds.stop)
             builds.start()
         stack.callback(prep.stop)
         prep.start()
-        typer.echo(f"study for participants: {who.url}  (only the study is served there)")
-        typer.echo(f"operator (keep private): {op.url}?token={token}")
         typer.echo(f"pool: {data / 'pool'} — prepared behind the pages as packs are ready (Ctrl-C stops)")
         try:
             while True:

@@ -152,22 +152,28 @@ def report_figure(rep: Report):
                 continue
             xs = [r.bytes_mean / 1e6 if by == "budget" else r.psnr_masked_mean for r in rows]
             ys = [100 * r.rate for r in rows]
-            err = [[100 * (r.rate - r.ci_low) for r in rows], [100 * (r.ci_high - r.rate) for r in rows]]
+            err = [[max(0.0, 100 * (r.rate - r.ci_low)) for r in rows], [max(0.0, 100 * (r.ci_high - r.rate))
+                                                                           for r in rows]]
             color = SYSTEMS[s].color if s in SYSTEMS else None
             ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=_label(s), color=color)
         ax.set_ylim(-3, 103)
         ax.set_ylabel("judged similar to the FP16-cache output (%)")
         ax.grid(alpha=0.3)
         if by == "budget":
+            from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # matplotlib: only when plotting
+
             ax.set_xscale("log")
+            ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.xaxis.set_minor_formatter(NullFormatter())
             ax.set_xlabel("bytes sent (MB, log; one point per budget level)")
         else:
             ax.set_xlabel(f"masked PSNR vs FP16-cache output (dB, {PSNR_BIN_DB:g} dB bins)")
     kept = sum(s.kept for s in rep.screened)
     if axes[0].get_legend_handles_labels()[0]:
         axes[0].legend(loc="lower right")
-    fig.suptitle(f"User study: {kept} of {len(rep.screened)} participants kept ({rep.rule}); "
-                 "Wilson 95 % intervals", fontsize=10)
+    fig.suptitle(f"Share judged similar, Wilson 95 % intervals — {kept} of {len(rep.screened)} participants kept "
+                 f"({rep.rule})", fontsize=10)
     return fig
 
 
