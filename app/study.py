@@ -43,8 +43,7 @@ CREATE TABLE IF NOT EXISTS candidates (
   fp16_bytes INTEGER NOT NULL, config TEXT NOT NULL, psnr REAL, psnr_masked REAL, ssim REAL, ssim_masked REAL,
   image TEXT NOT NULL, reference TEXT NOT NULL, created_at TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS participants (
-  id INTEGER PRIMARY KEY AUTOINCREMENT, token_hash TEXT UNIQUE NOT NULL, created_at TEXT NOT NULL,
-  simulated INTEGER NOT NULL DEFAULT 0);
+  id INTEGER PRIMARY KEY AUTOINCREMENT, token_hash TEXT UNIQUE NOT NULL, created_at TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS queue (
   participant INTEGER NOT NULL, pos INTEGER NOT NULL, ticket TEXT UNIQUE NOT NULL, candidate TEXT NOT NULL,
   reference_left INTEGER NOT NULL, shown_at TEXT, PRIMARY KEY (participant, pos));
@@ -288,13 +287,12 @@ class StudyStore:
         return p if p.is_file() else None
 
     # -- participants ---------------------------------------------------------------------------------------
-    def new_participant(self, simulated: bool = False) -> tuple[Participant, str]:
+    def new_participant(self) -> tuple[Participant, str]:
         """A participant and their secret token (shown once: the cookie and the resume link carry it)."""
         token = secrets.token_urlsafe(24)
         now = _now()
         with self._db() as db:
-            cur = db.execute("INSERT INTO participants (token_hash, created_at, simulated) VALUES (?, ?, ?)",
-                             (_hash(token), now, int(simulated)))
+            cur = db.execute("INSERT INTO participants (token_hash, created_at) VALUES (?, ?)", (_hash(token), now))
             return Participant(int(cur.lastrowid), now), token
 
     def participant(self, token: str | None) -> Participant | None:
@@ -303,11 +301,6 @@ class StudyStore:
         with self._db() as db:
             row = db.execute("SELECT id, created_at FROM participants WHERE token_hash=?", (_hash(token),)).fetchone()
         return Participant(int(row[0]), row[1]) if row else None
-
-    def participants(self) -> list[Participant]:
-        with self._db() as db:
-            rows = db.execute("SELECT id, created_at FROM participants ORDER BY id").fetchall()
-        return [Participant(int(i), t) for i, t in rows]
 
     # -- the queue --------------------------------------------------------------------------------------------
     def _queue_rows(self, db, number: int) -> list[tuple]:
@@ -383,12 +376,9 @@ class StudyStore:
         return Candidate(*row) if row else None
 
     # -- results (operator side) --------------------------------------------------------------------------------
-    def votes(self, include_simulated: bool = True) -> list[Vote]:
-        q = "SELECT v.* FROM votes v JOIN participants p ON p.id=v.participant"
-        if not include_simulated:
-            q += " WHERE p.simulated=0"
+    def votes(self) -> list[Vote]:
         with self._db() as db:
-            rows = db.execute(q + " ORDER BY v.answered_at").fetchall()
+            rows = db.execute("SELECT * FROM votes ORDER BY answered_at").fetchall()
         return [Vote(int(r[0]), r[1], r[2], bool(r[3]), bool(r[4]), r[5], r[6], r[7]) for r in rows]
 
     def counts(self) -> dict:
