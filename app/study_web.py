@@ -137,6 +137,8 @@ def participant_app(store: StudyStore, limits: Limits = Limits()) -> FastAPI:
 
     @api.post("/consent")
     def consent(request: Request):
+        if store.participant(request.cookies.get(COOKIE)):  # a reload or a second click keeps the id
+            return RedirectResponse("/study", status_code=303)
         if not consents.allow(request.client.host if request.client else "?"):
             raise StudyError("too many new sessions from your address; please wait a minute", 429)
         _, token = store.new_participant()
