@@ -161,7 +161,7 @@ def demo(
     templates: Optional[str] = typer.Option(
         None, "--templates", help="Comma-separated template ids to offer (default: every template in the catalog)."
     ),
-    data: Path = typer.Option(Path("runs/app"), "--data", help="App data: study votes, explorer cache, logs."),
+    data: Path = typer.Option(Path("runs/app"), "--data", help="App data: explorer cache, logs."),
     server_port: int = typer.Option(0, "--server-port", min=0, max=65535,
                                     help="Port of the template server on 127.0.0.1 (0: any free port)."),
     agent_port: int = typer.Option(0, "--agent-port", min=0, max=65535,

@@ -22,7 +22,6 @@ from fastapi.staticfiles import StaticFiles  # noqa: E402
 from app.device import EditProblem, templates_of  # noqa: E402
 from app.edit_page import EditPage  # noqa: E402
 from app.explorer_page import ExplorerPage  # noqa: E402
-from app.study_page import DEFAULT_SYSTEMS, StudyPage, make_generator, make_store  # noqa: E402
 
 STATIC = Path(__file__).resolve().parent.parent / "static"
 STATIC_URL = "/sakura-static"
@@ -40,8 +39,15 @@ DEVICE_NOTE = ("Here the “device” is an agent process on this computer runni
                "unless one is attached through the adb transport.")
 
 
+# The study is an app of its own: the demo's pages never show a participant's answers or the results.
+STUDY_NOTE = ("<div class='sk-status sk-info'>The blind user study runs as its own app, apart from this demo, so that "
+              "participants see nothing but the study and no one here sees their answers: "
+              "<code>sakura study serve</code> (participants' pages; results and exports on a separate operator "
+              "page behind a token), <code>sakura study report</code> (the share judged similar per system against "
+              "bytes and masked PSNR).</div>")
+
+
 def build_blocks(bridge, *, data_dir: str | Path, explorer=None, builds=None, calibrations=None,
-                 study_systems=DEFAULT_SYSTEMS, study_requests: int = 2, study_templates: list[str] | None = None,
                  offered: list[str] | None = None) -> gr.Blocks:
     """``builds``: the background pack builds (``sakura.offline.build_queue.BuildQueue``), or None when
     every pack is there already; ``calibrations``: the device compute calibrated behind the page
@@ -76,18 +82,15 @@ the device.</p><p class="sk-device-note" id="sk-device-note">{DEVICE_NOTE}</p></
                 else:
                     ExplorerPage(explorer).build(explorer_tab)
             with gr.Tab("User study", id="tab-study", elem_id="tab-study"):
-                store = make_store(data / "study", templates, study_systems, study_requests, study_templates)
-                StudyPage(store, make_generator(bridge)).build()
+                gr.HTML(STUDY_NOTE, elem_id="study-note")
     return demo
 
 
 def create_app(bridge, *, data_dir: str | Path, explorer=None, builds=None, calibrations=None,
-               study_systems=DEFAULT_SYSTEMS, study_requests: int = 2, study_templates: list[str] | None = None,
                max_file_size: str = "25mb", offered: list[str] | None = None) -> FastAPI:
     """The whole app as one ASGI application (Gradio at ``/``, static files at ``/sakura-static``)."""
     os.environ.setdefault("GRADIO_TEMP_DIR", str(Path(data_dir).resolve() / "gradio-tmp"))
     demo = build_blocks(bridge, data_dir=data_dir, explorer=explorer, builds=builds, calibrations=calibrations,
-                        study_systems=study_systems, study_requests=study_requests, study_templates=study_templates,
                         offered=offered)
     demo.queue(default_concurrency_limit=2)
     api = FastAPI(title="SAKURA app", docs_url=None, redoc_url=None, openapi_url=None)

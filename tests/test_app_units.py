@@ -1,10 +1,6 @@
-"""The app's logic without a browser: study store and statistics, timeline, uploads, inputs, explorer maths."""
+"""The app's logic without a browser: timeline, uploads, inputs, explorer maths."""
 
 from __future__ import annotations
-
-import csv
-import sqlite3
-import threading
 
 import numpy as np
 import pytest
@@ -14,109 +10,9 @@ from app.edit_page import check_trace_upload, compare_rows, metrics_html, networ
 from app.explorer import at_budget, frontier_figure
 from app.explorer_page import budget_of, slider_of
 from app.images import UploadError, diff_heatmap, from_b64, png_b64
-from app.study import Item, StudyError, StudyStore, balanced_order, plan_items, wilson
-from app.study_page import study_workloads, workload_of
 from app.timeline import latency_figure, timeline_figure
 from device_bridge import EditProgress, EditRejected, NetworkSpec, Photo, TraceUpload
 from sakura.eval.explorer import _spread
-
-
-# ------------------------------------------------------------------------------------------- study
-def _items():
-    return plan_items({"fs": [("fs-a", [0, 1])], "mb": [("mb-a", [0])]}, ["sakura", "intq", "cachegen"])
-
-
-def test_wilson_matches_known_values():
-    lo, hi = wilson(8, 10)
-    assert lo == pytest.approx(0.4902, abs=1e-3) and hi == pytest.approx(0.9433, abs=1e-3)
-    assert wilson(0, 0) == (0.0, 0.0)
-    lo, hi = wilson(0, 5)
-    assert lo == 0.0 and 0.4 < hi < 0.5
-    lo, hi = wilson(5, 5)
-    assert hi == 1.0 and 0.5 < lo < 0.6
-
-
-def test_balanced_order_is_a_deterministic_permutation_without_repeats():
-    items = _items()
-    a, b = balanced_order(items, "s:p1"), balanced_order(items, "s:p1")
-    assert a == b and sorted(x.key for x in a) == sorted(x.key for x in items)
-    assert balanced_order(items, "s:p2") != a
-    assert all(x.pair != y.pair for x, y in zip(a, a[1:]))  # possible here: 3 pairs × 3 systems
-
-
-def test_study_store_votes_resume_and_table(tmp_path):
-    store = StudyStore(tmp_path, _items())
-    with sqlite3.connect(store.db_path) as db:
-        assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    q = store.queue("ann")
-    assert len(q) == 9 and {it.system for it in q} == {"sakura", "intq", "cachegen"}
-    first, done, total = store.next_item("ann")
-    assert (first, done, total) == (q[0], 0, 9)
-    assert store.vote("ann", first.key, True, "t0", 1.5)
-    assert not store.vote("ann", first.key, False)  # a second answer to the same item is ignored
-    # a "new browser session": a fresh store object on the same folder continues the same queue
-    again = StudyStore(tmp_path, _items())
-    assert again.queue("ann") == q
-    nxt, done, _ = again.next_item("ann")
-    assert nxt == q[1] and done == 1
-    for it in q[1:]:
-        again.vote("ann", it.key, it.system == "sakura")
-    assert again.next_item("ann") == (None, 9, 9)
-    rows = {(r["system"], r["workload"]): r for r in again.table()}
-    s = rows[("sakura", "all")]
-    assert (s["similar"], s["n"]) == (3, 3) and s["pct"] == 100.0
-    intq_fs = rows[("intq", "fs")]
-    assert intq_fs["n"] == 2 and intq_fs["similar"] == (1 if first.system == "intq" and first.workload == "fs" else 0)
-    header, body = again.table_display()
-    assert header[0] == "system" and header[-1] == "all workloads" and body[0][0] == "SAKURA"
-    assert body[0][-1].startswith("100.0% (3/3)")
-
-
-def test_study_export_csv_and_bad_ids(tmp_path):
-    store = StudyStore(tmp_path, _items())
-    it = store.queue("bob")[0]
-    store.vote("bob", it.key, False)
-    text = store.export_csv().read_text()
-    rows = list(csv.reader(text.splitlines()))
-    assert ["system", "workload", "similar", "n", "pct", "ci_low", "ci_high"] in rows
-    assert any(r[:2] == ["bob", it.key] for r in rows)
-    for bad in ("", "   ", "x" * 65, "<script>"):
-        with pytest.raises(StudyError):
-            store.queue(bad)
-    with pytest.raises(StudyError):
-        store.vote("bob", "not|an|item|x", True)
-
-
-def test_candidates_are_generated_once_with_neutral_names(tmp_path):
-    store = StudyStore(tmp_path, _items())
-    calls = []
-    png = (tmp_path / "x.png")
-    Image.new("RGB", (4, 4), (9, 9, 9)).save(png)
-    data = png.read_bytes()
-
-    def gen(item: Item) -> dict:
-        calls.append(item.key)
-        return {"image": data, "reference": data, "psnr": 40.0, "ssim": 0.99, "latency_s": 1.0, "bytes": 10}
-
-    it = store.items[0]
-    threads = [threading.Thread(target=store.ensure_candidate, args=(it, gen)) for _ in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert calls == [it.key]
-    c = store.candidate(it)
-    assert c is not None and it.system not in c.image.name and it.template_id not in c.image.name
-    assert len(store.missing_candidates()) == len(store.items) - 1
-
-
-def test_study_workloads_from_templates():
-    tpls = [{"id": "fs-a", "task": "fs", "model": "sakura-tiny", "n_eval": 7},
-            {"id": "mb-sd", "task": "mb", "model": "sakura-tiny-sd3", "n_eval": 5},
-            {"id": "vt", "task": "vton", "model": "sakura-tiny", "available": False}]
-    assert workload_of(tpls[1]) == "mb-sd"
-    assert study_workloads(tpls, 2) == {"fs": [("fs-a", [0, 1])], "mb-sd": [("mb-sd", [0, 1])]}
-    assert study_workloads(tpls, 1, only=["fs-a"]) == {"fs": [("fs-a", [0])]}
 
 
 # ---------------------------------------------------------------------------------------- timeline
@@ -397,20 +293,6 @@ def test_run_generator_reports_problems_in_the_page():
     job = bridge.jobs[-1]
     assert job.prompt == "make it blue" and job.photo is None
     assert job.network == NetworkSpec("5g", 3.0, None, "none")
-
-
-def test_study_page_without_questions_says_so(tmp_path):
-    import gradio as gr
-
-    from app.study_page import StudyPage
-
-    with gr.Blocks():
-        page = StudyPage(StudyStore(tmp_path, []), generate=lambda item: {})
-        page.build()
-    out = list(page.begin("someone"))
-    assert "no questions yet" in out[-1][0]
-    out = list(page.begin("  "))
-    assert "participant id" in out[-1][0]
 
 
 def test_a_system_that_fell_back_says_so_in_its_label():

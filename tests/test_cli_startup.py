@@ -16,7 +16,7 @@ from sakura.cli.errors import EXPECTED_ELSEWHERE
 ROOT = Path(__file__).resolve().parent.parent
 HEAVY = ("torch", "diffusers", "gradio", "executorch")
 COMMANDS = ("edit", "build", "pack-info", "serve", "bench", "report", "train-tiny", "export", "bench-device",
-            "loadtest", "demo", "device", "catalog", "store")
+            "loadtest", "demo", "device", "catalog", "store", "study")
 
 
 def child(code: str) -> dict:
@@ -36,7 +36,8 @@ def test_sakura_help_and_command_help_import_no_heavy_module(tmp_path):
         cli._register_runtime_commands()  # what main() does before it parses the command line
         cli._register_plugins()
         out = {{}}
-        for args in ([], ["demo"], ["device"], ["export"], ["bench-device"], ["loadtest"], ["store"]):
+        for args in ([], ["demo"], ["device"], ["export"], ["bench-device"], ["loadtest"], ["store"], ["study"],
+                     ["study", "serve"]):
             r = CliRunner().invoke(cli.app, [*args, "--help"])
             out[" ".join(args)] = [r.exit_code, r.stdout]
         r = CliRunner().invoke(cli.app, ["pack-info", {str(tmp_path / "missing" / "x")!r}])
@@ -46,7 +47,8 @@ def test_sakura_help_and_command_help_import_no_heavy_module(tmp_path):
     code, text = out[""]
     assert code == 0 and all(f" {name} " in text for name in COMMANDS), text
     for args, option in (("demo", "--packs"), ("device", "--timeout"), ("export", "--backend"),
-                         ("bench-device", "--template"), ("loadtest", "--clients"), ("store", "gc")):
+                         ("bench-device", "--template"), ("loadtest", "--clients"), ("store", "gc"),
+                         ("study", "report"), ("study serve", "--operator-port")):
         code, text = out[args]
         assert code == 0 and option in text, (args, text)
     code, err = out["error"]  # an expected error is still one line and exit 2

@@ -441,7 +441,11 @@ def _register_plugins() -> None:
 
     for ep in entry_points(group="sakura.commands"):
         try:
-            app.command(ep.name)(ep.load())
+            obj = ep.load()
+            if isinstance(obj, typer.Typer):  # a command group (`sakura study serve|report|…`)
+                app.add_typer(obj, name=ep.name)
+            else:
+                app.command(ep.name)(obj)
         except Exception as e:  # noqa: BLE001 - a broken plug-in must not break the core CLI
             typer.echo(f"warning: command {ep.name!r} unavailable ({type(e).__name__}: {e})", err=True)
 
