@@ -194,8 +194,10 @@ def _wait_done(pg, on_progress=None) -> str:
         st = _status(pg)
         if on_progress:
             on_progress(st)
-        if st.startswith("Done") or pg.locator("#status .sk-error, #status .sk-warn").count():
+        if st.startswith("Done"):
             return st
+        if pg.locator("#status .sk-error, #status .sk-warn").count():
+            return _status(pg)  # (read again: the status may have changed since ``st``, e.g. to a noted "Done")
         time.sleep(0.15)
     raise AssertionError(f"the edit did not finish; status: {_status(pg)!r}")
 
