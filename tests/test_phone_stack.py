@@ -164,3 +164,30 @@ def test_program_key_follows_weights_version_shard_size_and_codec():
             param.copy_(saved)
     assert program_key(model, 2, "1.5.1") == key
     assert np.isfinite(float(saved.abs().sum()))
+
+
+def test_the_page_names_the_stack():
+    """The device panel says what ran and where; every execute bar of the timeline names its executor."""
+    from app.edit_panels import device_panel_html
+    from app.timeline import timeline_figure
+    from device_bridge.protocol import EditProgress
+
+    device = {"executor": "executorch", "reconstructor": "opencl", "executor_title": "ExecuTorch (XNNPACK)",
+              "reconstructor_title": "OpenCL (Intel CPU)", "where": "host CPU", "asked": "auto+auto", "note": ""}
+    ran = {**device, "label": "executorch+opencl", "local_fallback": False}
+    sd3 = {"id": "mb-sd-rocket", "backends": {**device, "executor": "eager", "executor_title": "eager PyTorch",
+                                              "note": "ExecuTorch shard programs cover the Flux2 family"}}
+    html = device_panel_html(device, ran)
+    assert "ExecuTorch (XNNPACK)" in html and "OpenCL (Intel CPU)" in html and "host CPU" in html
+    assert "local fallback is off" in html
+    assert "eager PyTorch" in device_panel_html(device, template=sd3) and "Flux2" in device_panel_html(device,
+                                                                                                       template=sd3)
+    progress = EditProgress(system="SAKURA")
+    for ev in ({"type": "accepted"}, {"type": "plan", "shards": [[0, 0, 2], [0, 2, 4]], "backends": ran},
+               {"type": "shard_start", "shard": 0, "t": 0.1}, {"type": "shard_end", "shard": 0, "t": 0.2},
+               {"type": "shard_start", "shard": 1, "t": 0.2}, {"type": "shard_end", "shard": 1, "t": 0.3}):
+        progress.apply(ev)
+    fig = timeline_figure(progress)
+    (bars,) = [t for t in fig.data if (t.name or "").startswith("execute")]
+    assert "ExecuTorch (XNNPACK)" in bars.name and list(bars.text) == ["ExecuTorch (XNNPACK)"] * 2
+    assert "ExecuTorch (XNNPACK)" in bars.hovertemplate

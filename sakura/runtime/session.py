@@ -152,6 +152,7 @@ class DeviceRuntime:
         """``backends``: the executor and reconstructor every edit of this device runs on (default eager +
         torch); resolved by :class:`~sakura.runtime.backends.Backends`, the one place names become backends."""
         self.source, self.model_path = source, model_path
+        self.calibration = calibration or CalibrationStore()
         self.backends = backends if isinstance(backends, Backends) else Backends(backends)
         self._template_backends: dict[str, tuple] = {}  # template id -> (executor, reconstructor, BackendsRan)
         self._states: dict[str, TemplateState] = {}
