@@ -4,8 +4,9 @@
 
 Starts what ``sakura demo --executor executorch --reconstructor opencl`` starts (a template server process over
 the packs, a device agent subprocess on ExecuTorch (XNNPACK) + OpenCL with its programs beside the packs, the
-app), uploads Grace Hopper's portrait (matplotlib's sample data) to fs-astronaut on the 5G trace, runs SAKURA and
-saves the page once done. Chromium from Debian (/usr/bin/chromium), driven by playwright.
+app), uploads Grace Hopper's portrait (matplotlib's sample data) to fs-astronaut on a fixed link, runs SAKURA and
+saves the page once done (a fixed 30 Mbps link by default). Chromium from Debian (/usr/bin/chromium), driven
+by playwright.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ def main() -> None:
     ap.add_argument("--packs", default=str(ROOT / "packs"))
     ap.add_argument("--out", default=str(ROOT / "docs" / "screenshots" / "phone-stack.png"))
     ap.add_argument("--template", default="fs-astronaut")
-    ap.add_argument("--start", default="12")
+    ap.add_argument("--mbps", default="30", help="a fixed link rate (Mbps): the README screenshot's 30 Mbps")
+    ap.add_argument("--calibration", default=None, help="the device's calibration file (e.g. the bench's)")
     a = ap.parse_args()
 
     import matplotlib
@@ -46,7 +48,7 @@ def main() -> None:
     face = Path(matplotlib.get_data_path()) / "sample_data" / "grace_hopper.jpg"
     server = start_server(a.packs, process=True, access_log=data / "access.log")
     bridge = connect("subprocess", server_url=server.url, executor="executorch", reconstructor="opencl",
-                     programs=programs_beside(a.packs))
+                     programs=programs_beside(a.packs), calibration_file=a.calibration)
     try:
         print(describe_backends(bridge), flush=True)
         t0 = time.time()
@@ -60,7 +62,8 @@ def main() -> None:
             pg.wait_for_selector("#run-btn")
             pg.set_input_files("#photo-upload input[type=file]", str(face))
             pg.wait_for_function("() => (document.querySelector('#status')?.innerText || '').includes('Photo ready')")
-            pg.fill("#trace-start input, #trace-start textarea", a.start)
+            pg.get_by_role("radio", name="Fixed rate").check()
+            pg.fill("#fixed-mbps input", a.mbps)
             pg.click("#run-btn")
             deadline = time.monotonic() + 600
             while time.monotonic() < deadline:
