@@ -28,7 +28,8 @@ def timeline_figure(progress: EditProgress, title: str | None = None) -> go.Figu
     exec_name, rebuild_name = stack_names(plan)
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.28, 0.72], vertical_spacing=0.06,
                         subplot_titles=("link bandwidth", f"cache shards: request → arrival · rebuild ({rebuild_name}) "
-                                        f"· execute ({exec_name}) — host CPU"))
+                                        f"· execute ({exec_name}) — host CPU" if exec_name else
+                                        "cache shards: request → arrival · rebuild · execute"))
     horizon = max(progress.now, 0.5)
     if not progress.done:  # while running: as far as the allocator expects execution to go
         deadlines = [u.deadline_t for u in tl.units]
@@ -56,9 +57,9 @@ def timeline_figure(progress: EditProgress, title: str | None = None) -> go.Figu
 
 def stack_names(plan: dict) -> tuple[str, str]:
     """(executor, reconstructor) titles from the plan's backends record (what ran the execute / rebuild bars)."""
-    b = plan.get("backends") or {}
-    return (str(b.get("executor_title") or b.get("executor") or "executor"),
-            str(b.get("reconstructor_title") or b.get("reconstructor") or "reconstructor"))
+    b = plan.get("backends") or {}  # (an agent that does not say: empty names)
+    return (str(b.get("executor_title") or b.get("executor") or ""),
+            str(b.get("reconstructor_title") or b.get("reconstructor") or ""))
 
 
 def _title(progress: EditProgress, title: str | None) -> str:
@@ -135,8 +136,9 @@ def _shards(progress: EditProgress, fig: go.Figure) -> None:
         fig.add_trace(go.Bar(y=[u.needed_by - 0.2 for u in rebuilt], base=[u.arrival_t for u in rebuilt],
                              x=[max(u.rebuild_done_t - u.arrival_t, 1e-4) for u in rebuilt], orientation="h",
                              width=0.16, offset=0.1, marker=dict(color=COLORS["rebuild"]),
-                             name=f"rebuild · {rebuild_name}",
-                             hovertemplate=f"rebuild on {rebuild_name} %{{x:.3f}} s<extra></extra>"), 2, 1)
+                             name=f"rebuild · {rebuild_name}" if rebuild_name else "rebuild",
+                             hovertemplate=f"rebuild{' on ' + rebuild_name if rebuild_name else ''} %{{x:.3f}} s"
+                             "<extra></extra>"), 2, 1)
     ex = [s for s in tl.shards if s.exec_start_t is not None]
     if ex:
         fig.add_trace(
@@ -147,9 +149,10 @@ def _shards(progress: EditProgress, fig: go.Figure) -> None:
                 orientation="h",
                 width=0.36,
                 marker=dict(color=COLORS["execute"]),
-                name=f"execute · {exec_name}",
-                text=[exec_name] * len(ex), textposition="inside", insidetextanchor="middle",
-                hovertemplate=f"execute on {exec_name} from %{{base:.3f}} s for %{{x:.3f}} s<extra></extra>",
+                name=f"execute · {exec_name}" if exec_name else "execute",
+                text=[exec_name] * len(ex) if exec_name else None, textposition="inside", insidetextanchor="middle",
+                hovertemplate=f"execute{' on ' + exec_name if exec_name else ''} from %{{base:.3f}} s for "
+                "%{x:.3f} s<extra></extra>",
             ),
             2,
             1,

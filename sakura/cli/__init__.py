@@ -347,6 +347,10 @@ def bench(
     if rebuild_clock not in bench.REBUILD_CLOCKS:
         raise UserError(f"--rebuild-clock must be one of {', '.join(bench.REBUILD_CLOCKS)}")
     check_backend_names(executor, reconstructor)
+    if executor in ("executorch", "auto"):  # XNNPACK's pool gets the same cores as torch (before any program loads)
+        from sakura.runtime.executors.executorch_backend import set_threads  # inside the command, as every import
+
+        set_threads(threads)
     if (executor, reconstructor) != ("eager", "torch"):
         if rebuild_clock == "cpu":  # OpenCL rebuilds run in the runtime's own threads: thread CPU time misses them
             rebuild_clock = "wall"

@@ -59,6 +59,29 @@ def require_executorch() -> str:
         return "unknown"
 
 
+def pool_threads() -> int | None:
+    """The size of ExecuTorch's CPU thread pool (None when ExecuTorch is not installed)."""
+    try:
+        from executorch.extension.pybindings import portable_lib as pool
+    except ImportError:
+        return None
+    return pool._threadpool_get_thread_count()
+
+
+def set_threads(n: int) -> int | None:
+    """Size ExecuTorch's CPU thread pool (XNNPACK's workers) to ``n`` — e.g. torch's intra-op threads, so a
+    comparison gives both stacks the same cores. Call before any program is loaded (resetting the pool under
+    loaded programs crashes the process). Returns the previous size (None when ExecuTorch is not installed)."""
+    try:
+        from executorch.extension.pybindings import portable_lib as pool
+    except ImportError:
+        return None
+    before = pool._threadpool_get_thread_count()
+    if n and n != before:
+        pool._unsafe_reset_threadpool(int(n))
+    return before
+
+
 def check_qnn_sdk() -> Path:
     """The QNN SDK root from ``$QNN_SDK_ROOT``, or BackendUnavailable saying what is missing.
 
