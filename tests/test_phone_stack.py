@@ -197,3 +197,34 @@ def test_the_page_names_the_stack():
     (bars,) = [t for t in fig.data if (t.name or "").startswith("execute")]
     assert "ExecuTorch (XNNPACK)" in bars.name and list(bars.text) == ["ExecuTorch (XNNPACK)"] * 2
     assert "ExecuTorch (XNNPACK)" in bars.hovertemplate
+
+
+def test_bench_rows_on_a_stack_beside_eager(fs_packs, tmp_path):
+    """`sakura bench --reconstructor opencl`'s pieces on one template: the stack's costs are measured with
+    bench-device's code, its rows are named and recorded with the backends that ran, and the side-by-side
+    table has the ratios. (eager + OpenCL: no program to export, so the test stays quick.)"""
+    _opencl_or_skip()
+    from sakura.eval import bench
+    from sakura.eval.bench_backends import StackBench, backends_markdown
+    from sakura.eval.summary_stats import summarize
+
+    packs, template = fs_packs
+    prepared = bench.TemplateBench(template, packs, CalibrationStore(tmp_path / "cal.json", repeats=1))
+    stack = StackBench(prepared, BackendChoice("eager", "opencl", tmp_path / "programs"), repeats=1,
+                       say=lambda s: None)
+    assert stack.ran.label == "eager+opencl" and stack.executor is None
+    n = len(prepared.compute.shards)
+    assert stack.cost.execute_ratio == [1.0] * n and len(stack.cost.rebuild_ms["opencl"]) == n
+    assert stack.compute.shard_s == prepared.compute.shard_s  # eager on both sides: the same compute replayed
+    base = load_trace("5g")
+    trace = base.scaled(bench.regime_scale(prepared, base, "paper", None))
+    rows = [bench.run_one(prepared, 0, "sakura", trace, 30.0),
+            bench.run_one(stack, 0, "sakura", trace, 30.0, name=bench.stack_row_name("sakura", stack.ran))]
+    assert [r["backends"] for r in rows] == ["eager+torch", "eager+opencl"]
+    assert rows[1]["system"] == "sakura@eager+opencl" and rows[1]["template"] == template.id
+    ws = summarize(rows, {})
+    table = bench.ratio_table(ws, ("sakura",), [stack])
+    row = table["latency"]["sakura@eager+opencl"]
+    assert row["p50_ratio"] == pytest.approx(row["p50_s"][1] / row["p50_s"][0])
+    md = backends_markdown({"workloads": {"fs": {**ws, "backends": table}}})
+    assert "| fs | sakura | eager+opencl |" in md and f"| {template.id} | eager+opencl |" in md
