@@ -46,7 +46,7 @@ from sakura.net.failover import FailoverSource
 from sakura.net.paced import LinkClosed
 from sakura.net.store_reader import ServerStoreClient, pack_bytes_from
 from sakura.net.traces import TraceError
-from sakura.runtime.backends import EXECUTOR_TITLES, WHERE, BackendChoice, programs_beside
+from sakura.runtime.backends import EXECUTOR_TITLES, WHERE, BackendChoice, Backends, programs_beside
 from sakura.runtime.calibration import CalibrationStore
 from sakura.runtime.errors import StreamError, TemplateUnavailable
 from sakura.runtime.executors.errors import BackendUnavailable
@@ -92,6 +92,11 @@ class DeviceAgent:
         if link not in ("ws", "http"):
             raise ValueError(f"link must be 'ws' or 'http', got {link!r}")
         self.catalog = catalog if isinstance(catalog, Catalog) else load_catalog(catalog)
+        choice = backends or BackendChoice()
+        if choice.programs_dir is None and packs_dir is not None:  # programs beside the packs it serves
+            choice = BackendChoice(choice.executor, choice.reconstructor, programs_beside(packs_dir), choice.offload)
+        device_backends = Backends(choice)
+        self.backends = device_backends.check()  # a backend that cannot run fails here, before anything starts
         self._server = None
         if server_url is None:
             if packs_dir is None:
@@ -106,13 +111,9 @@ class DeviceAgent:
         self.transport, self.timeout_s = link, float(timeout_s)
         self.slot = EditSlot(busy_wait_s)
         self.stats = {"completed": 0, "rejected": 0, "failed": 0, "cancelled": 0}  # edits by outcome
-        choice = backends or BackendChoice(programs_dir=programs_beside(packs_dir))
-        if backends is not None and backends.programs_dir is None and packs_dir is not None:
-            choice = BackendChoice(backends.executor, backends.reconstructor, programs_beside(packs_dir))
         self.runtime = DeviceRuntime(self._replicas(RangeClient), model_path=model_path,
                                      calibration=CalibrationStore(calibration_file, calibration_repeats),
-                                     reference_caches=reference_cache_templates, backends=choice)
-        self.backends = self.runtime.backends.check()  # fails here, in one line, when a backend cannot run
+                                     reference_caches=reference_cache_templates, backends=device_backends)
         self._thumbs: dict[str, str] = {}
         self._bytes_from: str | None = None  # "store" | "server", once the server has said
         self.prefetcher = Prefetcher(self.runtime, self._client)

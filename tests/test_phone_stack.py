@@ -228,3 +228,18 @@ def test_bench_rows_on_a_stack_beside_eager(fs_packs, tmp_path):
     assert row["p50_ratio"] == pytest.approx(row["p50_s"][1] / row["p50_s"][0])
     md = backends_markdown({"workloads": {"fs": {**ws, "backends": table}}})
     assert "| fs | sakura | eager+opencl |" in md and f"| {template.id} | eager+opencl |" in md
+
+
+def test_cli_and_agent_refuse_a_missing_backend_in_one_line(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from device_bridge.cli import run_agent
+    from sakura.cli import app
+
+    r = CliRunner().invoke(app, ["edit", "--stream", "-t", "fs-astronaut", "-r", "skimage:astronaut",
+                                 "--executor", "tflite", "-o", str(tmp_path / "x.png")])
+    assert r.exit_code == 2 and r.stderr.startswith("error: unknown executor 'tflite'") and r.stderr.count("\n") == 1
+    monkeypatch.delenv("QNN_SDK_ROOT", raising=False)
+    with pytest.raises(ValueError) as e:  # before any server or model starts
+        run_agent("127.0.0.1:0", None, tmp_path, executor="qnn")
+    assert "QNN_SDK_ROOT" in str(e.value) and str(e.value).endswith("use --executor eager")
