@@ -193,6 +193,13 @@ def demo(
     from sakura.process import sigterm_as_interrupt  # sakura --help stays light
 
     sigterm_as_interrupt()  # SIGTERM stops the server, agent and builds as Ctrl-C does
+    from sakura.runtime.backends import BackendChoice  # sakura --help stays light
+
+    try:
+        BackendChoice(executor, reconstructor)  # unknown names: one line before anything starts
+    except ValueError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
     ids = [t.strip() for t in templates.split(",") if t.strip()] if templates else None
     try:
         run_demo(host, port, packs_or_default(packs), device, ids, data, server_port=server_port,

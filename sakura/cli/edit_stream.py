@@ -23,7 +23,7 @@ from sakura.net.failover import failover_for_servers
 from sakura.net.stores import is_store_url
 from sakura.net.traces import load_trace
 from sakura.offline.builder import build_template
-from sakura.runtime.backends import BackendChoice, programs_beside
+from sakura.runtime.backends import NO_LOCAL, BackendChoice, programs_beside
 from sakura.runtime.calibration import CalibrationStore
 from sakura.runtime.session import DeviceRuntime, EditInput, Network
 from sakura.server.run import start_server
@@ -100,9 +100,10 @@ def status_printer():
 
 def _print_summary(report: dict) -> None:
     console = Console()
-    console.print(f"backends: {report['backends']['executor_title']} + {report['backends']['reconstructor_title']}"
-                  f" on the {report['backends']['where']}" + (f" ({report['backends']['note']})"
-                                                             if report['backends']['note'] else ""))
+    b = report["backends"]
+    notes = [x for x in (b["note"], "" if b["local_fallback"] else NO_LOCAL) if x]
+    console.print(f"backends: {b['executor_title']} + {b['reconstructor_title']} on the {b['where']}"
+                  + (f" ({'; '.join(notes)})" if notes else ""))
     console.print(f"[bold]{report['policy']}[/] on {report['trace']} (×{report['trace_scale']:.3g}, start "
                   f"{report['start']} s): latency {report['latency_s']:.3f} s, stall {report.get('stall_s', 0):.3f} s, "
                   f"{report.get('bytes', 0) / 1e6:.2f} MB → {report['out']}")

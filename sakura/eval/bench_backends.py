@@ -37,13 +37,16 @@ class StackCost:
     execute_best_ms: dict[str, list[float]] = field(default_factory=dict)  # best of the runs: the ratios use these
     rebuild_best_ms: dict[str, list[float]] = field(default_factory=dict)
     threads: dict = field(default_factory=dict)  # torch intra-op threads and ExecuTorch's pool while measured
+    shards: int = 0  # shards of the edit (the ratio is 1 for each when both stacks execute eagerly)
 
     @property
     def execute_ratio(self) -> list[float]:
         """Per shard, the stack's executor time over eager's (best of the runs: a loaded machine only ever
         adds time, so the best run is the closest to each backend's own cost)."""
         ex = self.execute_best_ms or self.execute_ms
-        base, other = ex["eager"], ex.get(self.ran.executor, ex["eager"])
+        if self.ran.executor == "eager" or "eager" not in ex:  # the same eager run on both sides (an SD3 model)
+            return [1.0] * self.shards
+        base, other = ex["eager"], ex[self.ran.executor]
         return [o / b for o, b in zip(other, base)]
 
     @property
@@ -104,7 +107,7 @@ def measure_stack(stack: StackBench, repeats: int, say: Callable[[str], None]) -
     shard_size = state.compute.shards[0][2] - state.compute.shards[0][1]
     req = prepared.request(0)
     kv = prepared.fp16_kv
-    executors = ["eager"] + ([ran.executor] if ran.executor != "eager" else [])
+    executors = ["eager", ran.executor] if ran.executor != "eager" else []  # eager on both sides: nothing to time
 
     def make(name: str):
         from sakura.runtime.executors import get_executor  # the eager executor for the baseline column
@@ -130,7 +133,7 @@ def measure_stack(stack: StackBench, repeats: int, say: Callable[[str], None]) -
     main = config_key(cfgs[min(1, len(cfgs) - 1)])
     return StackCost(ran, dict(execute.ms), {n: rebuild.ms[n][main] for n in rebuild.ms}, main,
                      dict(execute.min_ms), {n: rebuild.min_ms[n][main] for n in rebuild.min_ms},
-                     {"torch": threads, "executorch_pool": pool})
+                     {"torch": threads, "executorch_pool": pool}, len(state.compute.shards))
 
 
 def ratio_table(summary_ws: dict, systems, stacks: list[StackBench]) -> dict:
@@ -176,8 +179,9 @@ def backends_markdown(summary: dict) -> str:
             rb = c["rebuild_best_ms_mean"] or c["rebuild_ms_mean"]
             note = f" ({b['note']})" if b.get("note") else ""
             rb_ratio = c["rebuild_ratio_mean"]
-            shards.append(f"| {tid} | {b['label']}{note} | {ex['eager']:.2f} | "
-                          f"{ex.get(b['executor'], ex['eager']):.2f} "
+            eager_ms = f"{ex['eager']:.2f}" if "eager" in ex else "eager, not timed"
+            stack_ms = f"{ex[b['executor']]:.2f}" if b["executor"] in ex else eager_ms
+            shards.append(f"| {tid} | {b['label']}{note} | {eager_ms} | {stack_ms} "
                           f"| {c['execute_ratio_mean']:.2f}× | {rb['torch']:.2f} | "
                           f"{rb.get(b['reconstructor'], rb['torch']):.2f} | "
                           f"{'—' if rb_ratio is None else f'{rb_ratio:.2f}×'} | {c['main_config']} |")
