@@ -148,7 +148,7 @@ class DeviceAgent:
         b = self.runtime.backends
         return {**self.backends, "asked": b.choice.label, "executor_title": EXECUTOR_TITLES[self.backends["executor"]],
                 "reconstructor_title": b.reconstructor_title(), "where": WHERE,
-                "note": b.reconstructor_note}
+                "note": b.note}
 
     def _server_files(self) -> set[str] | None:
         try:

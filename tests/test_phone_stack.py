@@ -243,3 +243,18 @@ def test_cli_and_agent_refuse_a_missing_backend_in_one_line(tmp_path, monkeypatc
     with pytest.raises(ValueError) as e:  # before any server or model starts
         run_agent("127.0.0.1:0", None, tmp_path, executor="qnn")
     assert "QNN_SDK_ROOT" in str(e.value) and str(e.value).endswith("use --executor eager")
+
+
+def test_auto_falls_back_and_says_why_when_executorch_cannot_import(monkeypatch):
+    import sakura.runtime.executors.executorch_backend as etb
+
+    def missing() -> str:
+        raise BackendUnavailable("the executorch backend needs the 'executorch' package (pip install executorch)")
+
+    monkeypatch.setattr(etb, "require_executorch", missing)
+    auto = Backends(BackendChoice("auto", "torch"))
+    assert auto.check() == {"executor": "eager", "reconstructor": "torch"}
+    assert auto.note.startswith("ExecuTorch unavailable (") and "pip install executorch" in auto.note
+    with pytest.raises(BackendUnavailable) as e:
+        Backends(BackendChoice("executorch", "torch")).check()
+    assert "\n" not in str(e.value) and str(e.value).endswith("use --executor eager")

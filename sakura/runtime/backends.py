@@ -213,6 +213,13 @@ class Backends:
     def reconstructor_note(self) -> str:
         return self._reconstructor_note
 
+    @property
+    def note(self) -> str:
+        """Why the device's stack differs from what was asked (``auto`` falling back), before any template."""
+        executor = (f"ExecuTorch unavailable ({_one_line(self._et_problem)})"
+                    if self.choice.executor == AUTO and self._et_problem else "")
+        return "; ".join(x for x in (self._reconstructor_note, executor) if x)
+
     def reconstructor_title(self) -> str:
         if self._reconstructor_name == "opencl":
             dev = getattr(self._reconstructor, "device_name", "")
