@@ -63,22 +63,44 @@ def start_app(app: FastAPI, host: str = "127.0.0.1", port: int = 0, timeout: flo
 CALIBRATION_REPEATS = 3
 
 
-def connect_device(device: str, server_url: str, agent_port: int = 0, calibration_file: str | Path | None = None):
-    """A bridge to the device agent: ``subprocess`` / ``inprocess`` use our template server (and keep their
-    calibration in ``calibration_file``); a remote agent (``tcp://…``, ``ws://…``, ``adb``) already knows its own."""
+def connect_device(device: str, server_url: str, agent_port: int = 0, executor: str = "auto",
+                   reconstructor: str = "auto", programs: Path | None = None,
+                   calibration_file: str | Path | None = None):
+    """A bridge to the device agent: ``subprocess`` / ``inprocess`` use our template server, run on the
+    given backends (``auto``: the phone-style stack where it works here) and keep their calibration in
+    ``calibration_file``; a remote agent (``tcp://…``, ``ws://…``, ``adb``) already knows its own server,
+    backends and calibration."""
     from device_bridge import connect  # sakura --help stays light
 
     calibration = {"calibration_file": calibration_file, "calibration_repeats": CALIBRATION_REPEATS}
     if device == "subprocess":
-        return connect(device, server_url=server_url, port=agent_port, **calibration)
+        return connect(device, server_url=server_url, port=agent_port, executor=executor,
+                       reconstructor=reconstructor, programs=programs, **calibration)
     if device == "inprocess":
-        return connect(device, server_url=server_url, **calibration)
+        from sakura.runtime.backends import BackendChoice  # sakura --help stays light
+
+        return connect(device, server_url=server_url, backends=BackendChoice(executor, reconstructor, programs),
+                       **calibration)
     return connect(device)
+
+
+def describe_backends(bridge) -> str:
+    """One line on what the device's edits run on (from its health), for the demo's start-up."""
+    try:
+        b = bridge.health().get("backends") or {}
+    except Exception:  # noqa: BLE001 - the page says so too
+        return "device backends: unknown (the agent did not answer)"
+    if not b:
+        return "device backends: not reported by this agent"
+    phone = b.get("executor") == "executorch" and b.get("reconstructor") == "opencl"
+    why = ("the phone-style stack" if phone else "eager/torch") + (f"; {b['note']}" if b.get("note") else "")
+    return (f"device backends: {b.get('executor_title')} + {b.get('reconstructor_title')} on the "
+            f"{b.get('where', 'host CPU')} (asked {b.get('asked')}: {why})")
 
 
 def run_demo(host: str = "127.0.0.1", port: int = 7860, packs: str | Path = "packs", device: str = "subprocess",
              templates: list[str] | None = None, data: Path = Path("runs/app"), echo=typer.echo,
-             server_port: int = 0, agent_port: int = 0) -> None:
+             server_port: int = 0, agent_port: int = 0, executor: str = "auto", reconstructor: str = "auto") -> None:
     """``server_port`` / ``agent_port``: where the template server and a subprocess agent listen on 127.0.0.1
     (0: any free port)."""
     import uvicorn
@@ -109,12 +131,16 @@ def run_demo(host: str = "127.0.0.1", port: int = 7860, packs: str | Path = "pac
         where = "pack bytes from the store, by presigned URL" if is_store_url(store.url) else "pack bytes too"
         echo(f"  template server: {server.url} ({where}; access log: {data / 'template-server-access.log'})")
         echo(f"starting the device agent ({device})…")
-        bridge = connect_device(device, server.url, agent_port, default_path())
+        from sakura.runtime.backends import programs_beside  # sakura --help stays light
+
+        bridge = connect_device(device, server.url, agent_port, executor, reconstructor,
+                                programs_beside(None if is_store_url(store.url) else packs), default_path())
         stack.callback(bridge.close)
         calibrations = Calibrations(bridge, [t.id for t in chosen], builds)  # started with the builds
         stack.callback(calibrations.stop)
         if getattr(bridge, "url", None):
             echo(f"  device agent: {bridge.url}")
+        echo(f"  {describe_backends(bridge)}")
         echo("starting the app…")
         app = create_app(bridge, data_dir=data, explorer=Explorer(store, data / "explorer"), builds=builds,
                          calibrations=calibrations, offered=[t.id for t in chosen] if templates else None)
@@ -166,6 +192,10 @@ def demo(
                                     help="Port of the template server on 127.0.0.1 (0: any free port)."),
     agent_port: int = typer.Option(0, "--agent-port", min=0, max=65535,
                                    help="Port of the subprocess device agent on 127.0.0.1 (0: any free port)."),
+    executor: str = typer.Option("auto", "--executor", help="The device's executor: eager | executorch | auto "
+                                 "(default: ExecuTorch shard programs where they run here, else eager)."),
+    reconstructor: str = typer.Option("auto", "--reconstructor", help="The device's rebuild: torch | opencl | auto "
+                                      "(default: OpenCL where a device exists, else torch)."),
 ):
     """Run the demo: template server, a device agent, and the app (missing packs build behind it)."""
     from device_bridge import BridgeError  # sakura --help stays light
@@ -173,10 +203,17 @@ def demo(
     from sakura.process import sigterm_as_interrupt  # sakura --help stays light
 
     sigterm_as_interrupt()  # SIGTERM stops the server, agent and builds as Ctrl-C does
+    from sakura.runtime.backends import BackendChoice  # sakura --help stays light
+
+    try:
+        BackendChoice(executor, reconstructor)  # unknown names: one line before anything starts
+    except ValueError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
     ids = [t.strip() for t in templates.split(",") if t.strip()] if templates else None
     try:
         run_demo(host, port, packs_or_default(packs), device, ids, data, server_port=server_port,
-                 agent_port=agent_port)
+                 agent_port=agent_port, executor=executor, reconstructor=reconstructor)
     except KeyboardInterrupt:
         typer.echo("\nstopped.")
     except typer.BadParameter:

@@ -23,7 +23,9 @@ from app.edit_inputs import check_trace_upload, network_spec
 from app.edit_panels import (
     COMPARE_HEADERS,
     PRIVACY_HEADERS,
+    backends_line,
     compare_rows,
+    device_panel_html,
     machine_note,
     metrics_html,
     privacy_html,
@@ -51,11 +53,12 @@ def _esc(x) -> str:
 class EditPage:
     """Builds the edit tab inside the current ``gr.Blocks``; talks to ``bridge`` only."""
 
-    def __init__(self, bridge, templates: list[dict], builds=None, calibrations=None):
+    def __init__(self, bridge, templates: list[dict], builds=None, device: dict | None = None, calibrations=None):
         """``builds``: packs still building in the background (``ready(id)``, ``status(id)``,
-        ``prioritize(id)``, ``summary()``), or None; ``calibrations``: the device's compute calibrated per
-        template behind the page (:class:`app.calibrations.Calibrations`), or None."""
-        self.bridge, self.builds, self.calibrations = bridge, builds, calibrations
+        ``prioritize(id)``, ``summary()``), or None. ``device``: the device's backends (its health's
+        ``backends``: executor, reconstructor, where they run). ``calibrations``: the device's compute
+        calibrated per template behind the page (:class:`app.calibrations.Calibrations`), or None."""
+        self.bridge, self.builds, self.device, self.calibrations = bridge, builds, device, calibrations
         self.templates = templates
         self.by_id = {t["id"]: t for t in templates}
 
@@ -171,6 +174,7 @@ class EditPage:
 
     def _outputs(self, runs_state) -> None:
         """The results area: status, live timeline, images, metrics, comparison, privacy."""
+        device_panel = gr.HTML(device_panel_html(self.device), elem_id="device-panel")
         status = gr.HTML(status_html("Pick a template, give it a photo (or an instruction), and run."),
                          elem_id="status")
         timeline = gr.Plot(timeline_figure(EditProgress(system="—"), "live timeline (waiting for an edit)"),
@@ -194,7 +198,8 @@ class EditPage:
             privacy_table = gr.Dataframe(headers=PRIVACY_HEADERS, value=None, interactive=False, max_height=260,
                                          elem_id="privacy-table", label="Requests to the template server")
 
-        self._c = dict(status=status, timeline=timeline, out_img=out_img, ref_img=ref_img, diff_img=diff_img,
+        self._c = dict(device_panel=device_panel, status=status, timeline=timeline, out_img=out_img, ref_img=ref_img,
+                       diff_img=diff_img,
                        metrics=metrics, latency=latency, compare=compare, outputs_gallery=outputs_gallery,
                        privacy=privacy, privacy_table=privacy_table, view=view, runs_state=runs_state)
 
@@ -216,7 +221,7 @@ class EditPage:
         template.change(
             self.on_template,
             [template, network, fixed, trace_state, start, regime, prefetch, photo_state],
-            [template_info, preview, prompt, photo, photo_state, status],
+            [template_info, preview, prompt, photo, photo_state, status, self._c["device_panel"]],
             show_progress="hidden",
             queue=False,
         )
@@ -226,8 +231,9 @@ class EditPage:
         network.change(self.on_network, network, [fixed, trace_file, regime], queue=False, show_progress="hidden")
         trace_file.upload(self.on_trace, trace_file, [trace_state, status, trace_file], show_progress="minimal")
         trace_file.clear(lambda: (None, status_html("Trace file removed.")), None, [trace_state, status], queue=False)
-        outs = [self._c[k] for k in ("status", "timeline", "out_img", "ref_img", "diff_img", "metrics", "latency",
-                                     "compare", "outputs_gallery", "privacy", "privacy_table", "view", "runs_state")]
+        outs = [self._c[k] for k in ("device_panel", "status", "timeline", "out_img", "ref_img", "diff_img", "metrics",
+                                     "latency", "compare", "outputs_gallery", "privacy", "privacy_table", "view",
+                                     "runs_state")]
         run.click(
             self.run,
             [template, photo_state, prompt, network, fixed, trace_state, start, regime, system, prefetch,
@@ -240,7 +246,7 @@ class EditPage:
         view = self._c["view"]
         view.change(self.on_view, [view, runs_state, photo_state, prompt, template],
                     [self._c[k] for k in ("timeline", "out_img", "ref_img", "diff_img", "metrics", "privacy",
-                                          "privacy_table")], show_progress="hidden", queue=False)
+                                          "privacy_table", "device_panel")], show_progress="hidden", queue=False)
 
     # ------------------------------------------------------------------------------- handlers
     def _caption(self, t: dict) -> str:
@@ -265,10 +271,13 @@ class EditPage:
             avail = "" if self._ready(tid) else " <b class='sk-warn'>Its packs are not on the template server.</b>"
         if self.calibrations is not None and not self.calibrations.ready(tid) and self.calibrations.status(tid):
             avail += f" Device compute: {_esc(self.calibrations.status(tid))} (a Run now measures it first)."
+        planned = t.get("backends")
+        runs_on = (f" Runs on {_esc(backends_line(planned))} (host CPU)"
+                   + (f": {_esc(planned['note'])}." if planned.get("note") else ".")) if planned else ""
         return (f"<div class='sk-tinfo'><b>{_esc(t.get('title') or t['id'])}</b> · <code>{_esc(t['id'])}</code> · "
                 f"{_esc(TASK_TITLES.get(t['task'], t['task']))} · model {_esc(t.get('model', ''))} · "
                 f"mask {t.get('mask_ratio', 0):.1%} of pixels, {t.get('token_ratio', 0):.1%} of tokens · "
-                f"needs {need}.{avail}</div>")
+                f"needs {need}.{avail}{runs_on}</div>")
 
     @staticmethod
     def _picker(gids: list[str]):
@@ -293,7 +302,8 @@ class EditPage:
         ask = ("type an instruction." if not photo_task else "your photo is kept." if kept else "upload a photo.")
         preview = gr.update(visible=photo_task, value=Image.fromarray(photo.pixels) if kept else None)
         return (self._template_info(tid), preview, gr.update(visible=not photo_task), gr.update(visible=photo_task),
-                photo, status_html(f"Template {tid} selected: {ask}{fetching}"))
+                photo, status_html(f"Template {tid} selected: {ask}{fetching}"),
+                device_panel_html(self.device, template=self.by_id.get(tid)))
 
     def _prefetch(self, tid, network, fixed, trace_up, start, regime) -> str:
         """Picking a template starts its pack downloading (template data only) while the person picks a
@@ -464,9 +474,9 @@ class EditPage:
     def on_view(self, name, runs, photo, prompt, tid):
         progress = (runs or {}).get(name)
         if progress is None:
-            return (gr.update(),) * 7
+            return (gr.update(),) * 8
         r = self._render(progress, self._task(tid) != "mb", self._task(tid) == "mb")
-        keys = ["timeline", "out_img", "ref_img", "diff_img", "metrics", "privacy", "privacy_table"]
+        keys = ["timeline", "out_img", "ref_img", "diff_img", "metrics", "privacy", "privacy_table", "device_panel"]
         return tuple(r[self._c[k]] for k in keys)
 
     # ------------------------------------------------------------------------------- helpers
@@ -479,6 +489,8 @@ class EditPage:
                 **self._o("out_img", gr.update(value=out_im, label=f"Output — {progress.system}")),
                 **self._o("ref_img", ref_im), **self._o("diff_img", diff),
                 **self._o("metrics", metrics_html(res)),
+                **self._o("device_panel", device_panel_html(self.device, res.get("backends"),
+                                                            self.by_id.get(res.get("template_id")))),
                 **self._o("privacy", privacy_html(res, had_photo, had_prompt)),
                 **self._o("privacy_table", privacy_rows(res.get("sent_to_server") or []))}
 

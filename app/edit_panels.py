@@ -142,3 +142,37 @@ COMPARE_HEADERS = ["system", "clock", "latency s", "simulated s", "stall s", "MB
 PRIVACY_HEADERS = ["#", "file id", "byte ranges (offset+length)", "bytes"]
 
 
+
+
+def backends_line(b: dict | None) -> str:
+    """"ExecuTorch (XNNPACK) + OpenCL (…) on the host CPU" from a backends record (device protocol)."""
+    if not b:
+        return "unknown backends"
+    return f"{b.get('executor_title', b.get('executor'))} + {b.get('reconstructor_title', b.get('reconstructor'))}"
+
+
+def device_panel_html(device: dict | None, ran: dict | None = None, template: dict | None = None) -> str:
+    """The device panel: what the device's edits run on (its configured stack), what the picked template will run
+    on when it differs (an SD3 template runs eager), and what the last edit ran on — all on the host CPU."""
+    rows = []
+    if device:
+        where = device.get("where", "host CPU")
+        rows.append(f"<div><b>Executor:</b> <span id='sk-executor'>{_esc(device.get('executor_title'))}</span> · "
+                    f"<b>Reconstructor:</b> <span id='sk-reconstructor'>{_esc(device.get('reconstructor_title'))}"
+                    f"</span> — both run on the {_esc(where)} of this computer (no phone is attached; the stack is "
+                    f"what a phone would run). Asked: <code>{_esc(device.get('asked', ''))}</code>.</div>")
+        if device.get("note"):
+            rows.append(f"<div class='sk-warn'>{_esc(device['note'])}</div>")
+    planned = (template or {}).get("backends")
+    if planned and device and planned.get("executor") != device.get("executor"):
+        rows.append(f"<div class='sk-warn'>This template runs on {_esc(backends_line(planned))}: "
+                    f"{_esc(planned.get('note') or '')}.</div>")
+    if ran:
+        local = ("" if ran.get("local_fallback", True) else
+                 " The local fallback is off: the exported programs run fixed masked graphs.")
+        note = f" ({_esc(ran['note'])})" if ran.get("note") else ""
+        rows.append(f"<div id='sk-last-ran'><b>Last edit ran on:</b> {_esc(backends_line(ran))} on the "
+                    f"{_esc(ran.get('where', 'host CPU'))}{note}.{local}</div>")
+    if not rows:
+        rows.append("<div>The device did not say which backends it runs.</div>")
+    return f"<div class='sk-device-panel' id='sk-device-panel'><b>Device</b>{''.join(rows)}</div>"

@@ -34,9 +34,20 @@ def _theme():
                           font_mono=["ui-monospace", "SFMono-Regular", "Menlo", "monospace"])
 
 
-DEVICE_NOTE = ("Here the “device” is an agent process on this computer running the masked model on its CPU "
-               "(eager PyTorch), over an emulated link shaped by the chosen trace; no phone runs these edits "
-               "unless one is attached through the adb transport.")
+def device_note(backends: dict | None) -> str:
+    """The header's line on what "device" means here, naming the backends the agent runs."""
+    runs = (f"{backends.get('executor_title')} + {backends.get('reconstructor_title')} rebuild"
+            if backends else "its configured backends")
+    return ("Here the “device” is an agent process on this computer running the masked model on its CPU "
+            f"({runs}), over an emulated link shaped by the chosen trace; no phone runs these edits "
+            "unless one is attached through the adb transport.")
+
+
+def _device_backends(bridge) -> dict | None:
+    try:
+        return bridge.health().get("backends")
+    except Exception:  # noqa: BLE001 - an unreachable device says so in the template list
+        return None
 
 
 # The study is an app of its own: the demo's pages never show a participant's answers or the results.
@@ -55,6 +66,7 @@ def build_blocks(bridge, *, data_dir: str | Path, explorer=None, builds=None, ca
     (``--templates``; None: every template the device lists)."""
     data = Path(data_dir)
     data.mkdir(parents=True, exist_ok=True)
+    device = _device_backends(bridge)
     try:
         templates = [t for t in templates_of(bridge) if offered is None or t["id"] in offered]
         problem = None
@@ -65,14 +77,14 @@ def build_blocks(bridge, *, data_dir: str | Path, explorer=None, builds=None, ca
         gr.HTML(f"""<header class="sk-header"><img src="{STATIC_URL}/sakura.svg" alt="" width="40" height="40">
 <div><h1>SAKURA</h1><p>Edit a photo on the device with a diffusion transformer: the template's attention
 cache streams from the cloud, compressed to fit the link shard by shard; your photo and your words never leave
-the device.</p><p class="sk-device-note" id="sk-device-note">{DEVICE_NOTE}</p></div></header>""",
+the device.</p><p class="sk-device-note" id="sk-device-note">{device_note(device)}</p></div></header>""",
                 elem_id="sk-header")
         if problem:
             gr.HTML(f"<div class='sk-status sk-error'>{problem}</div>")
         with gr.Tabs(elem_id="sk-tabs"):
             with gr.Tab("Edit", id="tab-edit", elem_id="tab-edit"):
                 if templates:
-                    EditPage(bridge, templates, builds, calibrations).build()
+                    EditPage(bridge, templates, builds, device, calibrations).build()
                 else:
                     gr.HTML("<div class='sk-status sk-warn'>The device lists no templates.</div>")
             with gr.Tab("Quality explorer", id="tab-explorer", elem_id="tab-explorer") as explorer_tab:

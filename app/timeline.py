@@ -25,8 +25,11 @@ COLORS = {"rebuild": "#8e7cc3", "execute": "#3d85c6", "stall": "#e03131", "deadl
 def timeline_figure(progress: EditProgress, title: str | None = None) -> go.Figure:
     """The timeline of one edit so far (or finished)."""
     tl, plan = progress.timeline, progress.plan
+    exec_name, rebuild_name = stack_names(plan)
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.28, 0.72], vertical_spacing=0.06,
-                        subplot_titles=("link bandwidth", "cache shards: request → arrival · rebuild · execute"))
+                        subplot_titles=("link bandwidth", f"cache shards: request → arrival · rebuild ({rebuild_name}) "
+                                        f"· execute ({exec_name}) — host CPU" if exec_name else
+                                        "cache shards: request → arrival · rebuild · execute"))
     horizon = max(progress.now, 0.5)
     if not progress.done:  # while running: as far as the allocator expects execution to go
         deadlines = [u.deadline_t for u in tl.units]
@@ -50,6 +53,13 @@ def timeline_figure(progress: EditProgress, title: str | None = None) -> go.Figu
                       legend=dict(orientation="h", yanchor="top", y=-0.1, xanchor="left", x=0),
                       uniformtext=dict(minsize=8, mode="hide"), template="plotly_white")
     return fig
+
+
+def stack_names(plan: dict) -> tuple[str, str]:
+    """(executor, reconstructor) titles from the plan's backends record (what ran the execute / rebuild bars)."""
+    b = plan.get("backends") or {}  # (an agent that does not say: empty names)
+    return (str(b.get("executor_title") or b.get("executor") or ""),
+            str(b.get("reconstructor_title") or b.get("reconstructor") or ""))
 
 
 def _title(progress: EditProgress, title: str | None) -> str:
@@ -87,6 +97,7 @@ def _bandwidth(progress: EditProgress, fig: go.Figure, horizon: float) -> None:
 
 def _shards(progress: EditProgress, fig: go.Figure) -> None:
     tl, now = progress.timeline, progress.now
+    exec_name, rebuild_name = stack_names(progress.plan)
     fp16_bytes = int(progress.plan.get("fp16_bytes") or 0)
     shard_fp16 = fp16_bytes / len(tl.shards) if tl.shards and fp16_bytes else 0
     per_shard_units: dict[int, int] = {}
@@ -124,8 +135,10 @@ def _shards(progress: EditProgress, fig: go.Figure) -> None:
     if rebuilt:
         fig.add_trace(go.Bar(y=[u.needed_by - 0.2 for u in rebuilt], base=[u.arrival_t for u in rebuilt],
                              x=[max(u.rebuild_done_t - u.arrival_t, 1e-4) for u in rebuilt], orientation="h",
-                             width=0.16, offset=0.1, marker=dict(color=COLORS["rebuild"]), name="rebuild",
-                             hovertemplate="rebuild %{x:.3f} s<extra></extra>"), 2, 1)
+                             width=0.16, offset=0.1, marker=dict(color=COLORS["rebuild"]),
+                             name=f"rebuild · {rebuild_name}" if rebuild_name else "rebuild",
+                             hovertemplate=f"rebuild{' on ' + rebuild_name if rebuild_name else ''} %{{x:.3f}} s"
+                             "<extra></extra>"), 2, 1)
     ex = [s for s in tl.shards if s.exec_start_t is not None]
     if ex:
         fig.add_trace(
@@ -136,8 +149,10 @@ def _shards(progress: EditProgress, fig: go.Figure) -> None:
                 orientation="h",
                 width=0.36,
                 marker=dict(color=COLORS["execute"]),
-                name="execute",
-                hovertemplate="execute from %{base:.3f} s for %{x:.3f} s<extra></extra>",
+                name=f"execute · {exec_name}" if exec_name else "execute",
+                text=[exec_name] * len(ex) if exec_name else None, textposition="inside", insidetextanchor="middle",
+                hovertemplate=f"execute{' on ' + exec_name if exec_name else ''} from %{{base:.3f}} s for "
+                "%{x:.3f} s<extra></extra>",
             ),
             2,
             1,

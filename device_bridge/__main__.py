@@ -30,12 +30,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calibration-repeats", type=int, default=1, metavar="N",
                     help="masked runs per template calibration (local runs: N − 1, their spread judged from 2)")
     ap.add_argument("--log-level", default="warning")
+    ap.add_argument("--executor", choices=("eager", "executorch", "qnn", "auto"), default="eager",
+                    help="how shards execute (auto: executorch where it runs here)")
+    ap.add_argument("--reconstructor", choices=("torch", "opencl", "auto"), default="torch",
+                    help="how K/V are rebuilt (auto: opencl where a device exists)")
+    ap.add_argument("--programs", default=None, metavar="DIR", help="folder of exported shard programs")
     a = ap.parse_args(argv)
     sigterm_as_interrupt()  # SIGTERM cleans up (the local template server) as Ctrl-C does
     try:
         run_agent(a.listen, a.server, a.packs, catalog=a.catalog, link=a.link, timeout_s=a.timeout,
                   warmup=a.warmup, calibration_file=a.calibration, calibration_repeats=a.calibration_repeats,
-                  log_level=a.log_level)
+                  log_level=a.log_level, executor=a.executor, reconstructor=a.reconstructor, programs=a.programs)
     except KeyboardInterrupt:
         return 0
     except (ValueError, RuntimeError) as e:

@@ -38,6 +38,7 @@ from device_bridge.protocol import (
 )
 from device_bridge.slot import EditSlot
 from sakura.catalog import TASK_NAMES, Catalog, CatalogError, load_catalog
+from sakura.editing import model_for
 from sakura.formats import PackFormatError, file_id
 from sakura.model import ModelInputError, ModelLoadError
 from sakura.net.client import FetchError, RangeClient, WsRangeClient
@@ -45,8 +46,10 @@ from sakura.net.failover import FailoverSource
 from sakura.net.paced import LinkClosed
 from sakura.net.store_reader import ServerStoreClient, pack_bytes_from
 from sakura.net.traces import TraceError
+from sakura.runtime.backends import EXECUTOR_TITLES, WHERE, BackendChoice, Backends, programs_beside
 from sakura.runtime.calibration import CalibrationStore
 from sakura.runtime.errors import StreamError, TemplateUnavailable
+from sakura.runtime.executors.errors import BackendUnavailable
 from sakura.runtime.session import DeviceRuntime, EditInput
 from sakura.server.run import start_server
 from sakura.systems import OURS, SYSTEMS
@@ -81,10 +84,19 @@ class DeviceAgent:
     def __init__(self, server_url: str | None = None, catalog=None, packs_dir: str | Path | None = None, *,
                  link: str = "ws", timeout_s: float = DEFAULT_TIMEOUT_S, busy_wait_s: float = DEFAULT_BUSY_WAIT_S,
                  calibration_repeats: int = 1, model_path: str | Path | None = None,
-                 reference_cache_templates: int = 2, calibration_file: str | Path | None = None) -> None:
+                 reference_cache_templates: int = 2, calibration_file: str | Path | None = None,
+                 backends: BackendChoice | None = None) -> None:
+        """``backends``: the executor and reconstructor every edit runs on (default eager + torch; ``auto``:
+        the phone-style stack where it works here). A backend that cannot run raises BackendUnavailable at
+        once, its one line naming the fallback."""
         if link not in ("ws", "http"):
             raise ValueError(f"link must be 'ws' or 'http', got {link!r}")
         self.catalog = catalog if isinstance(catalog, Catalog) else load_catalog(catalog)
+        choice = backends or BackendChoice()
+        if choice.programs_dir is None and packs_dir is not None:  # programs beside the packs it serves
+            choice = BackendChoice(choice.executor, choice.reconstructor, programs_beside(packs_dir), choice.offload)
+        device_backends = Backends(choice)
+        self.backends = device_backends.check()  # a backend that cannot run fails here, before anything starts
         self._server = None
         if server_url is None:
             if packs_dir is None:
@@ -101,7 +113,7 @@ class DeviceAgent:
         self.stats = {"completed": 0, "rejected": 0, "failed": 0, "cancelled": 0}  # edits by outcome
         self.runtime = DeviceRuntime(self._replicas(RangeClient), model_path=model_path,
                                      calibration=CalibrationStore(calibration_file, calibration_repeats),
-                                     reference_caches=reference_cache_templates)
+                                     reference_caches=reference_cache_templates, backends=device_backends)
         self._thumbs: dict[str, str] = {}
         self._bytes_from: str | None = None  # "store" | "server", once the server has said
         self.prefetcher = Prefetcher(self.runtime, self._client)
@@ -129,7 +141,14 @@ class DeviceAgent:
     def health(self) -> dict:
         return {"status": "ok", "protocol": PROTOCOL_VERSION, "busy": self.busy, "waiting": self.slot.waiting,
                 "server": self.server_url, "server_reachable": self._server_files() is not None,
-                "systems": list(SYSTEMS), "edits": dict(self.stats)}
+                "systems": list(SYSTEMS), "edits": dict(self.stats), "backends": self.backends_summary()}
+
+    def backends_summary(self) -> dict:
+        """What this device's edits run on (before any template: Flux2 templates; an SD3 one runs eager)."""
+        b = self.runtime.backends
+        return {**self.backends, "asked": b.choice.label, "executor_title": EXECUTOR_TITLES[self.backends["executor"]],
+                "reconstructor_title": b.reconstructor_title(), "where": WHERE,
+                "note": b.note}
 
     def _server_files(self) -> set[str] | None:
         try:
@@ -146,12 +165,20 @@ class DeviceAgent:
             d = t.summary()
             d["task_name"] = TASK_NAMES.get(t.task, t.task)
             d["input"] = "prompt" if t.task == "mb" else "photo"
+            d["backends"] = self._planned_backends(t)
             d["available"] = None if files is None else (t.id in files and file_id(t.id, "fp16") in files)
             if t.id not in self._thumbs:
                 self._thumbs[t.id] = png_b64(mask_overlay(t.image(128), t.mask(128)))
             d["thumbnail_png_b64"] = self._thumbs[t.id]
             out.append(d)
         return out
+
+    def _planned_backends(self, template) -> dict | None:
+        """What an edit of the template would run on (an SD3 template: eager, and why); None if unknown."""
+        try:
+            return self.runtime.backends.planned(model_for(template, self.runtime.model_path))
+        except Exception:  # noqa: BLE001 - a model that cannot load says so when an edit asks for it
+            return None
 
     def warmup(self, template_id: str) -> dict:
         """Load the template's model, read its headers and calibrate device compute (what its first
@@ -163,9 +190,10 @@ class DeviceAgent:
         with self.slot.hold():
             try:
                 state = self.runtime.template_state(template)
+                ran = self.runtime.backends_for(state)[2]  # exports the template's shard programs now, if any
             except Exception as e:  # noqa: BLE001
                 raise EditFailed(*self._describe(e)) from None
-        return {"template_id": template.id, "compute": state.compute.to_dict()}
+        return {"template_id": template.id, "compute": state.compute.to_dict(), "backends": ran.to_dict()}
 
     def prefetch(self, template_id: str, network=None, think_s: float = DEFAULT_THINK_S) -> dict:
         """The person picked a template: start fetching its pack (template data only) over ``network``
@@ -271,6 +299,7 @@ class DeviceAgent:
             # a simulated edit emitted no timeline events: its timeline comes whole, for the viewer to draw
             **({"timeline": report.timeline.to_dict()} if spec.clock == "sim" else {}),
             pack_bytes_from=self._bytes_from or "server",
+            backends=session.backends.to_dict(),
             link_emulation={"trace": net.trace, "start": session.start, "scale": session.scale,
                             "shaped_by": "device" if spec.clock == "real" else "simulated clock"}
             if session.system.streams
@@ -295,6 +324,8 @@ class DeviceAgent:
         if isinstance(e, (httpx.HTTPError, ConnectionError, OSError)) or type(e).__module__.startswith("websockets"):
             return (f"cannot reach the template server at {self.server_url}: {type(e).__name__}: "
                     f"{one_line(e, 200)}", "failed")
+        if isinstance(e, BackendUnavailable):
+            return f"a device backend cannot run: {one_line(e)}", "failed"
         if isinstance(e, PackFormatError):
             return f"the template's pack is malformed: {one_line(e)}", "failed"
         return f"internal error ({type(e).__name__}): {one_line(e, 200)}", "internal"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -15,7 +16,8 @@ def run_agent(listen: str = "127.0.0.1:8700", server: str | None = None, packs: 
               catalog: str | Path | None = None, link: str = "ws", timeout_s: float = DEFAULT_TIMEOUT_S,
               warmup: list[str] | tuple[str, ...] = (),
               calibration_file: str | Path | None = None, calibration_repeats: int = 1,
-              log_level: str = "warning") -> None:
+              log_level: str = "warning", executor: str = "eager", reconstructor: str = "torch",
+              programs: str | Path | None = None) -> None:
     """Start a :class:`DeviceAgent` (and a local template server over ``packs`` when no ``server``
     is given) and serve it until interrupted."""
     from device_bridge.agent import DeviceAgent  # torch: sakura --help stays light
@@ -23,12 +25,19 @@ def run_agent(listen: str = "127.0.0.1:8700", server: str | None = None, packs: 
 
     parse_listen(listen)  # fail before loading anything
     from sakura.catalog import CatalogError  # sakura --help stays light
+    from sakura.runtime.backends import BackendChoice  # sakura --help stays light
+    from sakura.runtime.executors.errors import BackendUnavailable  # sakura --help stays light
 
     try:
+        choice = BackendChoice(executor, reconstructor, Path(programs) if programs else None)
         agent = DeviceAgent(server, catalog, packs, link=link, timeout_s=timeout_s,
-                            calibration_file=calibration_file, calibration_repeats=calibration_repeats)
-    except CatalogError as e:
+                            calibration_file=calibration_file, calibration_repeats=calibration_repeats,
+                            backends=choice)
+    except (CatalogError, BackendUnavailable) as e:
         raise ValueError(str(e)) from None
+    b = agent.backends_summary()
+    print(f"device backends: {b['executor_title']} + {b['reconstructor_title']} on the {b['where']}"
+          + (f" ({b['note']})" if b["note"] else ""), file=sys.stderr, flush=True)
     try:
         for tid in warmup:
             agent.warmup(tid)
@@ -58,6 +67,12 @@ def device(
     calibration: Optional[Path] = typer.Option(
         None, "--calibration", help="JSON file keeping measured device compute across restarts."
     ),
+    executor: str = typer.Option("eager", "--executor", help="eager | executorch (shard programs, XNNPACK) | auto "
+                                 "(executorch where it runs here); Flux2 templates only, SD3 ones run eager."),
+    reconstructor: str = typer.Option("torch", "--reconstructor", help="torch | opencl | auto (opencl where a "
+                                      "device exists)."),
+    programs: Optional[Path] = typer.Option(None, "--programs", help="Folder of exported shard programs (default: "
+                                            "beside --packs, else ~/.cache/sakura/programs)."),
 ):
     """Run the device agent: edits arrive over a websocket (docs/device-protocol.md); the user's photo
     and prompt stay on this side; packs are streamed from the template server."""
@@ -66,7 +81,8 @@ def device(
     sigterm_as_interrupt()  # SIGTERM cleans up (the local template server) as Ctrl-C does
     try:
         run_agent(listen, server, None if server else packs_or_default(packs), catalog=catalog, link=link,
-                  timeout_s=timeout, warmup=warmup or [], calibration_file=calibration)
+                  timeout_s=timeout, warmup=warmup or [], calibration_file=calibration, executor=executor,
+                  reconstructor=reconstructor, programs=programs)
     except KeyboardInterrupt:
         pass
     except (ValueError, RuntimeError) as e:

@@ -194,7 +194,9 @@ class SubprocessBridge(WsBridge):
     def __init__(self, server_url: str | None = None, catalog: str | Path | None = None,
                  packs_dir: str | Path | None = None, *, link: str = "ws", timeout_s: float | None = None,
                  calibration_file: str | Path | None = None, calibration_repeats: int = 1,
-                 extra_args: tuple[str, ...] = (), python: str | None = None, port: int = 0) -> None:
+                 extra_args: tuple[str, ...] = (), python: str | None = None, port: int = 0,
+                 executor: str | None = None, reconstructor: str | None = None,
+                 programs: str | Path | None = None) -> None:
         """``port``: where the agent listens on 127.0.0.1 (0: any free port)."""
         if server_url is None and packs_dir is None:
             raise BridgeError("the subprocess transport needs server_url (or packs_dir to serve)")
@@ -204,6 +206,9 @@ class SubprocessBridge(WsBridge):
         cmd += ["--timeout", str(timeout_s)] if timeout_s else []
         cmd += ["--calibration", str(calibration_file)] if calibration_file else []
         cmd += ["--calibration-repeats", str(int(calibration_repeats))] if calibration_repeats != 1 else []
+        cmd += ["--executor", executor] if executor else []
+        cmd += ["--reconstructor", reconstructor] if reconstructor else []
+        cmd += ["--programs", str(programs)] if programs else []
         cmd += list(extra_args)
         root = str(Path(__file__).resolve().parent.parent)
         env = {**os.environ, "PYTHONUNBUFFERED": "1",
@@ -316,7 +321,7 @@ def connect(spec: str = "inprocess", **kw: Any) -> Bridge:
     """A bridge from a spec (see the module doc). ``inprocess`` takes DeviceAgent's arguments
     (``server_url``, ``catalog``, ``packs_dir``, …, or ``agent=``); ``subprocess`` takes
     ``server_url``, ``catalog``, ``packs_dir``, ``link``, ``timeout_s``,
-    ``calibration_file``, ``calibration_repeats``."""
+    ``calibration_file``, ``calibration_repeats``, ``executor``, ``reconstructor``, ``programs``."""
     s = spec.strip()
     if s == "inprocess":
         return InProcessBridge(**kw)

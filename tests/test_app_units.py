@@ -311,12 +311,13 @@ def test_picking_a_template_keeps_the_uploaded_photo():
     """A pick that registers after the upload must not lose it (#31 item 7); a text edit only hides it."""
     page = _page(FakeBridge())
     photo = Photo(np.full((256, 256, 3), 90, np.uint8))
-    info, preview, prompt, upload, state, status = page.on_template("fs-a", photo=photo)
+    info, preview, prompt, upload, state, status, panel = page.on_template("fs-a", photo=photo)
     assert state is photo and preview["visible"] and preview["value"] is not None and "kept" in status
+    assert "sk-device-panel" in panel  # the device panel follows the pick (an SD3 template says it runs eager)
     assert "value" not in upload  # the file component keeps what was uploaded
-    *_, state, status = page.on_template("mb-a", photo=photo)
+    *_, state, status, _ = page.on_template("mb-a", photo=photo)
     assert state is photo and "instruction" in status
-    *_, state, status = page.on_template("fs-a", photo=None)
+    *_, state, status, _ = page.on_template("fs-a", photo=None)
     assert state is None and "upload a photo" in status
 
 

@@ -54,6 +54,16 @@ def catalog_list(catalog: Optional[Path] = CatalogOpt, as_json: bool = typer.Opt
     Console().print(table)
 
 
+def check_backend_names(executor: str, reconstructor: str) -> None:
+    """``--executor`` / ``--reconstructor`` against the backends registry (one line when unknown)."""
+    from sakura.runtime.backends import BackendChoice  # inside the command, as every library import here
+
+    try:
+        BackendChoice(executor, reconstructor)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+
+
 def _load_reference(spec: str) -> "object":
     from sakura.catalog import load_image_spec  # inside the command, as every library import here
 
@@ -91,9 +101,9 @@ def edit(
     packs: Optional[str] = typer.Option(None, "--packs", help=f"Pack folder or s3://bucket/prefix (built if missing; "
                                         f"{PACKS_HELP})."),
     executor: str = typer.Option(
-        "eager", "--executor", help="With --stream: eager | executorch (shard .pte programs)."
+        "eager", "--executor", help="With --stream: eager | executorch (shard .pte programs) | auto."
     ),
-    reconstructor: str = typer.Option("torch", "--reconstructor", help="With --stream: torch | opencl."),
+    reconstructor: str = typer.Option("torch", "--reconstructor", help="With --stream: torch | opencl | auto."),
     calibration: Optional[Path] = typer.Option(
         None,
         "--calibration",
@@ -105,10 +115,7 @@ def edit(
     if stream:
         from sakura.cli.edit_stream import stream_edit  # the streaming runtime owns this path
 
-        if executor not in ("eager", "executorch"):
-            raise UserError(f"--executor must be eager or executorch, not {executor!r}")
-        if reconstructor not in ("torch", "opencl"):
-            raise UserError(f"--reconstructor must be torch or opencl, not {reconstructor!r}")
+        check_backend_names(executor, reconstructor)
         stream_edit(template=template, reference=reference, prompt=prompt, out=out, as_json=as_json,
                     catalog=catalog, policy=policy, trace=trace, start=start, trace_scale=trace_scale,
                     regime=regime, server=server, packs=packs if server else packs_or_default(packs),
@@ -311,6 +318,10 @@ def bench(
         min=1,
         help="Fig. 15: held-out requests per template at every operating point (the catalog has 6–7).",
     ),
+    executor: str = typer.Option(
+        "eager", "--executor", help="eager | executorch: with executorch (and/or --reconstructor opencl) every "
+        "row also runs on that stack, beside the eager/torch rows, with per-shard execute/rebuild ratios."),
+    reconstructor: str = typer.Option("torch", "--reconstructor", help="torch | opencl (see --executor)."),
     rebuild_clock: str = typer.Option(
         "cpu",
         "--rebuild-clock",
@@ -335,6 +346,17 @@ def bench(
         raise UserError("--clock must be sim, real or both")
     if rebuild_clock not in bench.REBUILD_CLOCKS:
         raise UserError(f"--rebuild-clock must be one of {', '.join(bench.REBUILD_CLOCKS)}")
+    check_backend_names(executor, reconstructor)
+    if executor in ("executorch", "auto"):  # XNNPACK's pool gets the same cores as torch (before any program loads)
+        from sakura.runtime.executors.executorch_backend import set_threads  # inside the command, as every import
+
+        set_threads(threads)
+    if (executor, reconstructor) != ("eager", "torch"):
+        if rebuild_clock == "cpu":  # OpenCL rebuilds run in the runtime's own threads: thread CPU time misses them
+            rebuild_clock = "wall"
+        if clock != "sim":
+            raise UserError("--executor / --reconstructor run beside the eager rows on the simulated clock: use "
+                            "--clock sim")
     bench.use_rebuild_clock(rebuild_clock)
     packs = packs_or_default(packs)
     cfg = bench.BenchConfig(workloads=tuple(w.strip() for w in workloads.split(",")),
@@ -343,7 +365,8 @@ def bench(
                             packs=packs if "://" in packs else Path(packs),
                             calibration_file=calibration or default_path(), repeats=5, think_time=think_time,
                             fallbacks=fallbacks,
-                            full_repeats=max(1, calibration_runs), quality_requests=quality_requests)
+                            full_repeats=max(1, calibration_runs), quality_requests=quality_requests,
+                            executor=executor, reconstructor=reconstructor)
     for sname in cfg.systems:
         if sname not in SYSTEMS:
             raise UserError(f"unknown system {sname!r}; choose from {', '.join(SYSTEMS)}")
@@ -360,6 +383,13 @@ def bench(
         else:
             written = figures.run(cfg, out, figure=figure, project=project, clock=clock, progress=bar, say=say,
                                   example_trace=not quick)
+    if cfg.stack is not None and (out / "summary.json").is_file():  # the stack beside eager + torch
+        from sakura.eval.bench_backends import backends_markdown  # inside the command, as every library import here
+
+        table = backends_markdown(json.loads((out / "summary.json").read_text()))
+        (out / "backends.md").write_text(table)
+        typer.echo(table)
+        written.append(out / "backends.md")
     for path in written:
         typer.echo(f"wrote {path}")
 

@@ -23,6 +23,7 @@ from sakura.net.failover import failover_for_servers
 from sakura.net.stores import is_store_url
 from sakura.net.traces import load_trace
 from sakura.offline.builder import build_template
+from sakura.runtime.backends import NO_LOCAL, BackendChoice, programs_beside
 from sakura.runtime.calibration import CalibrationStore
 from sakura.runtime.session import DeviceRuntime, EditInput, Network
 from sakura.server.run import start_server
@@ -56,22 +57,6 @@ def ensure_packs(packs: Path | str, template, model_path=None) -> None:
         build_template(template, packs, model_path=model_path, progress=lambda s: typer.echo(f"  {s}", err=True))
 
 
-def make_executor(name: str, model):
-    if name == "eager":
-        return None
-    from sakura.runtime.executors import get_executor  # optional heavy dependency (ExecuTorch)
-
-    return get_executor(name, model)
-
-
-def make_reconstructor(name: str):
-    if name == "torch":
-        return None
-    from sakura.runtime.reconstruct import get_reconstructor  # optional heavy dependency (OpenCL)
-
-    return get_reconstructor(name)
-
-
 def stream_edit(*, template: str, reference, prompt, out: Path, as_json: bool, catalog=None, policy: str = "sakura",
                 trace: str = "5g", start: float = 0.0, trace_scale: float | None = None, regime: str = "paper",
                 server: str | None = None, packs: Path = DEFAULT_PACKS, executor: str = "eager",
@@ -82,15 +67,16 @@ def stream_edit(*, template: str, reference, prompt, out: Path, as_json: bool, c
     ensure_packs(packs, tpl)
     # packs from the server or its store; several servers (URL,URL): replicas, failed over in order
     with server_for(packs, server) as base, failover_for_servers(base.split(",")) as client:
-        runtime = DeviceRuntime(client, calibration=CalibrationStore(calibration, repeats=2))
-        model = runtime.template_state(tpl).model
-        session = runtime.session(tpl, policy, network, executor=make_executor(executor, model),
-                                  reconstructor=make_reconstructor(reconstructor))
+        choice = BackendChoice(executor, reconstructor, programs_beside(packs))
+        runtime = DeviceRuntime(client, calibration=CalibrationStore(calibration, repeats=2), backends=choice)
+        runtime.backends.check()  # a missing backend fails here, in one line naming the fallback
+        session = runtime.session(tpl, policy, network, on_status=status_printer())
         edit = session.edit(EditInput(prompt or "", ref), with_reference=False)
     plan = edit.plan
     report = {"template": tpl.id, "policy": policy, "trace": trace, "start": session.start,
               "trace_scale": session.scale, "server": base, "masked_compute_s": plan["compute"]["masked_s"],
-              "local_full_s": plan["compute"]["local_full_s"], "executor": executor, "reconstructor": reconstructor,
+              "local_full_s": plan["compute"]["local_full_s"], "executor": session.backends.executor,
+              "reconstructor": session.backends.reconstructor, "backends": session.backends.to_dict(),
               **edit.summary, "plan": plan, "timeline": edit.timeline.to_dict() if as_json else None}
     out.parent.mkdir(parents=True, exist_ok=True)
     Image.fromarray((np.clip(edit.image, 0, 1) * 255).round().astype("uint8")).save(out)
@@ -102,8 +88,22 @@ def stream_edit(*, template: str, reference, prompt, out: Path, as_json: bool, c
     return report
 
 
+def status_printer():
+    """The device's status lines (model loading, calibration, program export) on stderr as they happen."""
+    console = Console(stderr=True)
+
+    def say(stage: str, message: str) -> None:
+        console.print(f"[dim]{stage}:[/] {message}")
+
+    return say
+
+
 def _print_summary(report: dict) -> None:
     console = Console()
+    b = report["backends"]
+    notes = [x for x in (b["note"], "" if b["local_fallback"] else NO_LOCAL) if x]
+    console.print(f"backends: {b['executor_title']} + {b['reconstructor_title']} on the {b['where']}"
+                  + (f" ({'; '.join(notes)})" if notes else ""))
     console.print(f"[bold]{report['policy']}[/] on {report['trace']} (×{report['trace_scale']:.3g}, start "
                   f"{report['start']} s): latency {report['latency_s']:.3f} s, stall {report.get('stall_s', 0):.3f} s, "
                   f"{report.get('bytes', 0) / 1e6:.2f} MB → {report['out']}")

@@ -36,6 +36,7 @@ from sakura.offline.builder import DEFAULT_BASIS, DEFAULT_LAYOUT, build_template
 from sakura.offline.publish import BuildSettings, build_into_store
 from sakura.online.monitor import DEFAULT_ESTIMATOR
 from sakura.places import default_packs
+from sakura.runtime.backends import BackendChoice, programs_beside
 from sakura.runtime.calibration import SPREAD_BOUND, CalibrationStore, spread
 from sakura.runtime.session import DeviceRuntime, EditInput, EditReport, Network, network_scale
 from sakura.systems import OURS, STREAMING, SYSTEMS
@@ -148,7 +149,7 @@ def record(prepared: TemplateBench, req_index: int, system: str, start: float, r
             "peak_cache_bytes": tl.peak_cache_bytes, "levels": [u.level for u in tl.units], "cuts": tl.cuts,
             "units": len(tl.units), "fallbacks": tl.fallback_counts(),
             "prefetched_bytes": (tl.extras.get("prefetched") or {}).get("bytes", 0),
-            **report.quality}
+            "backends": (report.summary.get("backends") or {}).get("label"), **report.quality}
 
 
 # What a rebuild on the simulated clock is timed with. ``wall``: elapsed time (a quiet machine); ``cpu``:
@@ -310,6 +311,15 @@ class BenchConfig:
     repeats: int = 3  # masked runs per template calibration
     full_repeats: int | None = None  # local-generation runs (default repeats − 1): the regime scale rests on them
     quality_requests: int = 2  # held-out requests per template in the static quality sweep (Fig. 15)
+    executor: str = "eager"  # another stack than eager + torch: its rows run beside the eager ones (bench_backends)
+    reconstructor: str = "torch"
+
+    @property
+    def stack(self) -> BackendChoice | None:
+        """The device stack to run beside eager + torch (None: only eager + torch)."""
+        if (self.executor, self.reconstructor) == ("eager", "torch"):
+            return None
+        return BackendChoice(self.executor, self.reconstructor, programs_beside(self.packs))
 
     @cached_property
     def calibration(self) -> CalibrationStore:
@@ -362,6 +372,7 @@ def run_bench(cfg: BenchConfig, out: Path, progress=None, say: Callable[[str], N
                 measure_round_trips(cfg.packs, [p.template.id for p in prepared_all], cfg.calibration)
             scales = regime_scales(prepared_all, base_trace, cfg)
             starts = rng.uniform(0, base_trace.duration, size=cfg.starts)
+            stacks = stack_benches(prepared_all, cfg, benches, say) if clock == "sim" else {}
             records = []
             task = (progress.add_task(f"bench {workload} ({clock} clock)", total=cfg.starts * len(cfg.systems))
                     if progress else None)
@@ -381,6 +392,10 @@ def run_bench(cfg: BenchConfig, out: Path, progress=None, say: Callable[[str], N
                                 fallbacks=cfg.fallbacks,
                             )
                         )
+                    stack = stacks.get(prepared.template.id)
+                    if stack is not None:  # the same edit on the asked stack, beside the eager/torch row
+                        rows.append(run_one(stack, req_index, system, base_trace.scaled(scales[prepared.template.id]),
+                                            start, name=stack_row_name(system, stack.ran), fallbacks=cfg.fallbacks))
                     for r in rows:
                         r["workload"] = workload
                         records.append(r)
@@ -389,12 +404,45 @@ def run_bench(cfg: BenchConfig, out: Path, progress=None, say: Callable[[str], N
                         progress.advance(task)
             ws = summarize(records, storage_of(prepared_all))
             ws["regime"] = regime_block(prepared_all, scales, base_trace, cfg.trace)
+            if stacks:
+                ws["backends"] = ratio_table(ws, cfg.systems, list(stacks.values()))
             device_memory(ws, prepared_all, modelled=clock == "sim")
             summary["workloads"][workload] = ws
             say(describe_regime(workload, prepared_all, scales))
     summary["calibration"] = cfg.calibration.summary()
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
+
+
+def stack_benches(prepared_all: list[TemplateBench], cfg: BenchConfig, cache: dict,
+                  say: Callable[[str], None]) -> dict:
+    """The workload's templates on ``cfg.stack`` (programs exported once, costs measured once per process),
+    by template id; empty when only eager + torch runs."""
+    from sakura.eval.bench_backends import StackBench  # (bench-device's measurement code: only with a stack)
+
+    if cfg.stack is None:
+        return {}
+    out = {}
+    for p in prepared_all:
+        key = (p.template.id, cfg.stack.label)
+        if key not in cache:
+            say(f"{p.template.id}: measuring {cfg.stack.label} beside eager+torch (bench-device's measurements)")
+            cache[key] = StackBench(p, cfg.stack, say=say)
+            c = cache[key].cost.to_dict()
+            say(f"{p.template.id}: ran {cache[key].ran.line()}; execute ×{c['execute_ratio_mean']:.2f}, rebuild "
+                f"×{(c['rebuild_ratio_mean'] or 1):.2f} of eager+torch per shard")
+        out[p.template.id] = cache[key]
+    return out
+
+
+def stack_row_name(system: str, ran) -> str:
+    return f"{system}@{ran.label}"
+
+
+def ratio_table(ws: dict, systems, stacks: list) -> dict:
+    from sakura.eval.bench_backends import ratio_table as table  # (only with a stack)
+
+    return table(ws, systems, stacks)
 
 
 def describe_calibration(store: CalibrationStore) -> str:

@@ -190,7 +190,7 @@ def bench_device(template_id: str, *, catalog: str | Path | None = None, shard_s
         for k, lv in report["levels"].items():
             log(f"config {k}: level rank {lv['rank_mean']:.0f} ({lv['rank_min']}–{lv['rank_max']}), "
                 f"{lv['kib_mean']:.0f} KiB per shard")
-        rebuild = _measure_rebuild(reconstructors, info, cfgs, key, blobs, repeats, log)
+        rebuild = measure_rebuild(reconstructors, info, cfgs, key, blobs, repeats, log)
         report["reconstructors"] = rebuild.devices
 
         # reference K/V: the torch decode of the main configuration (the middle one listed)
@@ -200,7 +200,7 @@ def bench_device(template_id: str, *, catalog: str | Path | None = None, shard_s
         kv_all: dict = {}
         for s in range(info.num_shards):
             kv_all.update(ref_rec.rebuild(info, s, *key[(s, main)], blobs[(s, main)]))
-        execute = _measure_execute(executors, model, req, shard_size, lambda step, layer: kv_all[(step, layer)],
+        execute = measure_execute(executors, model, req, shard_size, lambda step, layer: kv_all[(step, layer)],
                                    repeats, log)
         report["executors"] = execute.info
         if "eager" in execute.images and "executorch" in execute.images:
@@ -256,7 +256,7 @@ class _Rebuilds:
     devices: dict = field(default_factory=dict)  # name -> device, or why it is unavailable
 
 
-def _measure_rebuild(names: Sequence[str], info, cfgs, key, blobs, repeats: int, log) -> _Rebuilds:
+def measure_rebuild(names: Sequence[str], info, cfgs, key, blobs, repeats: int, log) -> _Rebuilds:
     import torch
 
     from sakura.runtime.executors import BackendUnavailable  # torch: sakura --help stays light
@@ -295,14 +295,16 @@ class _Executions:
     runs: dict = field(default_factory=dict)  # name -> (executor, layer ranges)
 
 
-def _measure_execute(names: Sequence[str], model, req, shard_size: int, provider, repeats: int,
-                     log) -> _Executions:
+def measure_execute(names: Sequence[str], model, req, shard_size: int, provider, repeats: int,
+                     log, make: Callable[[str], object] | None = None) -> _Executions:
+    """``make(name)``: the executor to time (default: ``get_executor(name, model)``; the bench passes the
+    device's own, whose programs are already exported)."""
     from sakura.runtime.executors import BackendUnavailable, get_executor  # torch: sakura --help stays light
 
     out = _Executions()
     for name in names:
         try:
-            ex = get_executor(name, model, **({"log": log} if name == "executorch" else {}))
+            ex = make(name) if make else get_executor(name, model, **({"log": log} if name == "executorch" else {}))
             t0 = time.perf_counter()
             run = ex.prepare(req, shard_size)
         except BackendUnavailable as e:

@@ -121,6 +121,9 @@ class StreamRunner(Runner):
                 raise LocalSwitch
             return kv[(step, layer)]
 
+        if session.executor is not None:  # the output of the programs that would run (no local switch with them)
+            shard_size = session.compute.shards[0][2] - session.compute.shards[0][1]
+            return Outcome(session.executor.run_masked_edit(req, provider, shard_size).image, tl)
         return Outcome(session.model.masked_edit(req, provider).image, tl)
 
 

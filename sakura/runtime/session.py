@@ -37,6 +37,7 @@ from sakura.online.fallback import BOUND_SHARE, FallbackContext
 from sakura.online.monitor import DEFAULT_ESTIMATOR
 from sakura.online.policies import Policy, get_policy
 from sakura.quality import quality
+from sakura.runtime.backends import BackendChoice, Backends, eager_only, ran_for
 from sakura.runtime.calibration import CalibrationStore
 from sakura.runtime.compute import ComputeCheck, ComputeProfile
 from sakura.runtime.errors import EditCancelled, StreamError, TemplateUnavailable
@@ -147,9 +148,13 @@ class DeviceRuntime:
     ranges)`` — a range client to a template server, an object-store reader, a local folder."""
 
     def __init__(self, source, *, model_path=None, calibration: CalibrationStore | None = None,
-                 reference_caches: int = 2) -> None:
+                 reference_caches: int = 2, backends: BackendChoice | Backends | None = None) -> None:
+        """``backends``: the executor and reconstructor every edit of this device runs on (default eager +
+        torch); resolved by :class:`~sakura.runtime.backends.Backends`, the one place names become backends."""
         self.source, self.model_path = source, model_path
         self.calibration = calibration or CalibrationStore()
+        self.backends = backends if isinstance(backends, Backends) else Backends(backends)
+        self._template_backends: dict[str, tuple] = {}  # template id -> (executor, reconstructor, BackendsRan)
         self._states: dict[str, TemplateState] = {}
         self._encodings: dict[str, StreamEncoding] = {}  # parsed headers, by file id
         self._reference_kv = Remembered(reference_caches)  # exact FP16 caches, by template id
@@ -177,6 +182,18 @@ class DeviceRuntime:
             state = TemplateState(template, model, fp16, compute, {fid: header})
             self._states[template.id] = state
             return state
+
+    def backends_for(self, state: TemplateState, on_status: StatusSink | None = None) -> tuple:
+        """(executor or None, reconstructor or None, :class:`BackendsRan`) of a template on this device. The
+        first call per template exports (or loads) its shard programs, with progress on ``on_status``."""
+        with self._lock:
+            if state.template.id not in self._template_backends:
+                tpl, model = state.template, state.model
+                shard_size = state.compute.shards[0][2] - state.compute.shards[0][1]
+                example = edit_request(tpl, tpl.eval_requests[0] if tpl.eval_requests else None,
+                                       resolution=model.codec.resolution, ref_size=model.codec.ref_size)
+                self._template_backends[tpl.id] = self.backends.for_model(model, shard_size, example, on_status)
+            return self._template_backends[state.template.id]
 
     def header(self, state: TemplateState, format_name: str, source=None) -> bytes:
         fid = file_id(state.template.id, format_name)
@@ -235,20 +252,31 @@ class EditSession:
                  executor=None, reconstructor=None, policy: Policy | None = None,
                  encoding: StreamEncoding | None = None, rng: random.Random | None = None,
                  estimator: str = DEFAULT_ESTIMATOR, fallbacks: bool = True,
-                 prefetched: Prefetched | None = None) -> None:
+                 prefetched: Prefetched | None = None, compute: ComputeProfile | None = None) -> None:
         """``source``: where this edit reads template data (default: the runtime's), e.g. an audited
         client. ``policy`` / ``encoding`` / ``estimator`` replace the system's own (ablation variants).
         ``fallbacks``: reuse / local fallbacks bound waiting (False: always wait, the paper's runtime).
-        ``prefetched``: this template's units already on the device (fetched when it was picked)."""
+        ``prefetched``: this template's units already on the device (fetched when it was picked).
+        ``executor`` / ``reconstructor``: None for both takes the device's own (``DeviceRuntime.backends``).
+        ``compute``: the per-shard compute the simulated clock replays (default: the calibration's; the
+        bench passes the measured times of another executor)."""
         self.runtime, self.template, self.network = runtime, template, network
         self.system: System = get_system(system)
         self.source = source or runtime.source
         self.on_event, self.on_status = on_event, on_status
-        self.timeout_s, self.executor, self.estimator = timeout_s, executor, estimator
+        self.timeout_s, self.estimator = timeout_s, estimator
         self.fallbacks, self.prefetched = fallbacks, prefetched
         self.fallback_bound_share = BOUND_SHARE  # wait while the edit ends within this share of local's time
         self.state = runtime.template_state(template, self.source, on_status)
-        self.compute = self.state.compute
+        if executor is None and reconstructor is None:  # the device's own backends (one factory for every caller)
+            executor, reconstructor, self.backends = runtime.backends_for(self.state, on_status)
+        else:  # backends handed in by the caller (tests, bench-device)
+            self.backends = ran_for(executor, reconstructor)
+        if not self.system.streams:  # local and oracle run the eager model (no shard programs, no rebuilds)
+            executor = None
+            self.backends = eager_only(self.backends, f"{self.system.name} runs the eager model")
+        self.executor = executor
+        self.compute = compute or self.state.compute
         self.scale = network_scale(network, self.state)
         start = network.start if network.start is not None else (rng or random).uniform(0.0, network.trace.duration)
         self.start = float(start)
@@ -292,6 +320,7 @@ class EditSession:
                 "initial_mbps": self.initial_bps / 1e6, "fp16_bytes": self.state.fp16_bytes,
                 "stored_bytes": self.encoding.storage_bytes if self.encoding else 0, "timeout_s": self.timeout_s,
                 "prefetched": self.prefetched.summary() if self.prefetched else None,
+                "backends": self.backends.to_dict(),
                 "compute": {"masked_s": c.masked_s, "local_full_s": c.local_full_s, "prelude_s": c.prelude_s,
                             "shard_s": list(c.shard_s)}}
 
@@ -359,6 +388,7 @@ class EditSession:
             outcome = self.simulate(req, request_key=edit_input.key, **sim_kw)
         else:
             raise ValueError(f"clock must be real or sim, got {clock!r}")
+        outcome.timeline.extras["backends"] = self.backends.to_dict()
         report = EditReport(req, outcome.image, outcome.timeline, plan, self.summary(outcome),
                             timing={"edit_s": time.perf_counter() - t0})
         check()
@@ -431,8 +461,11 @@ class EditSession:
         tl = outcome.timeline
         xfer, hidden, exposed = tl.transfer_split()
         compute_s = self.compute.local_full_s if self.system.runs_locally else self.compute.masked_s
-        check = ComputeCheck.of(tl, self.compute, self.system.runs_locally)
-        return {**tl.summary(), "fp16_bytes": self.state.fp16_bytes, "transfer_s": xfer,
+        # (calibration times the eager model: exported programs run at their own speed, so no check for them)
+        check = (ComputeCheck.of(tl, self.compute, self.system.runs_locally) if self.backends.executor == "eager"
+                 else None)
+        return {**tl.summary(), "backends": self.backends.to_dict(), "fp16_bytes": self.state.fp16_bytes,
+                "transfer_s": xfer,
                 "transfer_hidden_s": hidden, "transfer_exposed_s": exposed, "compute_s": compute_s,
                 "compute_check": check.to_dict() if check is not None else None,
                 "trace_scale": self.scale, "trace_start": self.start}

@@ -6,7 +6,7 @@ torch.set_num_threads(1)
 from sakura.catalog import load_catalog
 from sakura.editing import edit_request, model_for
 from sakura.formats.pack import PackReader
-from sakura.eval.device_bench import _measure_execute
+from sakura.eval.device_bench import measure_execute
 from sakura.runtime.reconstruct import get_reconstructor
 packs, tid, reps = sys.argv[1], sys.argv[2], int(sys.argv[3])
 out = sys.argv[4] if len(sys.argv) > 4 else "side_by_side.json"
@@ -47,7 +47,7 @@ req = edit_request(tpl, tpl.eval_requests[0], resolution=model.codec.resolution,
 kv = {}
 for s in range(S):
     kv.update(recs["torch"].rebuild(v1.info, s, 64, 4, 4, v1.read(s, 64, 4, 4)))
-ex = _measure_execute(["eager"], model, req, 2, lambda st, l: kv[(st, l)], reps, print)
+ex = measure_execute(["eager"], model, req, 2, lambda st, l: kv[(st, l)], reps, print)
 execute = float(np.mean(ex.min_ms["eager"]))
 res["execute_eager_ms_best"] = execute
 for c, row in res.items():

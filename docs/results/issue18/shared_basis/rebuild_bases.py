@@ -8,7 +8,7 @@ torch.set_num_threads(1)
 from sakura.catalog import load_catalog
 from sakura.editing import edit_request, model_for
 from sakura.formats.pack import PackReader
-from sakura.eval.device_bench import _measure_execute
+from sakura.eval.device_bench import measure_execute
 from sakura.runtime.reconstruct import get_reconstructor
 unit_dir, shared_dir, tid, reps, out = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
 packs = {"v1": PackReader(f"{shared_dir}/{tid}.v1.pack"), "v2-unit": PackReader(f"{unit_dir}/{tid}.pack"),
@@ -59,7 +59,7 @@ req = edit_request(tpl, tpl.eval_requests[0], resolution=model.codec.resolution,
 kv = {}
 for s in range(S):
     kv.update(recs["torch"].rebuild(v1, s, 64, 4, 4, packs["v1"].read(s, 64, 4, 4)))
-ex = _measure_execute(["eager"], model, req, 2, lambda st, l: kv[(st, l)], reps, print)
+ex = measure_execute(["eager"], model, req, 2, lambda st, l: kv[(st, l)], reps, print)
 execute = float(np.mean(ex.min_ms["eager"]))
 res["execute_eager_ms_best"] = execute
 for row in res.values():
