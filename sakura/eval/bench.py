@@ -114,7 +114,7 @@ def current_pack(path: Path) -> bool:
         return False
     if DEFAULT_LAYOUT != "allocated":
         return info.version == 1
-    return info.version == 2 and (DEFAULT_BASIS != "auto" or report.get("top_basis") is not None)
+    return info.version == 3 and (DEFAULT_BASIS != "auto" or report.get("top_basis") is not None)
 
 
 def prepare_template(tpl, packs: Path, max_rank: int = 128, q: float = 0.5, say: Callable[[str], None] = print,

@@ -27,6 +27,7 @@ import torch
 from sakura.eval import bench
 from sakura.eval.plots import fig_quality_vs_bytes
 from sakura.formats import FetchUnit, Level, file_id
+from sakura.net.refs import resolving
 from sakura.online.policies import best_within
 from sakura.quality import quality
 from sakura.systems import OURS, SYSTEMS
@@ -83,8 +84,8 @@ def measure(prepared, system: str, choose: Choose, requests: list[int], source=N
     """One operating point on one template: bytes sent and each request's quality vs its FP16-cache output."""
     fmt = format_of(system)
     encoding = prepared.runtime.encoding(prepared.state, fmt)
-    kv, nbytes, labels = rebuild(encoding, source or prepared.runtime.source, file_id(prepared.template.id, fmt),
-                                 choose)
+    fid = file_id(prepared.template.id, fmt)
+    kv, nbytes, labels = rebuild(encoding, resolving(source or prepared.runtime.source, fid, encoding), fid, choose)
     rows = []
     for i in requests:
         req = prepared.request(i)

@@ -31,6 +31,7 @@ from PIL import Image
 from sakura.catalog import load_catalog
 from sakura.editing import edit_request, model_for
 from sakura.formats import encoding_from_header, file_id
+from sakura.net.refs import resolving
 from sakura.net.stores import Store, open_store
 from sakura.online.policies import best_within
 from sakura.quality import quality
@@ -141,7 +142,7 @@ class Explorer:
             for u in enc.units:
                 lv = choose(enc.priced(u))  # side data (CacheGen's tables) counted where first fetched
                 rs = enc.ranges(u, lv)
-                kv.update(enc.decode(u, lv, source.fetch(fid, rs)))
+                kv.update(enc.decode(u, lv, resolving(source, fid, enc).fetch(fid, rs)))  # (the ladder's top: FP16's)
                 nbytes += sum(n for _, n in rs)
                 labels.append(lv.label)
             res = model.masked_edit(req, lambda s, l: tuple(t.to(torch.float32) for t in kv[(s, l)]))

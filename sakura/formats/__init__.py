@@ -15,7 +15,7 @@ with these modules); the offline side computes what the pack stores and calls it
 
 from __future__ import annotations
 
-from sakura.formats import allocated, cachegen, fp16, intq, pack  # noqa: F401 - allocated registers pack v2
+from sakura.formats import allocated, cachegen, fp16, intq, ladder, pack  # noqa: F401 - allocated, ladder register pack v2, v3
 from sakura.formats.base import KV, FetchUnit, Format, Level, Range, ShardEncoding, StreamEncoding
 from sakura.formats.container import ChunkChecksumError, PackFormatError
 
