@@ -60,10 +60,16 @@ def within(budget: float) -> Choose:
 
 
 def sakura_budgets(units_per_template: list[list[FetchUnit]], n: int) -> list[float]:
-    """``n`` per-shard budgets, geometric from the smallest frontier point to the largest (all templates)."""
-    sizes = [lv.nbytes for units in units_per_template for u in units for lv in u.levels]
+    """``n`` per-shard budgets, geometric from the smallest frontier point to the largest allocated one (all
+    templates) — the points of packs without a ladder, unchanged — then, where the pack has a ladder
+    (rungs above the allocated levels, up to the FP16 values), ``max(3, n // 2)`` more up to its top."""
+    sizes = [lv.nbytes for units in units_per_template for u in units for lv in u.levels if not lv.rung]
+    rungs = [lv.nbytes for units in units_per_template for u in units for lv in u.levels if lv.rung]
     lo, hi = max(1, min(sizes)), max(sizes)
-    return [float(b) for b in (np.geomspace(lo, hi, n) if n > 1 else [hi])]
+    out = [float(b) for b in (np.geomspace(lo, hi, n) if n > 1 else [hi])]
+    if rungs and max(rungs) > hi:
+        out += [float(b) for b in np.geomspace(hi, max(rungs), max(3, n // 2) + 1)[1:]]
+    return out
 
 
 # -- one operating point ------------------------------------------------------------------------------

@@ -151,9 +151,13 @@ class Explorer:
         plans: list[tuple[str, Callable]] = []
         sak_units = encs["sakura"].units
         lo = sum(min(lv.nbytes for lv in u.levels) for u in sak_units)
-        hi = sum(max(lv.nbytes for lv in u.levels) for u in sak_units)
+        hi = sum(max(lv.nbytes for lv in u.levels if not lv.rung) for u in sak_units)
+        top = sum(max(lv.nbytes for lv in u.levels) for u in sak_units)  # the ladder's top: the FP16 values
         seen = set()
-        for b in (np.geomspace(max(lo, 1), hi, self.budgets) if self.budgets > 1 else [hi]):
+        budgets = list(np.geomspace(max(lo, 1), hi, self.budgets) if self.budgets > 1 else [hi])
+        if top > hi:  # the curve continues up the ladder (rungs above the allocated levels) to the top
+            budgets += list(np.geomspace(hi, top, max(3, self.budgets // 2) + 1)[1:])
+        for b in budgets:
             per = b / len(sak_units)
             pick = tuple(best_within(u.levels, per)[0].label for u in sak_units)
             if pick not in seen:

@@ -43,8 +43,8 @@ REF_BASE = 1 << 40  # offsets at or above this name the referenced FP16 file's b
 # the rebuild rate it learns from low-rank rebuilds): per value and plane of a residual (unpacking a
 # plane and adding the dequantised residual), per value of the exact rung (float16 → float32). Measured
 # against the batched ``A·B`` of the allocated levels on this machine kind: docs/results/issue34.
-RESIDUAL_WORK_PER_VALUE_PLANE = 16.0
-EXACT_WORK_PER_VALUE = 8.0
+RESIDUAL_WORK_PER_VALUE_PLANE = 10.0
+EXACT_WORK_PER_VALUE = 24.0
 
 
 @dataclass(frozen=True)
@@ -152,7 +152,7 @@ class LadderPackInfo(allocated.AllocatedPackInfo):
                         or not 0 <= crc < 1 << 32):
                     raise ValueError
                 out.append((off, length, crc))
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, OverflowError):
             raise PackFormatError("pack v3 header's ladder.fp16 must name the FP16 file (file_id, base at or past "
                                   "the pack's end, file_size) and per shard its [offset, length, crc32]") from None
         return FileRef(fid, base, size), out
@@ -208,16 +208,25 @@ class LadderPackInfo(allocated.AllocatedPackInfo):
         """``(offset, length, crc32)`` of ``shard``'s chunk in the FP16 file."""
         return self._exact[shard]
 
+    def _is_rung_row(self, shard: int, row) -> bool:
+        return isinstance(row, list) and len(row) == 3 and type(row[0]) is int and row[0] > len(self._refs[shard])
+
     def _frontier_rows(self, shard: int):
+        """The allocated levels' rows (the v2 parser reads these; the rung rows follow them)."""
         rows = super()._frontier_rows(shard)
-        return None if rows is None else [r for r in rows if isinstance(r, list) and r and
-                                         type(r[0]) is int and r[0] <= len(self._refs[shard])]
+        if rows is None:
+            return None
+        if not isinstance(rows, list):
+            raise PackFormatError(f"pack frontier of shard {shard} is malformed")
+        return [r for r in rows if not self._is_rung_row(shard, r)]
 
     def _parse_frontier(self, shard: int) -> list[Config]:
         front = super()._parse_frontier(shard)
         rows = super()._frontier_rows(shard) or []
-        rungs = rows[len(front):] if front else []
-        if len(rows) != len(front) + len(rungs) or not rungs:
+        rungs = [r for r in rows if self._is_rung_row(shard, r)]
+        if rows[len(rows) - len(rungs):] != rungs or (rungs and not front):
+            raise PackFormatError(f"pack ladder rows of shard {shard} must follow its allocated levels' rows")
+        if not rungs:
             return front
         top, g = front[-1], self.geometry
         top_work = top.rebuild_work(len(self.units(shard)), g.n, g.d)
@@ -230,7 +239,7 @@ class LadderPackInfo(allocated.AllocatedPackInfo):
                     raise ValueError
                 last = RungConfig(top.r, top.b_a, top.b_b, int(nbytes), float(err), k, planes, top_work)
                 out.append(last)
-        except (TypeError, ValueError, PackFormatError):
+        except (TypeError, ValueError, OverflowError, PackFormatError):
             raise PackFormatError(f"pack ladder rows of shard {shard} are malformed") from None
         return front + out
 
