@@ -182,3 +182,39 @@ def test_a_source_resolves_the_referenced_ranges_and_passes_others(ladder_pack):
     assert source.fetch("t0", [rng]) == [(folder / "t0.fp16.pack").read_bytes()[off:off + n]]
     with pytest.raises(Exception):
         plain.fetch("t0", [rng])  # the pack itself has no such bytes
+
+
+# -- the policy climbs the ladder on both clocks (a built template, the model's real edit) -----------------
+@pytest.fixture(scope="module")
+def fs_runtime(fs_packs):
+    from sakura.runtime.calibration import CalibrationStore
+    from sakura.runtime.session import DeviceRuntime
+
+    packs, tpl = fs_packs
+    return tpl, DeviceRuntime(FolderSource(packs), calibration=CalibrationStore(repeats=1))
+
+
+def fixed(runtime, tpl, fp16_transfers_per_compute: float):
+    """A fixed link on which the whole FP16 cache takes ``fp16_transfers_per_compute`` × the masked compute."""
+    from sakura.net.traces import Trace
+    from sakura.runtime.session import Network
+
+    state = runtime.template_state(tpl)
+    mbps = state.fp16_bytes * 8 / (fp16_transfers_per_compute * state.compute.masked_s) / 1e6
+    return Network(Trace.constant(mbps), f"fixed:{mbps:.0f}", 0.0, 1.0, "none")
+
+
+@pytest.mark.parametrize("clock", ["sim", "real"])
+def test_the_policy_climbs_above_the_allocated_top_on_a_fast_link_only(fs_runtime, clock):
+    tpl, runtime = fs_runtime
+    for speed, climbs in ((0.02, True), (20.0, False)):  # FP16 in 2 % of the compute; in 20× it
+        session = runtime.session(tpl, "sakura", fixed(runtime, tpl, speed), fallbacks=False)
+        req = session.request(catalog_request=tpl.eval_requests[0])
+        tl = (session.simulate(req) if clock == "sim" else session.run(req)).timeline
+        rungs = [u.rung for u in tl.units]
+        assert tl.summary()["rungs"] == rungs
+        if climbs:
+            assert sum(bool(r) for r in rungs) >= len(rungs) // 2, rungs
+            assert all(u.level.startswith("rung ") for u in tl.units if u.rung)
+        else:
+            assert not any(rungs), rungs
