@@ -4,6 +4,7 @@
 - :mod:`bitplanes` bit-plane scalar quantisation of factor components (part of the pack format)
 - :mod:`pack`      SAKURA's progressive pack: layout, writer, reader, decoder, stream encoding (v1 layout)
 - :mod:`allocated` pack version 2: per-group bit allocation, entropy-coded planes (:mod:`chunkcodec`)
+- :mod:`ladder`    pack version 3: version 2 plus rungs above the allocated levels up to the FP16 values
 - :mod:`fp16`      the uncompressed FP16 cache (baseline and reference)
 - :mod:`intq`      IntQ baseline (uniform integer quantisation, 2/3/4/8 bits)
 - :mod:`cachegen`  CacheGen baseline (per-token quantisation, layer-group bins, entropy coding, levels)
