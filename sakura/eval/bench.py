@@ -146,7 +146,7 @@ def record(prepared: TemplateBench, req_index: int, system: str, start: float, r
             "latency_s": tl.latency_s, "stall_s": tl.stall_s, "bytes": tl.bytes_total,
             "deadline_misses": tl.deadline_misses, "shards": len(tl.shards),
             "peak_cache_bytes": tl.peak_cache_bytes, "levels": [u.level for u in tl.units], "cuts": tl.cuts,
-            "units": len(tl.units), "fallbacks": tl.fallback_counts(),
+            "rungs": [u.rung for u in tl.units], "units": len(tl.units), "fallbacks": tl.fallback_counts(),
             "prefetched_bytes": (tl.extras.get("prefetched") or {}).get("bytes", 0),
             **report.quality}
 
