@@ -218,3 +218,14 @@ def test_the_policy_climbs_above_the_allocated_top_on_a_fast_link_only(fs_runtim
             assert all(u.level.startswith("rung ") for u in tl.units if u.rung)
         else:
             assert not any(rungs), rungs
+
+
+def test_a_ladder_is_replaced_in_place_and_the_allocated_chunks_kept(ladder_pack, tmp_path):
+    folder, cache, info, _ = ladder_pack
+    shutil.copy(folder / "t0.pack", tmp_path / "t0.pack")
+    shutil.copy(folder / "t0.fp16.pack", tmp_path / "t0.fp16.pack")
+    _, imp = synthetic_cache(num_steps=2, num_layers=2)
+    again = add_ladder(tmp_path / "t0.pack", tmp_path / "t0.fp16.pack", "t0.fp16", imp)
+    assert (tmp_path / "t0.pack").read_bytes() == (folder / "t0.pack").read_bytes()  # deterministic, idempotent
+    assert again.storage() == info.storage()
+    assert any(again.stored_chunk(i)[0] for i in range(len(again.index)) if i not in again._base)  # coded planes

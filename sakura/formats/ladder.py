@@ -5,7 +5,8 @@ for more, the device had nothing better to fetch. Version 3 adds, per shard, abo
 
 * **residual rungs**: the shard's FP16 values minus its top allocated level, quantised per unit and
   channel to 8 bits (``step = max|r| / 128``, offset-binary code ``c = ⌊r / step⌋ + 128``) and stored as
-  bit planes, MSB first, right after the shard's allocated chunks (layout kind ``0x20 | plane``). Rung
+  bit planes, MSB first (planes ≥ 1 as magnitudes, zstd-coded where it pays, as v2's planes), right
+  after the shard's allocated chunks (layout kind ``0x20 | plane``, ``0x80`` when coded). Rung
   ``p`` is the top level plus the first ``p`` planes — one contiguous range, nested in every larger
   rung (anytime shards unchanged); a truncated code rebuilds at the centre of its remaining interval.
   Plane 0's chunk starts with the ``(U, d)`` float32 steps.
@@ -30,10 +31,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from sakura.formats import allocated
+from sakura.formats import allocated, chunkcodec
 from sakura.formats.base import FileRef
 from sakura.formats.container import Blobs, ByteSource, ContainerFile, PackFormatError, write_container
-from sakura.formats.pack import FORMAT, LAYOUTS, Config, Layout, PackReader
+from sakura.formats.pack import FORMAT, LAYOUTS, Config, Layout, PackInfo, PackReader
 
 VERSION = 3
 RUNG = 0x20  # layout kind of a residual plane chunk (low nibble: the plane, MSB first)
@@ -76,15 +77,21 @@ def rung_length(units: int, n: int, d: int, plane: int) -> int:
 
 
 def encode_residual(residual: np.ndarray, planes: int = PLANES) -> list[bytes]:
-    """``(U, n, d)`` residual → its plane chunks (MSB first; plane 0 led by the per-(unit, channel) steps)."""
+    """``(U, n, d)`` residual → its raw plane chunks (MSB first; plane 0 led by the per-(unit, channel) steps;
+    planes ≥ 1 in magnitude form, :func:`chunkcodec.to_magnitude`: most residuals are far below their
+    channel's largest, so their high magnitude planes are nearly all zero and code small)."""
     r = np.asarray(residual, np.float64)
     step = (np.abs(r).max(axis=1) / 128).astype(np.float32)  # (U, d)
     safe = np.where(step > 0, step, 1.0)[:, None, :]
     codes = np.where(step[:, None, :] > 0, np.floor(r / safe) + 128, 128).clip(0, 255).astype(np.uint8)
-    out = []
+    out, sign = [], None
     for p in range(planes):
-        bits = np.packbits(((codes >> (7 - p)) & 1).ravel()).tobytes()
-        out.append((step.astype("<f4").tobytes() if p == 0 else b"") + bits)
+        bits = np.packbits(((codes >> (7 - p)) & 1).ravel())
+        if p == 0:
+            sign = bits
+            out.append(step.astype("<f4").tobytes() + bits.tobytes())
+        else:
+            out.append(chunkcodec.to_magnitude(bits, sign).tobytes())
     return out
 
 
@@ -94,9 +101,10 @@ def decode_residual(chunks: Sequence[bytes], units: int, n: int, d: int) -> np.n
     step = np.frombuffer(chunks[0][:head], "<f4").reshape(units, 1, d)
     count = units * n * d
     codes = np.zeros(count, np.uint8)
+    sign = np.frombuffer(chunks[0], np.uint8, offset=head)
     for p, chunk in enumerate(chunks):
-        bits = np.unpackbits(np.frombuffer(chunk, np.uint8, offset=head if p == 0 else 0), count=count)
-        codes = (codes << 1) | bits
+        packed = sign if p == 0 else chunkcodec.from_magnitude(np.frombuffer(chunk, np.uint8), sign)
+        codes = (codes << 1) | np.unpackbits(packed, count=count)
     shift = PLANES - len(chunks)
     centre = (codes.astype(np.float32) * (1 << shift) + (1 << shift) / 2 - 128).reshape(units, n, d)
     return centre * step
@@ -116,6 +124,7 @@ class LadderPackInfo(allocated.AllocatedPackInfo):
     def _shard_refs(self, layout: np.ndarray, units: int, first: int, shared: bool):
         kinds, groups = layout[0::2], layout[1::2]
         rung = (kinds & RUNG).astype(bool) & ~(kinds & allocated.MEAN).astype(bool)
+        plain = kinds & ~np.uint8(allocated.CODED)  # (a residual plane may be zstd-coded too)
         n_rung = len(kinds) - int(np.flatnonzero(~rung)[-1]) - 1
         if rung[:len(kinds) - n_rung].any():
             raise PackFormatError(f"pack v3 shard at chunk {first}: residual planes must follow its allocated chunks")
@@ -125,10 +134,11 @@ class LadderPackInfo(allocated.AllocatedPackInfo):
         g = self.geometry
         for p, i in enumerate(range(len(kinds) - n_rung, len(kinds))):
             cid = first + i
-            if kinds[i] != RUNG | p or groups[i] != 0:
+            if plain[i] != RUNG | p or groups[i] != 0:
                 raise PackFormatError(f"pack v3 chunk {cid} is out of order (residual plane {p} expected)")
             self._raw[cid] = rung_length(units, g.n, g.d, p)
-            if int(self.index.lengths[cid]) != self._raw[cid]:
+            stored = int(self.index.lengths[cid])
+            if stored != self._raw[cid] if not self._coded[cid] else not 0 < stored < self._raw[cid]:
                 raise PackFormatError(f"pack chunk index does not match the geometry at chunk {cid}")
         self._rungs.append(n_rung)
         return refs
@@ -256,7 +266,8 @@ def received_residual(info: LadderPackInfo, shard: int, k: int, blobs: Blobs, *,
     """The residual of rung ``k`` (``(U, n, d)`` float32) from its plane chunks, each CRC-checked."""
     first = info._base[shard] + 1 + info.allocated_count(shard)
     ids = list(range(first, info._base[shard] + 1 + k))
-    data = info.index.gather(ids, blobs, verify=verify)
+    data = [chunkcodec.decode(stored, *info.stored_chunk(cid), f"chunk {cid}")
+            for cid, stored in zip(ids, info.index.gather(ids, blobs, verify=verify))]
     g = info.geometry
     return decode_residual(data, len(info.units(shard)), g.n, g.d)
 
@@ -296,11 +307,12 @@ def decode_factors(info: LadderPackInfo, shard: int, k: int, blobs: Blobs, *, ve
 # ------------------------------------------------------------------------------------------------ write
 @dataclass
 class LadderShard:
-    """What the offline side hands :func:`write_ladder` for one shard: its residual plane chunks (MSB
-    first, :func:`encode_residual`) and the error of the top level plus each plane count (same metric as
-    the allocated frontier; a plane count no better than the level below it is stored but not offered)."""
+    """What the offline side hands :func:`write_ladder` for one shard: its residual plane chunks as stored
+    (MSB first, :func:`encode_residual` then :func:`chunkcodec.encode`: bytes, coded?) and the error of the
+    top level plus each plane count (same metric as the allocated frontier; a plane count no better than
+    the level below it is stored but not offered)."""
 
-    planes: list[bytes]
+    planes: list[tuple[bytes, bool]]
     errors: list[float]
 
 
@@ -311,8 +323,8 @@ def write_ladder(path: str | Path, base: str | Path, shards: Sequence[LadderShar
     ``fp16_file_id``) whose chunks are the exact rung. ``path`` may be ``base`` (replaced atomically)."""
     from sakura.formats.fp16 import Fp16Info  # (fp16 imports nothing of the pack; only the writer needs it)
 
-    src = ContainerFile(base, FORMAT, (allocated.VERSION,))
-    info = allocated.AllocatedPackInfo(src.header, src.index)
+    src = ContainerFile(base, FORMAT, (allocated.VERSION, VERSION))
+    info = PackInfo(src.header, src.index)  # a v2 pack, or a v3 one whose ladder is replaced
     _, fp16 = Fp16Info.open(fp16_path)
     if fp16.shards != info.shards or (fp16.n, fp16.d) != (info.geometry.n, info.geometry.d):
         raise ValueError("the FP16 file's shard plan or geometry does not match the pack's")
@@ -322,17 +334,18 @@ def write_ladder(path: str | Path, base: str | Path, shards: Sequence[LadderShar
     layout = bytearray(base64.b64decode(header["layout"]))
     chunks, new_layout, counts, frontiers = [], bytearray(), [], []
     for s, lad in enumerate(shards):
-        ids = range(info._base[s], info._base[s] + header["shard_chunks"][s])
+        n_alloc = len(info._refs[s])  # (a v3 base: its allocated chunks only)
+        ids = range(info._base[s], info._base[s] + 1 + n_alloc)
         chunks += [src.read(*info.index.span(i)) for i in ids]
         new_layout += layout[2 * ids[0]:2 * (ids[-1] + 1)]
         if not 1 <= len(lad.planes) <= PLANES or len(lad.errors) != len(lad.planes):
             raise ValueError(f"shard {s}: 1..{PLANES} residual planes, one error each")
-        chunks += lad.planes
-        new_layout += bytes(b for p in range(len(lad.planes)) for b in (RUNG | p, 0))
+        chunks += [stored for stored, _ in lad.planes]
+        new_layout += bytes(b for p, (_, coded) in enumerate(lad.planes)
+                            for b in (RUNG | p | (allocated.CODED if coded else 0), 0))
         counts.append(len(ids) + len(lad.planes))
         ends = np.cumsum([len(c) for c in chunks[-counts[-1]:]])
-        n_alloc = len(ids) - 1
-        rows = [list(r) for r in header["tradeoff"]["frontiers"][s]]
+        rows = [list(r) for r in header["tradeoff"]["frontiers"][s] if r[0] <= n_alloc]
         for p, err in enumerate(lad.errors, start=1):  # only the rungs better than everything below them
             if float(f"{err:.4g}") < rows[-1][-1]:  # (one or two truncated planes can be worse than none)
                 rows.append([n_alloc + p, int(ends[n_alloc + p]), float(f"{err:.4g}")])

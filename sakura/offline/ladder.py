@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from sakura.formats import allocated, ladder
+from sakura.formats import allocated, chunkcodec, ladder
 from sakura.formats.fp16 import Fp16Info
 from sakura.formats.pack import PackReader
 from sakura.offline.lowrank import normalized_importance
@@ -38,21 +38,23 @@ def rung_errors(x: np.ndarray, top: np.ndarray, planes: list[bytes], weights: li
 def add_ladder(pack_path: str | Path, fp16_path: str | Path, fp16_file_id: str,
                importance: dict[tuple[int, int], torch.Tensor], planes: int = ladder.PLANES):
     """Rewrite the v2 pack at ``pack_path`` as a v3 pack: its chunks unchanged, each shard's residual planes
-    after them, and the exact rung referring to ``fp16_path``'s chunks (known to readers as ``fp16_file_id``)."""
+    after them, and the exact rung referring to ``fp16_path``'s chunks (known to readers as ``fp16_file_id``).
+    A v3 pack gets its ladder replaced (its allocated chunks kept)."""
     reader = PackReader(pack_path)
     info = reader.info
-    if info.version != allocated.VERSION:
-        raise ValueError(f"{pack_path}: the ladder goes on a version-2 pack, this one is version {info.version}")
+    if info.version not in (allocated.VERSION, ladder.VERSION):
+        raise ValueError(f"{pack_path}: the ladder goes on a version-2 pack (or replaces a version-3 pack's), "
+                         f"this one is version {info.version}")
     fp16_file, fp16 = Fp16Info.open(fp16_path)
     shards = []
     for s in range(info.num_shards):
-        top = info.frontier(s)[-1].key
+        top = max((c for c in info.frontier(s) if not c.rung), key=lambda c: c.bytes).key
         units, rebuilt = allocated.decode_shard(info, s, *top, reader.read(s, *top))
         (off, length), = fp16.ranges(s)
         x = np.frombuffer(fp16_file.read(off, length), "<f2").reshape(len(units), fp16.n, fp16.d).astype(np.float32)
         top_np = rebuilt.numpy()
-        chunks = ladder.encode_residual(x - top_np, planes)
+        raw = ladder.encode_residual(x - top_np, planes)
         weights = [normalized_importance(importance.get((step, layer)), fp16.n).numpy() for step, layer, _ in units]
-        shards.append(ladder.LadderShard(chunks, rung_errors(x, top_np, chunks, weights)))
+        shards.append(ladder.LadderShard([chunkcodec.encode(c) for c in raw], rung_errors(x, top_np, raw, weights)))
     del reader, fp16_file
     return ladder.write_ladder(pack_path, pack_path, shards, fp16_path, fp16_file_id)
