@@ -150,6 +150,8 @@ def sweep(benches: list, requests: int = 2, budgets: int = 10, systems=SWEPT, pr
                     if progress:
                         progress.advance(task)
                 rows.append({**ident, **{k: float(np.mean([r[k] for r in per])) for k in ("bytes", *METRICS)},
+                             # some shard at a ladder rung above the pack's allocated levels (issue #34)
+                             "ladder": any(lab.startswith("rung ") for r in per for lab in r["levels"]),
                              "per_template": per})
             out[s] = sorted(rows, key=lambda r: r["bytes"])
     return out
