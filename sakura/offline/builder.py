@@ -247,9 +247,14 @@ def build_with_progress(templates, out_dir: str | Path, **kw) -> list[BuildRepor
 
             report = build_template(tpl, out_dir, progress=say, **kw)
             bar.advance(task)
+            lad = report.ladder_storage
+            pack = lad["pack"] if lad else report.storage["sakura"]
             bar.console.print(
-                f"{tpl.id}: FP16 {report.fp16_bytes / 1e6:.1f} MB, SAKURA {report.storage['sakura'] / 1e6:.1f} MB "
-                f"({report.fp16_bytes / report.storage['sakura']:.2f}x smaller)"
+                f"{tpl.id}: FP16 {report.fp16_bytes / 1e6:.1f} MB, SAKURA {pack / 1e6:.1f} MB "
+                f"({report.fp16_bytes / pack:.2f}x smaller)"
+                + (f"; with its ladder's residual rungs {(pack + lad['rungs']) / 1e6:.1f} MB "
+                   f"({report.fp16_bytes / (pack + lad['rungs']):.2f}x smaller; its top rung is the FP16 file's bytes)"
+                   if lad else "")
             )
             reports.append(report)
     return reports
