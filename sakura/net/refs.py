@@ -30,16 +30,19 @@ class ReferencedSource:
                 return ref.file_id, ref.base
         return self.file_id, 0
 
-    def fetch_timed(self, file_id: str, ranges) -> Transfer:
-        if file_id != self.file_id or not self.refs:
-            return self.inner.fetch_timed(file_id, ranges)
-        runs: list[tuple[str, list[tuple[int, int]]]] = []  # consecutive ranges of one file, request order
+    def _runs(self, ranges) -> list[tuple[str, list[tuple[int, int]]]]:
+        """Consecutive ranges of one file, in request order, as offsets of that file."""
+        runs: list[tuple[str, list[tuple[int, int]]]] = []
         for offset, length in ranges:
             target, base = self._target(int(offset))
             if not runs or runs[-1][0] != target:
                 runs.append((target, []))
             runs[-1][1].append((int(offset) - base, int(length)))
-        if len(runs) == 1 and runs[0][0] == self.file_id:
+        return runs
+
+    def fetch_timed(self, file_id: str, ranges) -> Transfer:
+        runs = self._runs(ranges) if file_id == self.file_id else []
+        if len(runs) <= 1 and (not runs or runs[0][0] == file_id):
             return self.inner.fetch_timed(file_id, ranges)
         parts = [self.inner.fetch_timed(target, rs) for target, rs in runs]
         return Transfer([p for t in parts for p in t.parts], sum(t.nbytes for t in parts),
@@ -47,7 +50,10 @@ class ReferencedSource:
                         parts[-1].t_last_byte)
 
     def fetch(self, file_id: str, ranges) -> list[bytes]:
-        return self.fetch_timed(file_id, ranges).parts
+        runs = self._runs(ranges) if file_id == self.file_id else []
+        if len(runs) <= 1 and (not runs or runs[0][0] == file_id):
+            return self.inner.fetch(file_id, ranges)
+        return [part for target, rs in runs for part in self.inner.fetch(target, rs)]
 
 
 def resolving(source, file_id: str, encoding) -> object:
