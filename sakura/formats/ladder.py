@@ -34,6 +34,7 @@ import numpy as np
 from sakura.formats import allocated, chunkcodec
 from sakura.formats.base import FileRef
 from sakura.formats.container import Blobs, ByteSource, ContainerFile, PackFormatError, write_container
+from sakura.formats.fp16 import Fp16Info
 from sakura.formats.pack import FORMAT, LAYOUTS, Config, Layout, PackInfo, PackReader
 
 VERSION = 3
@@ -321,8 +322,6 @@ def write_ladder(path: str | Path, base: str | Path, shards: Sequence[LadderShar
     """Write a v3 pack at ``path`` from the v2 pack ``base`` (its chunks kept byte for byte), each shard's
     residual planes, and a reference to the FP16 file at ``fp16_path`` (known to readers as
     ``fp16_file_id``) whose chunks are the exact rung. ``path`` may be ``base`` (replaced atomically)."""
-    from sakura.formats.fp16 import Fp16Info  # (fp16 imports nothing of the pack; only the writer needs it)
-
     src = ContainerFile(base, FORMAT, (allocated.VERSION, VERSION))
     info = PackInfo(src.header, src.index)  # a v2 pack, or a v3 one whose ladder is replaced
     _, fp16 = Fp16Info.open(fp16_path)
