@@ -43,7 +43,7 @@ PLANES = 8  # residual planes stored (8-bit codes)
 REF_BASE = 1 << 40  # offsets at or above this name the referenced FP16 file's bytes (offset − base)
 # Rebuild work of a rung, in the multiply-accumulates ``Level.work`` counts (what the policy prices with
 # the rebuild rate it learns from low-rank rebuilds): per value and plane of a residual (unpacking a
-# plane and adding the dequantised residual), per value of the exact rung (float16 → float32). Measured
+# plane and adding the dequantised residual), per value of the exact rung (CRC32, float16 → float32). Measured
 # against the batched ``A·B`` of the allocated levels on this machine kind: docs/results/issue34.
 RESIDUAL_WORK_PER_VALUE_PLANE = 10.0
 EXACT_WORK_PER_VALUE = 24.0
@@ -120,7 +120,6 @@ class LadderPackInfo(allocated.AllocatedPackInfo):
         self._rungs: list[int] = []
         super().__init__(header, index)
         self._ref, self._exact = self._parse_reference(header)
-        self._rung_frontiers: dict[int, list[Config]] = {}
 
     def _shard_refs(self, layout: np.ndarray, units: int, first: int, shared: bool):
         kinds, groups = layout[0::2], layout[1::2]
