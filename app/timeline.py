@@ -111,12 +111,14 @@ def _shards(progress: EditProgress, fig: go.Figure) -> None:
             x=[max(u.arrival_t - u.request_t, 1e-4) for u in done], orientation="h", width=0.36,
             marker=dict(color=ratio, colorscale="Viridis", cmin=0, cmax=1,
                         colorbar=dict(title="bytes<br>vs FP16", len=0.55, y=0.3, thickness=12),
-                        line=dict(color=["#e03131" if not u.fits else "rgba(0,0,0,0.25)" for u in done],
-                                  width=[2 if not u.fits else 0.5 for u in done])),
+                        line=dict(color=["#e03131" if not u.fits else "#f08c00" if u.rung else "rgba(0,0,0,0.25)"
+                                         for u in done],
+                                  width=[2 if not u.fits or u.rung else 0.5 for u in done])),
             text=[f"{u.level} (prefetched; {u.requested_level} came late)" if u.dropped and u.prefetched else
                   f"{u.level} (prefetched, on device)" if u.prefetched else
                   f"dropped {u.requested_level} (fallback)" if u.dropped else
-                  f"{u.level} of {u.requested_level} (cut)" if u.requested_level else u.level for u in done],
+                  f"{u.level} of {u.requested_level} (cut)" if u.requested_level else
+                  f"▲ {u.level} (above the allocated levels)" if u.rung else u.level for u in done],
             textposition="inside", insidetextanchor="start",
             customdata=[[u.level, u.nbytes / 1e6, u.deadline_t, u.rate_mbps, u.label, r]
                         for u, r in zip(done, ratio)],

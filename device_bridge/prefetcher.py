@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 
 from sakura.net.paced import LinkClosed, PacedLink
+from sakura.net.refs import resolving
 from sakura.runtime.prefetch import Prefetched, PrefetchStore, prefetch_over
 from sakura.runtime.session import DeviceRuntime, Network
 
@@ -56,7 +57,7 @@ class Prefetcher:
 
     def _fetch(self, run: _Running, session, think_s: float) -> None:
         client = self.make_client()
-        link = PacedLink(client, session.trace, session.start)
+        link = PacedLink(resolving(client, session.file_id, session.encoding), session.trace, session.start)
         try:
             held = prefetch_over(link, session.encoding, session.file_id, run.template_id, think_s,
                                  session.initial_bps, run.stop)

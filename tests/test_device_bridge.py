@@ -169,13 +169,14 @@ def test_two_edits_back_to_back_over_websocket(agent_ws):
         events: list[dict] = []
         res = bridge.edit(job(system), events.append)
         check_result(res, events, system)
-        streamed = [e for e in res["sent_to_server"] if e["file_id"] == (TEMPLATE if system == "sakura"
-                                                                           else f"{TEMPLATE}.fp16")]
+        # (SAKURA's pack refers to the FP16 file for its ladder's exact rung: its stream reads both files)
+        files = {TEMPLATE, f"{TEMPLATE}.fp16"} if system == "sakura" else {f"{TEMPLATE}.fp16"}
+        streamed = [e for e in res["sent_to_server"] if e["file_id"] in files]
         assert sum(e["bytes"] for e in streamed) >= res["summary"]["bytes"] > 0
         if system == "fp16":
             assert res["summary"]["bytes"] >= res["summary"]["fp16_bytes"] * 0.99
-        else:
-            assert res["summary"]["bytes"] < res["summary"]["fp16_bytes"]
+        else:  # never more than the FP16 cache (its top rung is the FP16 bytes themselves)
+            assert res["summary"]["bytes"] <= res["summary"]["fp16_bytes"]
     assert bridge.health()["busy"] is False
 
 

@@ -5,6 +5,7 @@ one-line PackFormatError, never another exception. Files are written from a smal
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -16,9 +17,11 @@ from sakura.formats.cachegen import write_cachegen
 from sakura.formats.fp16 import write_fp16
 from sakura.formats.intq import write_intq
 from sakura.offline import pack_cache
+from sakura.offline.ladder import add_ladder
 from sakura.offline.synthetic import synthetic_cache
 
-FMTS = ("sakura", "sakura-v2", "fp16", "intq", "cachegen")  # sakura: the v1 layout; sakura-v2: the allocated one
+# sakura: the v1 layout; sakura-v2: the allocated one; sakura-v3: the allocated one with the ladder (issue #34)
+FMTS = ("sakura", "sakura-v2", "sakura-v3", "fp16", "intq", "cachegen")
 
 
 @pytest.fixture(scope="module")
@@ -31,6 +34,8 @@ def headers(tmp_path_factory) -> dict[str, dict]:
     pack_cache(d / "sakura-v2.pack", cache, imp, q=0.5, max_rank=16, shard_size=2, layout="allocated",
                shared_basis=True, **ids)
     write_fp16(d / "fp16.pack", cache, shard_size=2, **ids)
+    shutil.copy(d / "sakura-v2.pack", d / "sakura-v3.pack")
+    add_ladder(d / "sakura-v3.pack", d / "fp16.pack", "t0.fp16", imp)
     write_intq(d / "intq.pack", cache, shard_size=2, **ids)
     write_cachegen(d / "cachegen.pack", cache, shard_size=2, **ids)
     out = {}
@@ -62,13 +67,39 @@ def encoded(header: dict) -> bytes:
 @pytest.mark.parametrize("fmt", FMTS)
 def test_a_header_with_one_field_replaced_parses_or_is_a_format_error(headers, fmt):
     header = headers[fmt]
-    parse = FORMATS[fmt.removesuffix("-v2")].encoding_cls.from_header
+    parse = FORMATS[fmt.removesuffix("-v2").removesuffix("-v3")].encoding_cls.from_header
     parse(encoded(header))  # the real one parses
     where = sorted(set(paths(header)), key=len)
 
     @given(st.sampled_from(where), values)
     def check(path, value):
         changed = json.loads(json.dumps(header))
+        obj = changed
+        for k in path[:-1]:
+            obj = obj[k]
+        obj[path[-1]] = value
+        try:
+            parse(encoded(changed))
+        except PackFormatError as e:
+            assert "\n" not in str(e) and len(str(e)) < 400, str(e)[:500]
+
+    check()
+
+
+def test_a_ladder_field_replaced_parses_or_is_a_format_error(headers):
+    """The v3 fields past the first rows the generic test walks: each shard's rung rows (the last rows of its
+    frontier) and the FP16 reference of every shard, replaced by any JSON value."""
+    header = headers["sakura-v3"]
+    parse = FORMATS["sakura"].encoding_cls.from_header
+    shards = len(header["shards"])
+    where = [("tradeoff", "frontiers", s, -j, i) for s in range(shards) for j in (1, 2, 3) for i in (None, 0, 1, 2)]
+    where += [("ladder", "fp16", "shards", s, i) for s in range(shards) for i in (None, 0, 1, 2)]
+    where += [("ladder", "fp16", k) for k in ("file_id", "base", "file_size", "shards")] + [("ladder",)]
+
+    @given(st.sampled_from(where), values)
+    def check(path, value):
+        changed = json.loads(json.dumps(header))
+        path = tuple(k for k in path if k is not None)
         obj = changed
         for k in path[:-1]:
             obj = obj[k]

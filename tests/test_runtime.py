@@ -8,6 +8,8 @@ import pytest
 
 from sakura.formats import encoding_from_header, file_id
 from sakura.net.client import RangeClient
+from sakura.net.folder import FolderSource
+from sakura.net.refs import resolving
 from sakura.net.traces import Trace, load_trace
 from sakura.online.policies import SakuraPolicy
 from sakura.runtime.calibration import CalibrationStore
@@ -31,13 +33,14 @@ def setup(fs_packs):
 
 def local_from_levels(packs, tpl, format_name, levels, model, req):
     """The edit built locally (no network) from the same per-unit levels."""
-    raw = (packs / f"{file_id(tpl.id, format_name)}.pack").read_bytes()
-    enc = encoding_from_header(format_name, raw).fresh()
+    fid = file_id(tpl.id, format_name)
+    enc = encoding_from_header(format_name, (packs / f"{fid}.pack").read_bytes()).fresh()
+    source = resolving(FolderSource(packs), fid, enc)  # (the ladder's top rung reads the FP16 file)
     kv = {}
     for unit, label in zip(enc.units, levels):
         unit = enc.priced(unit)
         level = next(lv for lv in unit.levels if lv.label == label)
-        kv.update(enc.decode(unit, level, [raw[o:o + n] for o, n in enc.ranges(unit, level)]))
+        kv.update(enc.decode(unit, level, source.fetch(fid, enc.ranges(unit, level))))
     return model.masked_edit(req, lambda s, l: kv[(s, l)]).image
 
 

@@ -229,6 +229,11 @@ def pack_info(path: Path = typer.Argument(..., help="PACKDIR/ID (the template's 
         table.add_column(col)
     for name, nbytes in info["storage"].items():
         table.add_row(name, f"{nbytes:,}", f"{nbytes / info['fp16_bytes']:.3f}")
+    lad = info.get("ladder_storage")
+    if lad:  # pack v3: the file above is the pack and its residual rungs; the exact rung is the FP16 file's bytes
+        for name, nbytes in (("  sakura: pack alone", lad["pack"]), ("  sakura: residual rungs", lad["rungs"]),
+                             ("  sakura: + referenced FP16", lad["pack"] + lad["rungs"] + lad["fp16"])):
+            table.add_row(name, f"{nbytes:,}", f"{nbytes / info['fp16_bytes']:.3f}")
     Console().print(table)
     typer.echo(
         f"shards {info['shards']}, frontier sizes {info['frontier_sizes'][:4]}…, header {info['header_bytes']:,} B"

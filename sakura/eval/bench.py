@@ -115,7 +115,7 @@ def current_pack(path: Path) -> bool:
         return False
     if DEFAULT_LAYOUT != "allocated":
         return info.version == 1
-    return info.version == 2 and (DEFAULT_BASIS != "auto" or report.get("top_basis") is not None)
+    return info.version == 3 and (DEFAULT_BASIS != "auto" or report.get("top_basis") is not None)
 
 
 def prepare_template(tpl, packs: Path, max_rank: int = 128, q: float = 0.5, say: Callable[[str], None] = print,
@@ -147,7 +147,7 @@ def record(prepared: TemplateBench, req_index: int, system: str, start: float, r
             "latency_s": tl.latency_s, "stall_s": tl.stall_s, "bytes": tl.bytes_total,
             "deadline_misses": tl.deadline_misses, "shards": len(tl.shards),
             "peak_cache_bytes": tl.peak_cache_bytes, "levels": [u.level for u in tl.units], "cuts": tl.cuts,
-            "units": len(tl.units), "fallbacks": tl.fallback_counts(),
+            "rungs": [u.rung for u in tl.units], "units": len(tl.units), "fallbacks": tl.fallback_counts(),
             "prefetched_bytes": (tl.extras.get("prefetched") or {}).get("bytes", 0),
             "backends": (report.summary.get("backends") or {}).get("label"), **report.quality}
 

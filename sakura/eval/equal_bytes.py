@@ -27,6 +27,7 @@ import torch
 from sakura.eval import bench
 from sakura.eval.plots import fig_quality_vs_bytes
 from sakura.formats import FetchUnit, Level, file_id
+from sakura.net.refs import resolving
 from sakura.online.policies import best_within
 from sakura.quality import quality
 from sakura.systems import OURS, SYSTEMS
@@ -59,10 +60,16 @@ def within(budget: float) -> Choose:
 
 
 def sakura_budgets(units_per_template: list[list[FetchUnit]], n: int) -> list[float]:
-    """``n`` per-shard budgets, geometric from the smallest frontier point to the largest (all templates)."""
-    sizes = [lv.nbytes for units in units_per_template for u in units for lv in u.levels]
+    """``n`` per-shard budgets, geometric from the smallest frontier point to the largest allocated one (all
+    templates) — the points of packs without a ladder, unchanged — then, where the pack has a ladder
+    (rungs above the allocated levels, up to the FP16 values), ``max(3, n // 2)`` more up to its top."""
+    sizes = [lv.nbytes for units in units_per_template for u in units for lv in u.levels if not lv.rung]
+    rungs = [lv.nbytes for units in units_per_template for u in units for lv in u.levels if lv.rung]
     lo, hi = max(1, min(sizes)), max(sizes)
-    return [float(b) for b in (np.geomspace(lo, hi, n) if n > 1 else [hi])]
+    out = [float(b) for b in (np.geomspace(lo, hi, n) if n > 1 else [hi])]
+    if rungs and max(rungs) > hi:
+        out += [float(b) for b in np.geomspace(hi, max(rungs), max(3, n // 2) + 1)[1:]]
+    return out
 
 
 # -- one operating point ------------------------------------------------------------------------------
@@ -83,8 +90,8 @@ def measure(prepared, system: str, choose: Choose, requests: list[int], source=N
     """One operating point on one template: bytes sent and each request's quality vs its FP16-cache output."""
     fmt = format_of(system)
     encoding = prepared.runtime.encoding(prepared.state, fmt)
-    kv, nbytes, labels = rebuild(encoding, source or prepared.runtime.source, file_id(prepared.template.id, fmt),
-                                 choose)
+    fid = file_id(prepared.template.id, fmt)
+    kv, nbytes, labels = rebuild(encoding, resolving(source or prepared.runtime.source, fid, encoding), fid, choose)
     rows = []
     for i in requests:
         req = prepared.request(i)
@@ -143,6 +150,8 @@ def sweep(benches: list, requests: int = 2, budgets: int = 10, systems=SWEPT, pr
                     if progress:
                         progress.advance(task)
                 rows.append({**ident, **{k: float(np.mean([r[k] for r in per])) for k in ("bytes", *METRICS)},
+                             # some shard at a ladder rung above the pack's allocated levels (issue #34)
+                             "ladder": any(lab.startswith("rung ") for r in per for lab in r["levels"]),
                              "per_template": per})
             out[s] = sorted(rows, key=lambda r: r["bytes"])
     return out

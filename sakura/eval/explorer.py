@@ -31,6 +31,7 @@ from PIL import Image
 from sakura.catalog import load_catalog
 from sakura.editing import edit_request, model_for
 from sakura.formats import encoding_from_header, file_id
+from sakura.net.refs import resolving
 from sakura.net.stores import Store, open_store
 from sakura.online.policies import best_within
 from sakura.quality import quality
@@ -141,7 +142,7 @@ class Explorer:
             for u in enc.units:
                 lv = choose(enc.priced(u))  # side data (CacheGen's tables) counted where first fetched
                 rs = enc.ranges(u, lv)
-                kv.update(enc.decode(u, lv, source.fetch(fid, rs)))
+                kv.update(enc.decode(u, lv, resolving(source, fid, enc).fetch(fid, rs)))  # (the ladder's top: FP16's)
                 nbytes += sum(n for _, n in rs)
                 labels.append(lv.label)
             res = model.masked_edit(req, lambda s, l: tuple(t.to(torch.float32) for t in kv[(s, l)]))
@@ -150,9 +151,13 @@ class Explorer:
         plans: list[tuple[str, Callable]] = []
         sak_units = encs["sakura"].units
         lo = sum(min(lv.nbytes for lv in u.levels) for u in sak_units)
-        hi = sum(max(lv.nbytes for lv in u.levels) for u in sak_units)
+        hi = sum(max(lv.nbytes for lv in u.levels if not lv.rung) for u in sak_units)
+        top = sum(max(lv.nbytes for lv in u.levels) for u in sak_units)  # the ladder's top: the FP16 values
         seen = set()
-        for b in (np.geomspace(max(lo, 1), hi, self.budgets) if self.budgets > 1 else [hi]):
+        budgets = list(np.geomspace(max(lo, 1), hi, self.budgets) if self.budgets > 1 else [hi])
+        if top > hi:  # the curve continues up the ladder (rungs above the allocated levels) to the top
+            budgets += list(np.geomspace(hi, top, max(3, self.budgets // 2) + 1)[1:])
+        for b in budgets:
             per = b / len(sak_units)
             pick = tuple(best_within(u.levels, per)[0].label for u in sak_units)
             if pick not in seen:

@@ -105,6 +105,10 @@ def fig_quality_vs_bytes(data: dict, path: Path) -> None:
             for s, pts in wd["curves"].items():
                 ax.plot([p["bytes"] / 1e6 for p in pts], [p[metric] for p in pts], "-o", ms=4, color=COLORS[s],
                         label=NAMES[s])
+                rungs = [p for p in pts if p.get("ladder")]  # points above the allocated levels (pack v3)
+                if rungs:
+                    ax.plot([p["bytes"] / 1e6 for p in rungs], [p[metric] for p in rungs], "^", ms=9, mfc="none",
+                            color=COLORS[s], label=f"{NAMES[s]}: ladder rungs")
             ax.axvline(wd["fp16_bytes"] / 1e6, color="#868e96", ls="--", lw=1, label="FP16 cache")
             ax.set_xscale("log")
             ax.set_xlabel("bytes sent per edit (MB, log)")

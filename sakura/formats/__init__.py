@@ -4,6 +4,7 @@
 - :mod:`bitplanes` bit-plane scalar quantisation of factor components (part of the pack format)
 - :mod:`pack`      SAKURA's progressive pack: layout, writer, reader, decoder, stream encoding (v1 layout)
 - :mod:`allocated` pack version 2: per-group bit allocation, entropy-coded planes (:mod:`chunkcodec`)
+- :mod:`ladder`    pack version 3: version 2 plus rungs above the allocated levels up to the FP16 values
 - :mod:`fp16`      the uncompressed FP16 cache (baseline and reference)
 - :mod:`intq`      IntQ baseline (uniform integer quantisation, 2/3/4/8 bits)
 - :mod:`cachegen`  CacheGen baseline (per-token quantisation, layer-group bins, entropy coding, levels)
@@ -15,7 +16,7 @@ with these modules); the offline side computes what the pack stores and calls it
 
 from __future__ import annotations
 
-from sakura.formats import allocated, cachegen, fp16, intq, pack  # noqa: F401 - allocated registers pack v2
+from sakura.formats import allocated, cachegen, fp16, intq, ladder, pack  # noqa: F401 - allocated, ladder register pack v2, v3
 from sakura.formats.base import KV, FetchUnit, Format, Level, Range, ShardEncoding, StreamEncoding
 from sakura.formats.container import ChunkChecksumError, PackFormatError
 

@@ -268,16 +268,23 @@ class AllocatedPackInfo(PackInfo):
             self._frontiers[shard] = self._parse_frontier(shard)
         return self._frontiers[shard]
 
-    def _parse_frontier(self, shard: int) -> list[Config]:
+    def _frontier_rows(self, shard: int) -> list | None:
+        """The header's frontier rows of ``shard`` (None: the pack stores none for it)."""
         table = self.header.get("tradeoff") or {}
         rows = (table.get("frontiers") or []) if isinstance(table, dict) else []
         if not isinstance(rows, list) or shard >= len(rows):
+            return None
+        return rows[shard]
+
+    def _parse_frontier(self, shard: int) -> list[Config]:
+        rows = self._frontier_rows(shard)
+        if rows is None:
             return []
         g = self.geometry
         sizes = np.array([g.group_size(i) for i in range(g.num_groups)])
         bits, done, out = np.zeros((2, g.num_groups), np.int64), 0, []
         try:
-            for k, nbytes, err in rows[shard]:
+            for k, nbytes, err in rows:
                 if (
                     type(k) is not int
                     or not done <= k <= len(self._refs[shard])

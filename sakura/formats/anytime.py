@@ -21,8 +21,12 @@ def _inside(a: tuple, b: tuple) -> bool:
 
 def nested_chain(info, shard: int, key: tuple) -> tuple[list[tuple], list[list[Range]]]:
     """The longest chain of frontier configurations nested inside ``key`` (most prefixes = finest
-    anytime steps), smallest first and ending at ``key``, and for each the byte ranges it adds."""
-    inside = sorted({c.key for c in info.frontier(shard) if c.key != key and _inside(c.key, key)} | {key},
+    anytime steps), smallest first and ending at ``key``, and for each the byte ranges it adds. A level
+    whose bytes are another file's (the ladder's exact rung) is a chain of its own."""
+    if info.is_reference(shard, key):
+        return [key], [info.ranges(shard, *key)]
+    inside = sorted({c.key for c in info.frontier(shard)
+                     if c.key != key and _inside(c.key, key) and not info.is_reference(shard, c.key)} | {key},
                     key=lambda k: info.config_bytes(shard, *k))
     best: dict[tuple, list[tuple]] = {}  # longest chain ending at each point, by size order (a DP)
     for k in inside:

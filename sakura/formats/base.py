@@ -22,7 +22,7 @@ from typing import Any, Callable, Sequence
 from sakura.formats.container import Range
 from sakura.kvcache import KV
 
-__all__ = ["KV", "Range", "Level", "FetchUnit", "StreamEncoding", "ShardEncoding", "Format", "shard_label"]
+__all__ = ["KV", "Range", "Level", "FileRef", "FetchUnit", "StreamEncoding", "ShardEncoding", "Format", "shard_label"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,19 @@ class Level:
     # Rebuild work in multiply-accumulates (a low-rank level's A·B product): what its rebuild time grows
     # with, for policies that price rebuild (RebuildRate turns it into seconds); 0 = not modelled.
     work: float = 0.0
+    # The ladder rung above a pack's allocated levels this level is ("" for every other level): the
+    # timeline records it so rungs show apart from the allocated levels.
+    rung: str = ""
+
+
+@dataclass(frozen=True)
+class FileRef:
+    """Another stored file a level's ranges read: offsets ``[base, base + size)`` of the referring file's
+    ranges are offsets ``[0, size)`` of ``file_id`` (the ladder's exact rung reads the FP16 file)."""
+
+    file_id: str
+    base: int
+    size: int
 
 
 @dataclass(frozen=True)
@@ -96,6 +109,11 @@ class StreamEncoding(ABC):
     @property
     def storage_bytes(self) -> int:
         return 0
+
+    @property
+    def references(self) -> list[FileRef]:
+        """Other stored files some levels' ranges read (:class:`FileRef`); a source resolves them."""
+        return []
 
     @property
     def shards(self) -> list[tuple[int, int, int]]:

@@ -39,5 +39,7 @@ def pack_summary(pack_dir: str | Path, template_id: str) -> dict:
         levels = range(infos["cachegen"].num_levels)
         out["cachegen_per_level"] = {f"L{lv}": infos["cachegen"].storage_bytes(lv) for lv in levels}
     out["storage"] = storage
+    if hasattr(info, "storage"):  # a pack with the ladder (v3): the pack alone, its rungs, the FP16 file referred to
+        out["ladder_storage"] = info.storage()
     out["compression_vs_fp16"] = {k: out["fp16_bytes"] / v for k, v in storage.items()}
     return out

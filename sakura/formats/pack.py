@@ -41,8 +41,9 @@ if TYPE_CHECKING:
     import torch  # imported inside the functions that make tensors, not here: see sakura.kvcache
 
 FORMAT = "sakura-pack"
-VERSION = 1  # the uniform layout of this module; version 2 (per-group bits, coded planes): allocated.py
-SUPPORTED_VERSIONS = (1, 2)
+VERSION = 1  # the uniform layout of this module; version 2 (per-group bits, coded planes): allocated.py;
+# version 3 (version 2 plus the ladder of rungs up to the FP16 values): ladder.py
+SUPPORTED_VERSIONS = (1, 2, 3)
 SUFFIX = ""  # the pack is the template's main file: its file id is the template id
 DEFAULT_GROUP = 8
 
@@ -138,6 +139,20 @@ class PackInfo(StoredInfo):
         """The key of the level that stands for v1 configuration ``(r, b_A, b_B)``: itself here."""
         return r, b_a, b_b
 
+    def is_rung(self, shard: int, key: tuple) -> bool:
+        """Whether ``key`` is a ladder rung above the allocated levels (layout 3, :mod:`ladder`)."""
+        return False
+
+    def is_reference(self, shard: int, key: tuple) -> bool:
+        """Whether ``key``'s bytes are another stored file's (the ladder's exact rung): not nested in
+        any smaller level, its own anytime chain."""
+        return False
+
+    @property
+    def references(self) -> list:
+        """Other stored files this pack's levels read bytes of (:class:`~sakura.formats.base.FileRef`)."""
+        return []
+
     def frontier(self, shard: int) -> list[Config]:
         table = self.header.get("tradeoff") or {}
         rows = (table.get("frontiers") or []) if isinstance(table, dict) else []
@@ -158,7 +173,7 @@ def _geometry(header: dict[str, Any]) -> Geometry:
     if "shared_basis" not in geometry:  # packs written before the field: one basis per unit
         keys.remove("shared_basis")
     g = Geometry(**geometry_ints(header, keys, "pack"))
-    if g.shared_basis and header.get("version") != 2:
+    if g.shared_basis and header.get("version") not in (2, 3):
         raise PackFormatError("a shared token basis needs pack version 2")
     if g.rank != g.max_stored_rank() or g.shard_size > g.num_layers:
         raise PackFormatError("pack header geometry is inconsistent (rank or shard size)")
@@ -360,8 +375,10 @@ class PackEncoding(ShardEncoding):
         if not frontier:
             raise PackFormatError(f"pack for {self.info.template_id} has no trade-off profile for shard {shard}")
         g, units = self.info.geometry, len(self.info.units(shard))
-        return tuple(Level(f"r{c.r}/a{c.b_a}/b{c.b_b}" + (f"/k{c.key[0]}" if len(c.key) == 1 else ""),
-                           c.bytes, c.error, c.key, work=float(units * g.n * c.r * g.d)) for c in frontier)
+        return tuple(Level(c.rung and f"rung {c.rung}" or
+                           f"r{c.r}/a{c.b_a}/b{c.b_b}" + (f"/k{c.key[0]}" if len(c.key) == 1 else ""),
+                           c.bytes, c.error, c.key, work=c.rebuild_work(units, g.n, g.d), rung=c.rung)
+                     for c in frontier)
 
     def ranges(self, fetch_unit, level):
         """The level's chunks ordered so that smaller frontier configurations come first (see
@@ -382,13 +399,17 @@ class PackEncoding(ShardEncoding):
         return self._chains[(shard, key)]
 
     def _decode(self, shard, key, blobs):
-        if self.reconstructor is not None:
+        if self.reconstructor is not None and not self.info.is_rung(shard, key):  # (rungs are not low-rank)
             return self.reconstructor.rebuild(self.info, shard, *key, blobs)
         return decode_shard(self.info, shard, *key, blobs)
 
     @property
     def storage_bytes(self):
         return self.info.file_size
+
+    @property
+    def references(self):
+        return self.info.references
 
 
 class PackV1Encoding(PackEncoding):

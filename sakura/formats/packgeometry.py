@@ -78,6 +78,15 @@ class Config:
     def to_list(self) -> list:
         return [self.r, self.b_a, self.b_b, self.bytes, self.error]
 
+    @property
+    def rung(self) -> str:
+        """The ladder rung this level is above the allocated ones ("" for a low-rank level)."""
+        return ""
+
+    def rebuild_work(self, units: int, n: int, d: int) -> float:
+        """Rebuild work of the level in multiply-accumulates (the ``A·B`` product of ``units`` units)."""
+        return float(units * n * self.r * d)
+
     @classmethod
     def from_list(cls, row: Sequence[Any]) -> "Config":
         """A header row; ValueError unless rank and bits are small non-negative integers, bytes a file-sized

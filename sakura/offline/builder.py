@@ -24,6 +24,7 @@ from sakura.formats import FORMATS, KV, encoding_from_header
 from sakura.kvcache import KVCache
 from sakura.model import DiTAdapter, EditRequest
 from sakura.offline.compress import SHARED_TOP_SHARE, compress_cache
+from sakura.offline.ladder import add_ladder
 from sakura.quality import psnr
 
 DEFAULT_SHARD_SIZE = 2
@@ -85,6 +86,9 @@ class BuildReport:
     top_psnr_gap_db: float | None = None
     top_tried: list | None = None
     rebuild_rank: int | None = None  # the cap on every level's decoded rank (pack_options), None: none
+    # With the ladder (pack v3): bytes of the allocated pack alone, of its residual rungs, and of the FP16
+    # file its exact rung refers to (stored once, as the fp16 format's file).
+    ladder_storage: dict[str, int] | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
@@ -159,11 +163,12 @@ def build_template(template, out_dir: str | Path, *, q: float = 0.5, max_rank: i
                    encodings: tuple[str, ...] = tuple(FORMATS), layout: str = DEFAULT_LAYOUT,
                    basis: str = DEFAULT_BASIS, progress: Callable[[str], None] | None = None,
                    top_candidates: tuple[tuple[str, float], ...] = TOP_CANDIDATES,
-                   rebuild_rank: int | None = None) -> BuildReport:
+                   rebuild_rank: int | None = None, ladder: bool = True) -> BuildReport:
     """Capture the template's cache, profile its importance and write each format named in ``encodings``.
     With ``basis="auto"`` (and v1 built beside it) the SAKURA pack is the first of ``top_candidates``
     whose top level is as good as v1's in masked PSNR (see ``TOP_CANDIDATES``). ``rebuild_rank``: a cap on
-    every level's decoded rank (:func:`pack_options`)."""
+    every level's decoded rank (:func:`pack_options`). ``ladder``: add the rungs above the allocated levels
+    up to the FP16 values (pack v3, :mod:`sakura.offline.ladder`; needs the v2 layout and the FP16 file)."""
     pack_options(max_rank, layout, basis, rebuild_rank=rebuild_rank)  # bad options fail before any work
     say = progress or (lambda msg: None)
     out = Path(out_dir)
@@ -205,16 +210,25 @@ def build_template(template, out_dir: str | Path, *, q: float = 0.5, max_rank: i
         storage[fmt.name] = write(fmt).stat().st_size
         seconds[fmt.name] = time.perf_counter() - t0
 
-    kept, tried = (None, None, None), []
+    kept, tried, ladder_storage = (None, None, None), [], None
     if checked:
         t0 = time.perf_counter()
         kept, tried = check_top(model, template, cache, out, top_candidates,
                                 lambda candidate: write(FORMATS["sakura"], candidate), say)
         storage["sakura"] = (out / f"{FORMATS['sakura'].file_id(template.id)}.pack").stat().st_size
         seconds["top_check"] = time.perf_counter() - t0
+    if ladder and layout == "allocated" and {"sakura", "fp16"} <= set(encodings):
+        t0 = time.perf_counter()
+        say("ladder")  # the rungs above the allocated levels, after the top check chose those levels
+        pack = out / f"{FORMATS['sakura'].file_id(template.id)}.pack"
+        info = add_ladder(pack, out / f"{FORMATS['fp16'].file_id(template.id)}.pack",
+                          FORMATS["fp16"].file_id(template.id), importance)
+        storage["sakura"] = pack.stat().st_size
+        ladder_storage = info.storage()
+        seconds["ladder"] = time.perf_counter() - t0
     report = BuildReport(template.id, model.model_id, q, max_rank, shard_size, cache.nbytes(), storage,
                          {k: round(v, 3) for k, v in seconds.items()}, cache.num_reused, *kept, tried or None,
-                         rebuild_rank)
+                         rebuild_rank, ladder_storage)
     (out / f"{template.id}.build.json").write_text(report.to_json())
     return report
 
@@ -233,9 +247,14 @@ def build_with_progress(templates, out_dir: str | Path, **kw) -> list[BuildRepor
 
             report = build_template(tpl, out_dir, progress=say, **kw)
             bar.advance(task)
+            lad = report.ladder_storage
+            pack = lad["pack"] if lad else report.storage["sakura"]
             bar.console.print(
-                f"{tpl.id}: FP16 {report.fp16_bytes / 1e6:.1f} MB, SAKURA {report.storage['sakura'] / 1e6:.1f} MB "
-                f"({report.fp16_bytes / report.storage['sakura']:.2f}x smaller)"
+                f"{tpl.id}: FP16 {report.fp16_bytes / 1e6:.1f} MB, SAKURA {pack / 1e6:.1f} MB "
+                f"({report.fp16_bytes / pack:.2f}x smaller)"
+                + (f"; with its ladder's residual rungs {(pack + lad['rungs']) / 1e6:.1f} MB "
+                   f"({report.fp16_bytes / (pack + lad['rungs']):.2f}x smaller; its top rung is the FP16 file's bytes)"
+                   if lad else "")
             )
             reports.append(report)
     return reports

@@ -128,12 +128,12 @@ class StreamScheduler:
             if held is not None and d.level.error >= held.level.error:  # nothing better: no request
                 return UseHeld(unit, held, UnitRecord(unit.index, unit.needed_by, unit.label, held.level.label, 0,
                                                       d.budget_bytes, d.window_s, d.rate_bps / 1e6, True, now,
-                                                      deadline_t=deadline, prefetched=True))
+                                                      deadline_t=deadline, prefetched=True, rung=held.level.rung))
             ranges = self.encoding.ranges(unit, d.level)
             prefixes = self.encoding.prefixes(unit, d.level, ranges) if self.anytime else [(d.level, len(ranges))]
             rec = UnitRecord(unit.index, unit.needed_by, unit.label, d.level.label, sum(n for _, n in ranges),
                              d.budget_bytes, d.window_s, d.rate_bps / 1e6, d.fits, now, deadline_t=deadline,
-                             ranges=len(ranges))
+                             ranges=len(ranges), rung=d.level.rung)
             return Fetch(unit, d.level, ranges, prefixes, rec, held)
 
     # -- what the device learns --------------------------------------------------------------------

@@ -32,6 +32,7 @@ from sakura.formats.fp16 import Fp16Info
 from sakura.model import DiTAdapter, EditRequest
 from sakura.net.client import FetchError
 from sakura.net.paced import DEFAULT_REQUEST_OVERHEAD_S
+from sakura.net.refs import resolving
 from sakura.net.traces import Trace, paper_regime_scale
 from sakura.online.fallback import BOUND_SHARE, FallbackContext
 from sakura.online.monitor import DEFAULT_ESTIMATOR
@@ -292,6 +293,8 @@ class EditSession:
             if reconstructor is not None:  # this edit's own view: the shared parsed one keeps torch
                 self.encoding = copy.copy(self.encoding)
                 self.encoding.reconstructor = reconstructor
+            # a level may read another stored file's bytes (the ladder's exact rung: the FP16 file's)
+            self.source = resolving(self.source, self.file_id, self.encoding)
             if self.encoding.shards != self.compute.shards:
                 raise StreamError(f"{self.file_id}: its shard plan does not match the FP16 file's")
         self.runner = get_runner(self.system.runner)

@@ -353,7 +353,7 @@ class _SimulatedEdit:
         if t_cut >= b.t_arr:
             return b.level, len(b.ranges)
         b.t_arr, b.nbytes = t_cut, int(sizes[k])
-        self.tl.cut(b.rec, level.label, b.nbytes, t_cut)
+        self.tl.cut(b.rec, level.label, b.nbytes, t_cut, level.rung)
         self._rebook(self.done + 1, t_cut)  # (b is booked[done]) the later bytes move up behind the cut
         return level, k
 

@@ -298,7 +298,7 @@ class StreamedEdit:
                 level, ranges, whole = a.level, a.ranges, len(tr.parts) == len(a.ranges)
                 if not whole:  # execution reached the unit first: its best prefix
                     level, ranges = next(lv for lv, k in a.prefixes if k == len(tr.parts)), ranges[:len(tr.parts)]
-                    timeline.cut(a.record, level.label, tr.nbytes, state.now())
+                    timeline.cut(a.record, level.label, tr.nbytes, state.now(), level.rung)
                 active = self.sched.transferred(tr.nbytes, tr.t_request, tr.t_last_byte)
                 slots.release()
                 state.hold(tr.nbytes)

@@ -38,6 +38,9 @@ class UnitRecord:
     requested_bytes: int = 0
     dropped: bool = False  # a fallback replaced it: what came through (``nbytes``) was not used
     prefetched: bool = False  # execution used bytes fetched when the template was picked (``level``)
+    # The ladder rung ``level`` is, above the pack's allocated levels ("res4": the top level plus 4 residual
+    # planes, "exact": the FP16 values); "" for an allocated level or any other format's.
+    rung: str = ""
 
 
 @dataclass
@@ -93,20 +96,20 @@ class Timeline:
         self.units.append(rec)
         self._emit("request", unit=rec.unit, shard=rec.needed_by, label=rec.label, level=rec.level, bytes=rec.nbytes,
                    t=rec.request_t, deadline=rec.deadline_t, budget_bytes=rec.budget_bytes, window_s=rec.window_s,
-                   rate_mbps=rec.rate_mbps, fits=rec.fits, prefetched=rec.prefetched)
+                   rate_mbps=rec.rate_mbps, fits=rec.fits, prefetched=rec.prefetched, rung=rec.rung)
 
     def arrived(self, rec: UnitRecord, t: float, active_s: float, ranges) -> None:
         rec.arrival_t = t
         self._emit("arrival", unit=rec.unit, shard=rec.needed_by, level=rec.level, bytes=rec.nbytes, t=t,
                    deadline=rec.deadline_t, active_s=active_s, ranges=[list(r) for r in ranges])
 
-    def cut(self, rec: UnitRecord, level: str, nbytes: int, t: float) -> None:
-        """Execution reached the unit before all of it arrived: it uses ``level``, the best
-        configuration within the ``nbytes`` that had, and the rest of the transfer is dropped."""
+    def cut(self, rec: UnitRecord, level: str, nbytes: int, t: float, rung: str = "") -> None:
+        """Execution reached the unit before all of it arrived: it uses ``level`` (ladder rung ``rung``), the
+        best configuration within the ``nbytes`` that had, and the rest of the transfer is dropped."""
         rec.requested_level, rec.requested_bytes = rec.level, rec.nbytes
-        rec.level, rec.nbytes = level, nbytes
+        rec.level, rec.nbytes, rec.rung = level, nbytes, rung
         self._emit("cut", unit=rec.unit, shard=rec.needed_by, level=level, bytes=nbytes,
-                   requested_level=rec.requested_level, requested_bytes=rec.requested_bytes, t=t)
+                   requested_level=rec.requested_level, requested_bytes=rec.requested_bytes, t=t, rung=rung)
 
     def dropped(self, rec: UnitRecord, nbytes: int, t: float, used_level: str = "") -> None:
         """A fallback replaced the unit: its transfer stopped at ``t`` with ``nbytes`` through, unused.
@@ -155,12 +158,14 @@ class Timeline:
                                          str(ev.get("level", "")), int(ev.get("bytes") or 0),
                                          _num(ev.get("budget_bytes")), _num(ev.get("window_s")),
                                          _num(ev.get("rate_mbps")), bool(ev.get("fits", True)), _num(t),
-                                         deadline_t=_num(ev.get("deadline")), prefetched=bool(ev.get("prefetched"))))
+                                         deadline_t=_num(ev.get("deadline")), prefetched=bool(ev.get("prefetched")),
+                                         rung=str(ev.get("rung") or "")))
         elif kind == "cut":
             rec = self.unit(int(ev.get("unit", -1)))
             if rec is not None:
                 rec.requested_level, rec.requested_bytes = rec.level, rec.nbytes
                 rec.level, rec.nbytes = str(ev.get("level", rec.level)), int(ev.get("bytes") or 0)
+                rec.rung = str(ev.get("rung") or "")
         elif kind == "drop":
             rec = self.unit(int(ev.get("unit", -1)))
             if rec is not None:
@@ -217,7 +222,8 @@ class Timeline:
         return {"system": self.system, "clock": self.clock, "latency_s": self.latency_s,
                 "stall_s": self.stall_s, "bytes": self.bytes_total, "deadline_misses": self.deadline_misses,
                 "shards": len(self.shards), "peak_cache_bytes": self.peak_cache_bytes,
-                "levels": [u.level for u in self.units], "cuts": self.cuts, "fallbacks": self.fallback_counts()}
+                "levels": [u.level for u in self.units], "rungs": [u.rung for u in self.units], "cuts": self.cuts,
+                "fallbacks": self.fallback_counts()}
 
     def to_dict(self) -> dict:
         d = asdict(self)
