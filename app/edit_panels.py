@@ -129,7 +129,7 @@ def compare_rows(results: dict[str, dict], fallbacks: dict[str, list[dict]] | No
                    else f"— / {s['compute_s']:.2f}" if isinstance(s.get("compute_s"), (int, float)) else "")
         sim = res.get("sim_latency_s")
         rows.append([what_ran(sysname, (fallbacks or {}).get(sysname, [])), s.get("clock", ""),
-                     round(s.get("latency_s") or 0, 3), round(sim, 3) if isinstance(sim, (int, float)) else None,
+                     round(s.get("latency_s") or 0, 3), round(sim, 3) if isinstance(sim, (int, float)) else "—",
                      round(s.get("stall_s") or 0, 3), round((s.get("bytes") or 0) / 1e6, 3),
                      f"{(s.get('bytes') or 0) / fp16:.1%}" if fp16 else "", compute,
                      *(round(m.get(k), 4) if isinstance(m.get(k), (int, float)) else None

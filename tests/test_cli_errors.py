@@ -42,7 +42,11 @@ def sakura(*args: str, stdout: bool = False) -> tuple[int, str, float]:
 
 
 def one_line_error(code: int, err: str) -> bool:
-    return code == 2 and err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err
+    """Exit 2 with one ``error:`` line, the last thing said (status lines such as "loading the model" may come
+    before it), and no traceback."""
+    lines = err.strip().splitlines()
+    return (code == 2 and bool(lines) and lines[-1].startswith("error: ") and "Traceback" not in err
+            and sum(line.startswith("error") for line in lines) == 1)
 
 
 def stream_args(packs: Path, calibration: Path, out: Path, *extra: str) -> list[str]:

@@ -87,7 +87,8 @@ def test_an_edit_in_the_demo_reads_the_store_and_matches_the_folder(demo_store, 
     np.testing.assert_array_equal(pixels(res["image_png_b64"]), pixels(png_b64(from_folder)))
 
     sakura = d.bridge.edit(Job(FS, system="sakura", photo=photo, network=LINK, prefetch=False))
-    assert sakura["metrics"]["psnr"] > 25 and 0 < sakura["summary"]["bytes"] < res["summary"]["bytes"]
+    # (on this fast link SAKURA's ladder may climb to its exact rung: the FP16 file's own bytes, never more)
+    assert sakura["metrics"]["psnr"] > 25 and 0 < sakura["summary"]["bytes"] <= res["summary"]["bytes"]
 
     # the template server saw catalog, header and URL requests only: no pack byte went through it
     records = [json.loads(line) for line in d.log.read_text().splitlines()]
@@ -105,7 +106,8 @@ def test_the_quality_explorer_reads_the_store_as_it_reads_the_folder(demo_store)
     from_folder = Explorer(d.packs, d.data / "explorer-folder", budgets=1, baseline_levels=1)
     assert from_store.available() == [FS]
     a, b = from_store.frontier(FS, 0), from_folder.frontier(FS, 0)
-    assert a["points"] == b["points"] and len(a["points"]) == 3
+    # one budget per system, plus the points SAKURA's ladder adds above its allocated top (up to the FP16 size)
+    assert a["points"] == b["points"] and {p["system"] for p in a["points"]} == {"sakura", "intq", "cachegen"}
     assert from_store.cached(FS, 0) == a  # keyed by the objects' hashes: found again
 
 
@@ -135,7 +137,8 @@ def test_demo_on_a_store_it_cannot_use_says_why_in_one_line(capsys, tmp_path):
 
     for packs, words in (("gs://bucket/x", "unknown pack store"), ("s3:///x", "bad store URL")):
         with pytest.raises(typer.Exit) as e:
-            demo(host="127.0.0.1", port=0, packs=packs, device="inprocess", templates=None, data=tmp_path)
+            demo(host="127.0.0.1", port=0, packs=packs, device="inprocess", templates=None, data=tmp_path,
+                 executor="eager", reconstructor="torch")
         assert e.value.exit_code == 2
         err = capsys.readouterr().err
         assert err.startswith("error: ") and words in err and err.count("\n") == 1

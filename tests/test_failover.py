@@ -228,11 +228,14 @@ def test_a_corrupted_chunk_is_fetched_again_from_the_next_replica(fs_packs, tmp_
     good, bad = tmp_path / "good", tmp_path / "bad"
     shutil.copytree(packs, good)
     shutil.copytree(packs, bad)
-    victim = bad / f"{file_id('fs-astronaut', 'sakura')}.pack"
-    raw = bytearray(victim.read_bytes())
-    data_start = 8 + int.from_bytes(raw[:8], "little")
-    raw[data_start + 10] ^= 0xFF  # the first data chunk: the first shard's units read it
-    victim.write_bytes(bytes(raw))
+    # the first data chunk of the pack and of the FP16 file (a fast link's ladder reads the first shard's exact
+    # rung from the FP16 file's own bytes): the first shard's units read one of them
+    for fmt in ("sakura", "fp16"):
+        victim = bad / f"{file_id('fs-astronaut', fmt)}.pack"
+        raw = bytearray(victim.read_bytes())
+        data_start = 8 + int.from_bytes(raw[:8], "little")
+        raw[data_start + 10] ^= 0xFF
+        victim.write_bytes(bytes(raw))
     tpl = load_catalog().get("fs-astronaut")
     fast = Network(load_trace("fixed:2000"), "fixed:2000", 0.0, 1.0, "none")
     images, events, levels = {}, {}, {}

@@ -33,7 +33,14 @@ import numpy as np
 
 from sakura.formats import allocated, chunkcodec
 from sakura.formats.base import FileRef
-from sakura.formats.container import Blobs, ByteSource, ContainerFile, PackFormatError, write_container
+from sakura.formats.container import (
+    Blobs,
+    ByteSource,
+    ChunkChecksumError,
+    ContainerFile,
+    PackFormatError,
+    write_container,
+)
 from sakura.formats.fp16 import Fp16Info
 from sakura.formats.pack import FORMAT, LAYOUTS, Config, Layout, PackInfo, PackReader
 
@@ -184,6 +191,11 @@ class LadderPackInfo(allocated.AllocatedPackInfo):
     def is_rung(self, shard: int, key: tuple) -> bool:
         return key[0] > len(self._refs[shard])
 
+    def level_for(self, shard: int, r: int, b_a: int, b_b: int) -> tuple:
+        """As a v2 pack's, among the allocated levels: v1's configurations compare to those, not to the ladder."""
+        key = super().level_for(shard, r, b_a, b_b)
+        return (len(self._refs[shard]),) if self.is_rung(shard, key) else key
+
     def is_reference(self, shard: int, key: tuple) -> bool:
         return key[0] == self.exact_k(shard)
 
@@ -277,7 +289,7 @@ def exact_values(info: LadderPackInfo, shard: int, blobs: Blobs, *, verify: bool
     off, length, crc = info.exact_span(shard)
     data = ByteSource(blobs).get(info.references[0].base + off, length)
     if verify and zlib.crc32(data) != crc:
-        raise PackFormatError(f"the FP16 bytes of shard {shard} do not match the CRC32 the pack records")
+        raise ChunkChecksumError(f"checksum mismatch: the FP16 bytes of shard {shard} are not what the pack records")
     g = info.geometry
     return np.frombuffer(data, "<f2").reshape(len(info.units(shard)), g.n, g.d).astype(np.float32)
 

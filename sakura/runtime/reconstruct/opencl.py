@@ -217,7 +217,7 @@ class OpenCLReconstructor(Reconstructor):
 
     def factors(self, info: PackInfo, shard: int, *key_blobs, verify: bool = True):
         """(units, A (U, n, r), B (U, r, d), means (U, d)) as numpy float32 — the dequantised factors."""
-        if info.version == 2:
+        if info.version >= 2:  # (v3 is v2 plus a ladder; rungs never reach a reconstructor)
             return self._factors_allocated(info, shard, *key_blobs, verify=verify)
         *(r, b_a, b_b), blobs = key_blobs
         received = shard_bytes(info, shard, r, b_a, b_b, blobs, verify=verify)
