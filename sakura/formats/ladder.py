@@ -289,7 +289,8 @@ def exact_values(info: LadderPackInfo, shard: int, blobs: Blobs, *, verify: bool
     off, length, crc = info.exact_span(shard)
     data = ByteSource(blobs).get(info.references[0].base + off, length)
     if verify and zlib.crc32(data) != crc:
-        raise ChunkChecksumError(f"checksum mismatch: the FP16 bytes of shard {shard} are not what the pack records")
+        raise ChunkChecksumError(f"checksum mismatch: the FP16 bytes of shard {shard} do not match the CRC32 "
+                                 "the pack records")
     g = info.geometry
     return np.frombuffer(data, "<f2").reshape(len(info.units(shard)), g.n, g.d).astype(np.float32)
 
