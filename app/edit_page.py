@@ -269,8 +269,9 @@ class EditPage:
             avail = f" <b class='sk-warn'>Its packs are not ready yet ({_esc(self.builds.status(tid))}).</b>"
         else:
             avail = "" if self._ready(tid) else " <b class='sk-warn'>Its packs are not on the template server.</b>"
-        if self.calibrations is not None and not self.calibrations.ready(tid) and self.calibrations.status(tid):
-            avail += f" Device compute: {_esc(self.calibrations.status(tid))} (a Run now measures it first)."
+        calibration = self.calibrations.status(tid) if self.calibrations is not None else ""
+        if calibration and not self.calibrations.ready(tid):
+            avail += f" Device compute: {_esc(calibration)} (a Run now measures it first)."
         planned = t.get("backends")
         runs_on = (f" Runs on {_esc(backends_line(planned))} (host CPU)"
                    + (f": {_esc(planned['note'])}." if planned.get("note") else ".")) if planned else ""
@@ -462,7 +463,7 @@ class EditPage:
                 + (f"; fell back: {'; '.join(fell)}. " if fell else ". ") if compare else
                 f"Done: {what_ran(shown, fired[shown])} finished in {s.get('latency_s', 0):.3f} s "
                 f"({s.get('stall_s', 0):.3f} s stalled), {s.get('bytes', 0) / 1e6:.2f} MB sent.")
-        notes = {n: machine_note(r) for n, r in results.items() if machine_note(r)}
+        notes = {n: note for n, r in results.items() if (note := machine_note(r))}
         if notes:
             flagged = ", ".join(SYSTEM_TITLES[n] for n in notes)
             done += (f" Measured on a busy machine or below the oracle's floor: {flagged} (see the note column; "
