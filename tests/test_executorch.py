@@ -8,7 +8,6 @@ switch too — into a session-scoped cache folder and runs the rest eagerly (a p
 from __future__ import annotations
 
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -85,10 +84,9 @@ def test_executorch_shard_equals_eager(setup, pte_cache):
     assert [(s, a, b) for s, a, b, _ in run.timings.shards if (a, b) == OFFLOAD] == [(s, *OFFLOAD) for s in range(4)]
 
     # a second executor finds the exported file on disk (no re-export) and gives the same image
-    t0 = time.perf_counter()
     ex2 = get_executor("executorch", model, cache_dir=pte_cache, offload={OFFLOAD})
     run2 = ex2.prepare(req, SHARD_SIZE)
-    assert ex2.exports[0]["cached"] and time.perf_counter() - t0 < 10
+    assert ex2.exports[0]["cached"]  # (how long a reload takes is bench-device's to measure, not a test's)
     assert np.array_equal(run2.run(cache.provider()), image)
 
 
