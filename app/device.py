@@ -55,22 +55,32 @@ class EditRun:
         finally:
             self._q.put(None)
 
-    def events(self, batch_s: float = 0.25) -> Iterator[list[dict]]:
-        """Batches of events, at most every ``batch_s`` seconds (and an empty batch as a heartbeat),
-        until the edit ends."""
+    def events(self, batch_s: float = 0.25, heartbeat_s: float = 1.0) -> Iterator[list[dict]]:
+        """Batches of events until the edit ends. A batch holds the first event after a wait and what came
+        within ``batch_s`` of it (a page redraws per batch: a burst is one redraw, silence none); it is
+        cut short by an event the page shows at once (the output, the result, an error) and by the edit's
+        end; an empty batch is a heartbeat after ``heartbeat_s`` of silence."""
         done = False
         while not done:
             batch: list[dict] = []
+            try:
+                first = self._q.get(timeout=heartbeat_s)
+            except queue.Empty:
+                yield batch
+                continue
             deadline = time.monotonic() + batch_s
+            ev = first
             while True:
-                try:
-                    ev = self._q.get(timeout=max(0.0, deadline - time.monotonic()))
-                except queue.Empty:
-                    break
                 if ev is None:
                     done = True
                     break
                 batch.append(ev)
+                if ev.get("type") in ("output", "result", "error"):  # what the page shows at once
+                    break
+                try:
+                    ev = self._q.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    break
             yield batch
 
 

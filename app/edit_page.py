@@ -392,10 +392,11 @@ class EditPage:
         with self.builds.paused() if self.builds is not None else contextlib.nullcontext():
             stopped = yield from self._run_systems(jobs, photo is not None, bool(text), runs)
             if runs and not stopped:
-                yield self._o("status", status_html("Checking each measured run against its calibration…", "run"))
-                self._check_machine(jobs, runs)
-        if runs and not stopped:
-            yield self._final(runs, len(systems) > 1)
+                for said in self._check_machine(jobs, runs):
+                    yield self._o("status", status_html(said, "run"))
+        if runs and not stopped:  # (a single run's pictures and metrics come with its summary, in one update)
+            rendered = {} if len(systems) > 1 else self._render(runs[systems[0]], photo is not None, bool(text))
+            yield {**rendered, **self._final(runs, len(systems) > 1)}
 
     def _run_systems(self, jobs: dict[str, Job], had_photo: bool, had_prompt: bool, runs: dict):
         """Each system's edit in turn, filling ``runs``; returns True when a problem ended them early."""
@@ -403,9 +404,16 @@ class EditPage:
             prefix = f"[{k + 1}/{len(jobs)}] " if len(jobs) > 1 else ""
             progress = EditProgress(system=SYSTEM_TITLES[name])
             edit = EditRun(self.bridge, job).start()
+            shown = False  # the output is on the page (before its reference and metrics: a single run)
             for batch in edit.events():
                 for ev in batch:
                     progress.apply(ev)
+                if shown:  # (the page already says Done; the result's update follows)
+                    continue
+                if len(jobs) == 1 and progress.output is not None and progress.result is None:
+                    shown = True
+                    yield self._render_output(progress, name)
+                    continue
                 yield {**self._o("status", status_html(prefix + progress.status_line(), "run")),
                        **self._o("timeline", timeline_figure(progress))}
             if edit.problem is not None:
@@ -418,14 +426,29 @@ class EditPage:
                     return True
                 continue
             runs[name] = progress
-            if name == OURS or len(runs) == 1:
+            if len(jobs) > 1 and (name == OURS or len(runs) == 1):
                 yield self._render(progress, had_photo, had_prompt)
         return False
 
-    def _check_machine(self, jobs: dict[str, Job], runs: dict[str, EditProgress]) -> None:
+    def _render_output(self, progress: EditProgress, name: str) -> dict:
+        """The edit is done: its picture and timeline now, its reference and metrics when they come."""
+        out = progress.output or {}
+        follows = " Computing the FP16-reference output for comparison…" if out.get("reference_follows") else ""
+        return {**self._o("status", status_html(self._done_line(name, progress, out.get("summary") or {})
+                                                + follows, "run")),
+                **self._o("timeline", timeline_figure(progress, f"timeline — {progress.system} (finished)")),
+                **self._o("out_img", gr.update(value=from_b64(out.get("image_png_b64")),
+                                               label=f"Output — {progress.system}"))}
+
+    @staticmethod
+    def _done_line(name: str, progress: EditProgress, s: dict) -> str:
+        return (f"Done: {what_ran(name, progress.timeline.fallbacks)} finished in {s.get('latency_s', 0):.3f} s "
+                f"({s.get('stall_s', 0):.3f} s stalled), {s.get('bytes', 0) / 1e6:.2f} MB sent.")
+
+    def _check_machine(self, jobs: dict[str, Job], runs: dict[str, EditProgress]):
         """A real-clock latency measures the machine too. Each run whose compute left its calibration's spread,
         or that came out below the oracle's floor, gets the same job's simulated-clock latency beside it
-        (marked on its result, which the table and status show)."""
+        (marked on its result, which the table and status show). Yields a status line for each."""
         floor = (runs[FLOOR].result or {}).get("summary", {}).get("latency_s") if FLOOR in runs else None
         for name, progress in runs.items():
             res = progress.result or {}
@@ -435,6 +458,8 @@ class EditPage:
             if floor is not None and (s.get("latency_s") or 0) < floor:
                 res["below_floor"] = floor
             if (s.get("compute_check") or {}).get("busy") or res.get("below_floor"):
+                yield (f"{SYSTEM_TITLES[name]}: its measured run left its calibration; running it on the simulated "
+                       "clock too…")
                 sim = EditRun(self.bridge, replace(jobs[name], clock="sim", reference_output=False,
                                                    prefetch=False)).start()
                 for _ in sim.events():
@@ -461,8 +486,7 @@ class EditPage:
         fell = [what_ran(n, f) for n, f in fired.items() if f]
         done = (f"Done: {len(results)} system{'s' if len(results) > 1 else ''} ran"
                 + (f"; fell back: {'; '.join(fell)}. " if fell else ". ") if compare else
-                f"Done: {what_ran(shown, fired[shown])} finished in {s.get('latency_s', 0):.3f} s "
-                f"({s.get('stall_s', 0):.3f} s stalled), {s.get('bytes', 0) / 1e6:.2f} MB sent.")
+                self._done_line(shown, runs[shown], s))
         notes = {n: note for n, r in results.items() if (note := machine_note(r))}
         if notes:
             flagged = ", ".join(SYSTEM_TITLES[n] for n in notes)

@@ -181,8 +181,8 @@ class DeviceAgent:
             return None
 
     def warmup(self, template_id: str) -> dict:
-        """Load the template's model, read its headers and calibrate device compute (what its first
-        edit would otherwise do). Returns the measured compute profile."""
+        """Load the template's model, read its headers, calibrate device compute and fetch the FP16
+        reference cache (what its first edit would otherwise do). Returns the measured compute profile."""
         try:
             template = self.catalog.get(template_id)
         except CatalogError as e:
@@ -190,7 +190,9 @@ class DeviceAgent:
         with self.slot.hold():
             try:
                 state = self.runtime.template_state(template)
-                ran = self.runtime.backends_for(state)[2]  # exports the template's shard programs now, if any
+                executor, _, ran = self.runtime.backends_for(state)  # exports the shard programs now, if any
+                self.runtime.compute_for(state, executor)  # and times them
+                self.runtime.reference_kv(state)  # the FP16 cache a first edit's comparison would fetch
             except Exception as e:  # noqa: BLE001
                 raise EditFailed(*self._describe(e)) from None
         return {"template_id": template.id, "compute": state.compute.to_dict(), "backends": ran.to_dict()}
@@ -280,8 +282,14 @@ class DeviceAgent:
             if calibrating:
                 timing["calibration_s"] = timing["setup_s"]
             catalog_request = None if spec.catalog_request is None else template.eval_requests[spec.catalog_request]
+            def on_output(report) -> None:  # the edit is done: show it before the comparison's reference
+                emit(event("output", job_id=job_id, image_png_b64=png_b64(report.image),
+                           mask_png_b64=png_b64(report.request.mask), summary=report.summary,
+                           reference_follows=spec.reference_output))
+
             report = session.edit(EditInput(spec.prompt, spec.photo.image() if spec.photo else None, catalog_request),
-                                  clock=spec.clock, with_reference=spec.reference_output, cancel=cancel)
+                                  clock=spec.clock, with_reference=spec.reference_output, cancel=cancel,
+                                  on_output=on_output)
             timing.update(report.timing)
         finally:
             source.close()

@@ -207,7 +207,7 @@ def _photo(get, from_wire: bool) -> Photo | None:
 
 # ------------------------------------------------------------------------------------ the events
 def event(kind: str, **fields) -> dict:
-    """An agent-level event (``queued``, ``accepted``, ``status``, ``plan``, ``result``, ``error``)."""
+    """An agent-level event (``queued``, ``accepted``, ``status``, ``plan``, ``output``, ``result``, ``error``)."""
     return jsonable({"type": kind, **fields})
 
 
@@ -220,6 +220,7 @@ class EditProgress:
     timeline: Timeline = field(default_factory=lambda: Timeline("", "real"))
     plan: dict = field(default_factory=dict)
     accepted: bool = False
+    output: dict | None = None  # the ``output`` event: the edited image before its reference and metrics
     result: dict | None = None
     error: str | None = None
     status: str = ""
@@ -246,6 +247,9 @@ class EditProgress:
                                                 trace_start_s=float(ev.get("trace_start") or 0.0))
         elif kind in ("status", "queued"):
             self.status = str(ev.get("message") or "")
+        elif kind == "output":
+            self.output = ev
+            self._latency((ev.get("summary") or {}).get("latency_s"))
         elif kind == "result":
             self.result = ev
             if isinstance(ev.get("timeline"), dict):
@@ -253,14 +257,16 @@ class EditProgress:
                     self.timeline = Timeline.from_dict(ev["timeline"])
                 except (TypeError, ValueError, KeyError):  # a malformed one: the events' timeline stays
                     pass
-            lat = (ev.get("summary") or {}).get("latency_s")
-            if isinstance(lat, (int, float)):
-                self.timeline.latency_s = float(lat)
-                self.now = max(self.now, float(lat))
+            self._latency((ev.get("summary") or {}).get("latency_s"))
         elif kind == "error":
             self.error = str(ev.get("message", "error"))
         else:
             self.timeline.apply(ev)
+
+    def _latency(self, lat) -> None:
+        if isinstance(lat, (int, float)):
+            self.timeline.latency_s = float(lat)
+            self.now = max(self.now, float(lat))
 
     def status_line(self) -> str:
         if self.error:

@@ -229,6 +229,8 @@ class FakeBridge:
                "summary": {"latency_s": 0.5, "stall_s": 0.02, "bytes": 100, "fp16_bytes": 1000,
                            "transfer_hidden_s": 0.04, "transfer_exposed_s": 0.01, "levels": ["r8/a4/b4"]},
                "sent_to_server": [{"file_id": "fs-a", "ranges": [[0, 8]], "bytes": 8}]}
+        on_event({"type": "output", "image_png_b64": img, "mask_png_b64": res["mask_png_b64"],
+                  "summary": res["summary"], "reference_follows": True})
         on_event(res)
         return res
 
@@ -266,6 +268,22 @@ def test_run_generator_compare_all_uses_one_trace_start():
     # re-showing another system's run from the stored events
     shown = page.on_view("intq", final[page._c["runs_state"]], photo, "", "fs-a")
     assert shown[0] is not None and "50.00" in shown[4]
+
+
+def test_a_single_run_shows_its_output_before_the_reference_and_metrics():
+    page = _page(FakeBridge())
+    photo = Photo(np.zeros((256, 256, 3), np.uint8))
+    ups = list(page.run("fs-a", photo, "", "fixed", 100, None, "", True, "sakura"))
+    out, metrics = page._c["out_img"], page._c["metrics"]
+    first_output = next(i for i, u in enumerate(ups) if out in u and u[out] is not None)
+    first_metrics = next(i for i, u in enumerate(ups) if u.get(metrics))
+    assert first_output < first_metrics  # the edit is on the page while its comparison is computed
+    early = ups[first_output][page._c["status"]]
+    assert "Done: SAKURA finished in 0.500 s" in early and "FP16-reference output for comparison" in early
+    assert metrics not in ups[first_output] and page._c["ref_img"] not in ups[first_output]
+    final = ups[-1]  # pictures, metrics and the summary line in one update
+    assert "50.00" in final[metrics] and final[page._c["ref_img"]] is not None
+    assert "Done: SAKURA finished" in final[page._c["status"]] and "comparison" not in final[page._c["status"]]
 
 
 def test_run_generator_reports_problems_in_the_page():

@@ -94,7 +94,8 @@ def test_an_edit_under_load_is_flagged_and_simulated_beside(fs_packs):
         page = EditPage(bridge, bridge.templates())
         progress = EditProgress(system="SAKURA")
         progress.result = result
-        page._check_machine({"sakura": job}, {"sakura": progress})
+        said = list(page._check_machine({"sakura": job}, {"sakura": progress}))  # the page's status meanwhile
+        assert len(said) == 1 and "simulated clock" in said[0]
         sim = result["sim_latency_s"]
         assert isinstance(sim, float) and sim < result["summary"]["latency_s"]  # the calibrated replay
         assert "machine busy" in machine_note(result) and "simulated from the calibration" in machine_note(result)

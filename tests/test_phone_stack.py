@@ -60,8 +60,8 @@ def devices(fs_packs, tmp_path_factory):
     return template, eager, phone, programs, said
 
 
-def _edit(runtime, template, network, clock, **kw):
-    session = runtime.session(template, "sakura", network)
+def _edit(runtime, template, network, clock, compute=None, **kw):
+    session = runtime.session(template, "sakura", network, compute=compute)
     req = template.eval_requests[0]
     report = session.edit(EditInput(catalog_request=req, key=0), clock=clock, with_reference=False, **kw)
     return session, report
@@ -84,8 +84,7 @@ def test_same_levels_and_output_on_the_simulated_clock(devices):
     template, eager, phone, _, _ = devices
     network = Network(load_trace("5g"), "5g", start=40.0, regime="paper")
     s_e, r_e = _edit(eager, template, network, "sim", timer=FixedTicks())
-    s_p, r_p = _edit(phone, template, network, "sim", timer=FixedTicks())
-    assert s_e.compute is s_p.compute or s_e.compute.shard_s == s_p.compute.shard_s  # one calibration
+    s_p, r_p = _edit(phone, template, network, "sim", compute=s_e.compute, timer=FixedTicks())  # one calibration
     assert [u.level for u in r_p.timeline.units] == [u.level for u in r_e.timeline.units]
     assert r_p.timeline.fallback_counts() == r_e.timeline.fallback_counts()
     # which backends ran: recorded in the plan, the summary and the timeline, and the objects are the real ones
@@ -118,6 +117,12 @@ def test_streamed_edit_on_the_real_clock(devices):
     assert all(u.rebuild_done_t is not None for u in r_p.timeline.units if not u.dropped)
     assert not r_p.timeline.fallback_counts().get("local")
     assert r_p.quality["psnr_masked"] >= min(30.0, r_e.quality["psnr_masked"] - 10.0), (r_p.quality, r_e.quality)
+    # its plan and its clock check use the programs' own calibration (timed once, kept beside the eager one)
+    stack = phone.calibration.get(s_p.model, template, s_p.compute.shards, "executorch-partial")
+    assert stack is not None and s_p.compute.shard_s == stack.shard_s
+    assert s_p.compute.local_full_s == s_p.state.compute.local_full_s  # local generation runs eager
+    check = r_p.summary["compute_check"]
+    assert check is not None and check["calibrated_s"] > 0 and "busy" in check
 
 
 def test_sd3_runs_eager_and_says_why():

@@ -30,7 +30,14 @@ import torch
 from sakura.editing import edit_request
 from sakura.model import DiTAdapter, EditRequest
 from sakura.places import cache_root
-from sakura.runtime.compute import SPREAD_BOUND, ComputeProfile, measure_compute, spread, zero_cache
+from sakura.runtime.compute import (
+    SPREAD_BOUND,
+    ComputeProfile,
+    measure_compute,
+    measure_executor_compute,
+    spread,
+    zero_cache,
+)
 
 log = logging.getLogger(__name__)
 
@@ -141,8 +148,14 @@ class CalibrationStore:
         self._link_measured_at = str(link.get("measured_at", ""))
         self.loaded_from = str(self.path)
 
-    def get(self, model: DiTAdapter, template, shards) -> ComputeProfile | None:
-        key = f"{model_fingerprint(model)}/{template.id}"
+    @staticmethod
+    def _key(model: DiTAdapter, template, stack: str = "") -> str:
+        return f"{model_fingerprint(model)}/{template.id}" + (f"@{stack}" if stack else "")
+
+    def get(self, model: DiTAdapter, template, shards, stack: str = "") -> ComputeProfile | None:
+        """The stored profile of the eager model, or (``stack``, e.g. ``executorch``) of the shards run
+        through that executor."""
+        key = self._key(model, template, stack)
         d = self._refused.get(key) or self._profiles.get(key)
         if d is None:
             return None
@@ -173,7 +186,7 @@ class CalibrationStore:
         load = load_per_core()
         entry = {**compute.to_dict(), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"), "load_per_core": load,
                  "busy": load is not None and load > BUSY_LOAD_PER_CORE}
-        key = f"{model_fingerprint(model)}/{template.id}"
+        key = self._key(model, template)
         with self._lock:
             if width is not None and width > SPREAD_BOUND:
                 entry["refused"] = (f"local runs {100 * width:.0f}% apart, above the {100 * SPREAD_BOUND:.0f}% bound: "
@@ -181,6 +194,22 @@ class CalibrationStore:
                 self._refused[key] = entry
             else:
                 self._refused.pop(key, None)
+                self._profiles[key] = entry
+                self._save()
+        return compute
+
+    def measure_stack(self, model: DiTAdapter, template, executor, stack: str, base: ComputeProfile) -> ComputeProfile:
+        """The template's shard times through ``executor`` (named ``stack``), on ``base``'s calibration
+        request; kept (and stored) the way ``base`` was: a refused base's stack profile is not stored."""
+        req = calibration_request(template, model)
+        compute = measure_executor_compute(executor, req, zero_cache(model, req), base, repeats=self.repeats)
+        entry = {**compute.to_dict(), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                 "load_per_core": load_per_core(), "stack": stack}
+        key, refused = self._key(model, template, stack), self._key(model, template) in self._refused
+        with self._lock:
+            if refused:
+                self._refused[key] = {**entry, "refused": "its eager calibration was refused"}
+            else:
                 self._profiles[key] = entry
                 self._save()
         return compute

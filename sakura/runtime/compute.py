@@ -6,7 +6,8 @@ The simulated clock replays these measurements; it never assumes compute times.
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict, dataclass, field
+import time
+from dataclasses import asdict, dataclass, field, replace
 
 from sakura.kvcache import KVCache, shard_plan
 from sakura.model import DiTAdapter, EditRequest
@@ -130,3 +131,29 @@ def measure_compute(adapter: DiTAdapter, req: EditRequest, cache: KVCache, shard
     full = [adapter.full_edit(req).seconds for _ in range(full_repeats or max(1, repeats - 1))]
     return ComputeProfile(shards, [statistics.median(col) for col in zip(*per_shard)],
                           statistics.median(preludes), statistics.median(full), full)
+
+
+def measure_executor_compute(executor, req: EditRequest, cache: KVCache, base: ComputeProfile,
+                             repeats: int = 3) -> ComputeProfile:
+    """``base`` with its masked run's shard times measured through ``executor`` (exported programs run at
+    their own speed), timed as the real clock times them: from each shard's first K/V request. Local
+    generation stays ``base``'s (it runs the eager model)."""
+    shards = base.shards
+    shard_size = shards[0][2] - shards[0][1]
+    provider = cache.provider()
+
+    def timed_run() -> tuple[float, list[float]]:
+        asked: list[tuple[int, int, float]] = []
+
+        def timed(step: int, layer: int):
+            asked.append((step, layer, time.perf_counter()))
+            return provider(step, layer)
+
+        t0 = time.perf_counter()
+        executor.run_masked_edit(req, timed, shard_size)
+        return shard_times(list(reversed(asked)), t0, time.perf_counter(), shards)  # (first request wins)
+
+    timed_run()  # warm-up
+    runs = [timed_run() for _ in range(max(1, repeats))]
+    return replace(base, shard_s=[statistics.median(col) for col in zip(*(r[1] for r in runs))],
+                   prelude_s=statistics.median(r[0] for r in runs))

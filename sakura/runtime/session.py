@@ -156,6 +156,7 @@ class DeviceRuntime:
         self.calibration = calibration or CalibrationStore()
         self.backends = backends if isinstance(backends, Backends) else Backends(backends)
         self._template_backends: dict[str, tuple] = {}  # template id -> (executor, reconstructor, BackendsRan)
+        self._stack_compute: dict[tuple[str, str], ComputeProfile] = {}  # (template id, executor) -> its compute
         self._states: dict[str, TemplateState] = {}
         self._encodings: dict[str, StreamEncoding] = {}  # parsed headers, by file id
         self._reference_kv = Remembered(reference_caches)  # exact FP16 caches, by template id
@@ -195,6 +196,23 @@ class DeviceRuntime:
                                        resolution=model.codec.resolution, ref_size=model.codec.ref_size)
                 self._template_backends[tpl.id] = self.backends.for_model(model, shard_size, example, on_status)
             return self._template_backends[state.template.id]
+
+    def compute_for(self, state: TemplateState, executor, on_status: StatusSink | None = None) -> ComputeProfile:
+        """The template's compute as ``executor`` runs it: the eager calibration, or for this device's
+        exported programs their own shard times (calibrated once per template, as the eager ones are)."""
+        if executor is None:
+            return state.compute
+        tpl = state.template
+        stack = executor.name + ("-partial" if getattr(executor, "offload", None) is not None else "")
+        with self._lock:
+            if (tpl.id, stack) not in self._stack_compute:
+                compute = self.calibration.get(state.model, tpl, state.compute.shards, stack)
+                if compute is None:
+                    if on_status:
+                        on_status("calibrating", f"measuring {tpl.id}'s shard programs ({stack})")
+                    compute = self.calibration.measure_stack(state.model, tpl, executor, stack, state.compute)
+                self._stack_compute[(tpl.id, stack)] = compute
+            return self._stack_compute[(tpl.id, stack)]
 
     def header(self, state: TemplateState, format_name: str, source=None) -> bytes:
         fid = file_id(state.template.id, format_name)
@@ -269,7 +287,8 @@ class EditSession:
         self.fallbacks, self.prefetched = fallbacks, prefetched
         self.fallback_bound_share = BOUND_SHARE  # wait while the edit ends within this share of local's time
         self.state = runtime.template_state(template, self.source, on_status)
-        if executor is None and reconstructor is None:  # the device's own backends (one factory for every caller)
+        own = executor is None and reconstructor is None
+        if own:  # the device's own backends (one factory for every caller)
             executor, reconstructor, self.backends = runtime.backends_for(self.state, on_status)
         else:  # backends handed in by the caller (tests, bench-device)
             self.backends = ran_for(executor, reconstructor)
@@ -277,7 +296,10 @@ class EditSession:
             executor = None
             self.backends = eager_only(self.backends, f"{self.system.name} runs the eager model")
         self.executor = executor
-        self.compute = compute or self.state.compute
+        # the compute the plan and the clock check use: calibrated for what runs (a caller's executor: given)
+        self.compute_calibrated = compute is None and (own or executor is None)
+        self.compute = compute or (runtime.compute_for(self.state, executor, on_status) if own
+                                   else self.state.compute)
         self.scale = network_scale(network, self.state)
         start = network.start if network.start is not None else (rng or random).uniform(0.0, network.trace.duration)
         self.start = float(start)
@@ -369,11 +391,14 @@ class EditSession:
                                         least_error=least_error, step_error=step_error)
 
     def edit(self, edit_input: EditInput, *, clock: str = "real", with_reference: bool = True,
-             cancel: threading.Event | None = None, **sim_kw) -> EditReport:
+             cancel: threading.Event | None = None, on_output: Callable[[EditReport], None] | None = None,
+             **sim_kw) -> EditReport:
         """The whole edit in one call: the model's request from the person's input, the plan (emitted as
         the ``plan`` event before the first byte moves), the run on the ``real`` or ``sim`` clock, and the
-        output's FP16 reference and quality (``with_reference``). ``cancel``: checked between the stages
-        (a real run also stops at its next request when its source says so)."""
+        output's FP16 reference and quality (``with_reference``). ``on_output`` gets the report as soon as
+        the output exists, before the reference (which is for comparison only: a viewer shows the edit
+        without waiting for it). ``cancel``: checked between the stages (a real run also stops at its next
+        request when its source says so)."""
         def check() -> None:
             if cancel is not None and cancel.is_set():
                 raise EditCancelled("edit cancelled")
@@ -395,6 +420,8 @@ class EditSession:
         report = EditReport(req, outcome.image, outcome.timeline, plan, self.summary(outcome),
                             timing={"edit_s": time.perf_counter() - t0})
         check()
+        if on_output is not None:
+            on_output(report)
         if with_reference:
             t0 = time.perf_counter()
             report.reference = outcome.image if self.system.holds_cache else self.reference(req, edit_input.key)
@@ -464,9 +491,8 @@ class EditSession:
         tl = outcome.timeline
         xfer, hidden, exposed = tl.transfer_split()
         compute_s = self.compute.local_full_s if self.system.runs_locally else self.compute.masked_s
-        # (calibration times the eager model: exported programs run at their own speed, so no check for them)
-        check = (ComputeCheck.of(tl, self.compute, self.system.runs_locally) if self.backends.executor == "eager"
-                 else None)
+        # (only against a calibration of what ran: a caller's own executor with the eager times is not checked)
+        check = ComputeCheck.of(tl, self.compute, self.system.runs_locally) if self.compute_calibrated else None
         return {**tl.summary(), "backends": self.backends.to_dict(), "fp16_bytes": self.state.fp16_bytes,
                 "transfer_s": xfer,
                 "transfer_hidden_s": hidden, "transfer_exposed_s": exposed, "compute_s": compute_s,
