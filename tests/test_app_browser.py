@@ -194,7 +194,7 @@ def _wait_done(pg, on_progress=None) -> str:
         st = _status(pg)
         if on_progress:
             on_progress(st)
-        if st.startswith("Done"):
+        if st.startswith("Done") and not pg.locator("#status .sk-run").count():  # (not the output's early Done)
             return st
         if pg.locator("#status .sk-error, #status .sk-warn").count():
             return _status(pg)  # (read again: the status may have changed since ``st``, e.g. to a noted "Done")

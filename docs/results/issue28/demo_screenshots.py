@@ -43,7 +43,8 @@ def wait_done(pg, timeout_s: float = 300) -> str:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         st = pg.inner_text("#status")
-        if st.startswith("Done") or pg.locator("#status .sk-error, #status .sk-warn").count():
+        done = st.startswith("Done") and not pg.locator("#status .sk-run").count()  # (not the output's early Done)
+        if done or pg.locator("#status .sk-error, #status .sk-warn").count():
             return st
         time.sleep(0.3)
     raise SystemExit(f"edit did not finish: {pg.inner_text('#status')!r}")
