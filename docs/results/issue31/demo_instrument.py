@@ -116,7 +116,8 @@ def main() -> None:
     port = free_port()
     env = {**os.environ, "SAKURA_CACHE_DIR": str(work / "cache")}
     cmd = [str(ROOT / ".venv" / "bin" / "sakura"), "demo", "--port", str(port), "--packs", str(packs),
-           "--templates", ",".join(["fs-astronaut"] + ([args.build] if args.build else [])), "--data", str(work / "data")]
+           "--templates", ",".join(["fs-astronaut"] + ([args.build] if args.build else [])),
+           "--data", str(work / "data")]
     t_start = time.monotonic()
     demo = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     report: dict = {"command": " ".join(cmd[1:]), "load_average_at_start": os.getloadavg()}
@@ -176,7 +177,8 @@ def main() -> None:
         except subprocess.TimeoutExpired:
             demo.kill()
         report["load_average_at_end"] = os.getloadavg()
-        (out / ("first_edit.json" if args.first_edit_only else "demo_instrument.json")).write_text(json.dumps(report, indent=1))
+        name = "first_edit.json" if args.first_edit_only else "demo_instrument.json"
+        (out / name).write_text(json.dumps(report, indent=1))
         print(json.dumps({k: v for k, v in report.items() if not k.startswith("compare")}, indent=1))
 
 
