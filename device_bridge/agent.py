@@ -12,6 +12,7 @@ returned as ``sent_to_server``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -193,6 +194,10 @@ class DeviceAgent:
                 executor, _, ran = self.runtime.backends_for(state)  # exports the shard programs now, if any
                 self.runtime.compute_for(state, executor)  # and times them
                 self.runtime.reference_kv(state)  # the FP16 cache a first edit's comparison would fetch
+                for system in SYSTEMS.values():  # and every streamed file's header there is
+                    if system.streams:
+                        with contextlib.suppress(TemplateUnavailable):
+                            self.runtime.encoding(state, system.format)
             except Exception as e:  # noqa: BLE001
                 raise EditFailed(*self._describe(e)) from None
         return {"template_id": template.id, "compute": state.compute.to_dict(), "backends": ran.to_dict()}
