@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import html
 import random
+import time
 from dataclasses import replace
 
 import gradio as gr
@@ -43,6 +44,7 @@ NETWORKS = [("5G (mmWave, walking)", "5g"), ("4G + 5G (mixed)", "4g5g"), ("Wi-Fi
 SYSTEM_CHOICES = [(title, name) for name, title in SYSTEM_TITLES.items()] + [("Compare all (same trace start)", "all")]
 MAX_PROMPT = 2000
 TRACE_HORIZON_S = 600.0
+LIVE_PLOT_AFTER_S, LIVE_PLOT_EVERY_S = 0.8, 0.5  # the live timeline: from this far into an edit, this often
 __all__ = ["EditPage", "check_trace_upload", "network_spec"]
 
 
@@ -405,6 +407,7 @@ class EditPage:
             progress = EditProgress(system=SYSTEM_TITLES[name])
             edit = EditRun(self.bridge, job).start()
             shown = False  # the output is on the page (before its reference and metrics: a single run)
+            started = drawn = time.monotonic()
             for batch in edit.events():
                 for ev in batch:
                     progress.apply(ev)
@@ -414,8 +417,14 @@ class EditPage:
                     shown = True
                     yield self._render_output(progress, name)
                     continue
-                yield {**self._o("status", status_html(prefix + progress.status_line(), "run")),
-                       **self._o("timeline", timeline_figure(progress))}
+                live = {**self._o("status", status_html(prefix + progress.status_line(), "run"))}
+                now = time.monotonic()
+                # a browser takes a while to draw the plot, and the next update waits for it: a short edit's
+                # status goes alone, a longer one's plot is redrawn every LIVE_PLOT_EVERY_S
+                if now - started >= LIVE_PLOT_AFTER_S and now - drawn >= LIVE_PLOT_EVERY_S:
+                    live.update(self._o("timeline", timeline_figure(progress)))
+                    drawn = now
+                yield live
             if edit.problem is not None:
                 problem = edit.problem
                 if problem.user_fixable:
@@ -431,12 +440,12 @@ class EditPage:
         return False
 
     def _render_output(self, progress: EditProgress, name: str) -> dict:
-        """The edit is done: its picture and timeline now, its reference and metrics when they come."""
+        """The edit is done: its picture now; its timeline, reference and metrics when the result comes (a
+        redrawn plot would hold the picture back by its drawing time)."""
         out = progress.output or {}
         follows = " Computing the FP16-reference output for comparison…" if out.get("reference_follows") else ""
         return {**self._o("status", status_html(self._done_line(name, progress, out.get("summary") or {})
                                                 + follows, "run")),
-                **self._o("timeline", timeline_figure(progress, f"timeline — {progress.system} (finished)")),
                 **self._o("out_img", gr.update(value=from_b64(out.get("image_png_b64")),
                                                label=f"Output — {progress.system}"))}
 
