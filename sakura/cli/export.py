@@ -12,6 +12,7 @@ executors when it runs.
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -108,8 +109,10 @@ def _bundle(template: str, out: Path, force: bool, packs: Optional[str], program
         def progress(what: str, done: int, total: int) -> None:
             bar.update(task, description=f"{tpl.id}: {what}", completed=done, total=total)
 
-        manifest = write_bundle(model, tpl, req, out, shard_size=shard_size, packs_source=source,
-                                programs_dir=programs or programs_beside(packs), force=force, progress=progress)
+        with warnings.catch_warnings():  # torch.export's pytree deprecation notes, once per graph: not the user's
+            warnings.simplefilter("ignore", FutureWarning)
+            manifest = write_bundle(model, tpl, req, out, shard_size=shard_size, packs_source=source,
+                                    programs_dir=programs or programs_beside(packs), force=force, progress=progress)
     if as_json:
         typer.echo(json.dumps(manifest.to_dict(), indent=1))
         return
