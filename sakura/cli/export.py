@@ -79,7 +79,7 @@ def export_cmd(
 def _bundle(template: str, out: Path, force: bool, packs: Optional[str], programs: Optional[Path], shard_size: int,
             catalog: Optional[Path], model_path: Optional[Path], backend: str, as_json: bool) -> None:
     from sakura.catalog import load_catalog  # sakura --help stays light
-    from sakura.places import packs_or_default
+    from sakura.places import packs_or_default  # sakura --help stays light
 
     if backend != "xnnpack":
         from sakura.runtime.executors.errors import BackendUnavailable  # (a light module)
@@ -92,10 +92,10 @@ def _bundle(template: str, out: Path, force: bool, packs: Optional[str], program
     prepare_folder(out, force).rmdir()  # a folder that cannot be a bundle: one line, before exporting
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from sakura.editing import edit_request, model_for
-    from sakura.net.stores import open_store
-    from sakura.runtime.backends import programs_beside
-    from sakura.runtime.bundle import write_bundle
+    from sakura.editing import edit_request, model_for  # torch: sakura --help stays light
+    from sakura.net.stores import open_store  # sakura --help stays light
+    from sakura.runtime.backends import programs_beside  # sakura --help stays light
+    from sakura.runtime.bundle import write_bundle  # torch, ExecuTorch: sakura --help stays light
 
     packs = packs_or_default(packs)
     source = open_store(packs).source()

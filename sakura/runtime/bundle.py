@@ -360,13 +360,10 @@ def write_bundle(adapter: DiTAdapter, template, req: EditRequest, out: Path, *, 
     """Export ``template``'s phone bundle into ``out`` (see the module doc). ``req``: a request of the template's
     geometry (its prompt / reference only give example inputs). ``packs_source``: where the pack headers are read
     (``header_bytes(file_id)``); ``programs_dir``: the shard-program cache root (``sakura.runtime.backends``)."""
-    from sakura.formats import file_id
-    from sakura.runtime.backends import default_programs_dir, program_dir
-    from sakura.runtime.executors.eager import EagerExecutor
-    from sakura.runtime.executors.executorch_backend import (
+    from sakura.formats import file_id  # (the formats registry: only a writer needs it)
+    from sakura.runtime.backends import default_programs_dir, program_dir  # (a reader of bundles needs neither)
+    from sakura.runtime.executors.executorch_backend import (  # ExecuTorch: only when a bundle is written
         _hash_weights,
-        ensure_exported,
-        export_module,
         require_executorch,
         weights_fingerprint,
     )
@@ -388,9 +385,8 @@ def write_bundle(adapter: DiTAdapter, template, req: EditRequest, out: Path, *, 
     try:
         manifest = _write(adapter, template, req, stage, shard_size, headers,
                           program_dir(programs_dir or default_programs_dir(), adapter, shard_size, et_version),
-                          et_version, progress, EagerExecutor, ensure_exported, export_module,
-                          {"transformer": weights_fingerprint(adapter.transformer),
-                           "text_encoder": _hash_weights(adapter.text_encoder)})
+                          et_version, progress, {"transformer": weights_fingerprint(adapter.transformer),
+                                                 "text_encoder": _hash_weights(adapter.text_encoder)})
         _publish(stage, out)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
@@ -399,7 +395,10 @@ def write_bundle(adapter: DiTAdapter, template, req: EditRequest, out: Path, *, 
 
 
 def _write(adapter, template, req, root: Path, shard_size: int, headers: dict[str, bytes], shard_cache: Path,
-           et_version: str, progress, EagerExecutor, ensure_exported, export_module, weights) -> BundleManifest:
+           et_version: str, progress: Progress | None, weights: dict[str, str]) -> BundleManifest:
+    from sakura.runtime.executors.eager import EagerExecutor  # (loads the shard-run machinery: writers only)
+    from sakura.runtime.executors.executorch_backend import ensure_exported, export_module  # ExecuTorch (heavy)
+
     codec = adapter.codec
     run = EagerExecutor(adapter, explicit=True).prepare(req, shard_size, load=False)
     files: list[BundleFile] = []
@@ -637,7 +636,7 @@ class BundleRunner:
 
     def begin(self, prompt: str = "", reference_bbox: np.ndarray | None = None,
               reference_image: np.ndarray | None = None) -> dict[str, torch.Tensor]:
-        from sakura.model.text_encoder import TextEncoderConfig
+        from sakura.model.text_encoder import TextEncoderConfig  # (the tokenizer's settings, from the manifest)
 
         m = self.manifest
         cfg = TextEncoderConfig(vocab_size=m.tokenizer["vocab_size"], max_tokens=m.tokenizer["max_tokens"])
