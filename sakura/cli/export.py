@@ -87,7 +87,7 @@ def _bundle(template: str, out: Path, force: bool, packs: Optional[str], program
         raise BackendUnavailable("a bundle holds XNNPACK programs (--backend xnnpack); QNN programs are exported "
                                  "per shard with `sakura export --backend qnn`")
     tpl = load_catalog(catalog).get(template)  # an unknown template: one line, before anything heavy
-    from sakura.runtime.bundle import prepare_folder  # torch (imported by the bundle module)
+    from sakura.runtime.bundle_folder import prepare_folder  # sakura --help stays light
 
     prepare_folder(out, force).rmdir()  # a folder that cannot be a bundle: one line, before exporting
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn

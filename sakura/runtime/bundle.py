@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import time
 from contextlib import contextmanager
@@ -44,15 +43,12 @@ from torch import nn
 from sakura.model.base import DiTAdapter, EditRequest, attention, patchify, unpatchify
 from sakura.model.pixels import mask_bbox, resize_bilinear
 from sakura.model.text_encoder import BOS, PAD, TinyTextEncoder, tokenize
+from sakura.runtime.bundle_folder import BundleError, prepare_folder, publish
 
 MANIFEST = "manifest.json"
 BUNDLE_VERSION = 1
 HEADER_FORMATS = ("sakura", "fp16")  # the stream the device plans (sakura) and the shard plan / reference (fp16)
 Progress = Callable[[str, int, int], None]  # (what is being written, parts done, parts in all)
-
-
-class BundleError(ValueError):
-    """A bundle that cannot be written or read (bad folder, a model the bundle does not cover); one line."""
 
 
 @dataclass(frozen=True)
@@ -297,39 +293,6 @@ def _rel(path: Path, root: Path) -> str:
     return path.relative_to(root).as_posix()
 
 
-def prepare_folder(out: Path, force: bool) -> Path:
-    """Check that ``out`` can become a bundle and return the staging folder beside it (written, then renamed)."""
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise BundleError(f"--bundle {out} is a file, not a folder")
-    if out.is_dir() and any(out.iterdir()) and not force:
-        raise BundleError(f"--bundle {out} exists and is not empty: choose another folder or pass --force to "
-                          "replace it")
-    parent = out.absolute().parent
-    if not parent.is_dir():
-        raise BundleError(f"cannot write the bundle to {out}: {parent} does not exist")
-    stage = parent / f".{out.name}.partial-{os.getpid()}"
-    try:
-        shutil.rmtree(stage, ignore_errors=True)
-        stage.mkdir()
-        (stage / ".probe").write_bytes(b"")
-        (stage / ".probe").unlink()
-    except OSError as e:
-        raise BundleError(f"cannot write the bundle to {out}: {e.strerror or e} ({parent})") from None
-    return stage
-
-
-def _publish(stage: Path, out: Path) -> None:
-    out = Path(out)
-    old = None
-    if out.exists():
-        old = out.absolute().parent / f".{out.name}.old-{os.getpid()}"
-        os.replace(out, old)
-    os.replace(stage, out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
 def _save_tensor(root: Path, name: str, t: torch.Tensor, note: str) -> BundleFile:
     path = root / "template" / f"{name}.bin"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -387,7 +350,7 @@ def write_bundle(adapter: DiTAdapter, template, req: EditRequest, out: Path, *, 
                           program_dir(programs_dir or default_programs_dir(), adapter, shard_size, et_version),
                           et_version, progress, {"transformer": weights_fingerprint(adapter.transformer),
                                                  "text_encoder": _hash_weights(adapter.text_encoder)})
-        _publish(stage, out)
+        publish(stage, out)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
