@@ -59,14 +59,14 @@ def two_block_tiny():
 
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory):
-    from sakura.runtime.bundle import write_bundle
+    from sakura.runtime.bundle import read_headers, write_bundle
 
     model = two_block_tiny()
     tpl = load_catalog().get(TEMPLATE)
     req = edit_request(tpl, tpl.eval_requests[0], resolution=model.codec.resolution, ref_size=model.codec.ref_size)
     out = tmp_path_factory.mktemp("bundle") / "fs"
     seen: list[tuple[str, int, int]] = []
-    manifest = write_bundle(model, tpl, req, out, shard_size=SHARD_SIZE, packs_source=Headers(),
+    manifest = write_bundle(model, tpl, req, out, shard_size=SHARD_SIZE, headers=read_headers(Headers(), TEMPLATE),
                             programs_dir=tmp_path_factory.mktemp("programs"),
                             progress=lambda what, done, total: seen.append((what, done, total)))
     return model, req, out, manifest, seen
@@ -150,8 +150,8 @@ def test_chained_programs_reproduce_the_eager_step_and_image(bundle):
 
 
 def test_bad_bundle_folders_are_one_line(tmp_path):
-    """Unknown template, a non-empty folder without --force, an unwritable folder: one line, exit 2, no traceback,
-    nothing written (the command as `sakura` registers it, run in this process)."""
+    """Unknown template, a non-empty folder without --force, an unwritable folder, QNN, no packs: one line, exit 2,
+    no traceback, nothing written (the command as `sakura` registers it, run in this process)."""
     import typer
     from typer.testing import CliRunner
 
@@ -170,7 +170,8 @@ def test_bad_bundle_folders_are_one_line(tmp_path):
     cases = {("-t", "no-such-template", "--bundle", str(tmp_path / "b")): "no-such-template",
              ("-t", TEMPLATE, "--bundle", str(full)): "not empty",
              ("-t", TEMPLATE, "--bundle", str(unwritable)): "cannot write the bundle",
-             ("-t", TEMPLATE, "--bundle", str(tmp_path / "b"), "--backend", "qnn"): "XNNPACK programs"}
+             ("-t", TEMPLATE, "--bundle", str(tmp_path / "b"), "--backend", "qnn"): "XNNPACK programs",
+             ("-t", TEMPLATE, "--bundle", str(tmp_path / "b"), "--packs", str(full)): "no packs for fs-astronaut"}
     try:
         for args, words in cases.items():
             r = CliRunner().invoke(cli, list(args))

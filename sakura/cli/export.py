@@ -95,10 +95,10 @@ def _bundle(template: str, out: Path, force: bool, packs: Optional[str], program
     from sakura.editing import edit_request, model_for  # torch: sakura --help stays light
     from sakura.net.stores import open_store  # sakura --help stays light
     from sakura.runtime.backends import programs_beside  # sakura --help stays light
-    from sakura.runtime.bundle import write_bundle  # torch, ExecuTorch: sakura --help stays light
+    from sakura.runtime.bundle import read_headers, write_bundle  # torch: sakura --help stays light
 
     packs = packs_or_default(packs)
-    source = open_store(packs).source()
+    headers = read_headers(open_store(packs).source(), tpl.id)  # no packs: one line before the model loads
     model = model_for(tpl, model_path)
     first = tpl.eval_requests[0] if tpl.eval_requests else None  # geometry only: mask, task, text length
     req = edit_request(tpl, first, resolution=model.codec.resolution, ref_size=model.codec.ref_size)
@@ -111,7 +111,7 @@ def _bundle(template: str, out: Path, force: bool, packs: Optional[str], program
 
         with warnings.catch_warnings():  # torch.export's pytree deprecation notes, once per graph: not the user's
             warnings.simplefilter("ignore", FutureWarning)
-            manifest = write_bundle(model, tpl, req, out, shard_size=shard_size, packs_source=source,
+            manifest = write_bundle(model, tpl, req, out, shard_size=shard_size, headers=headers,
                                     programs_dir=programs or programs_beside(packs), force=force, progress=progress)
     if as_json:
         typer.echo(json.dumps(manifest.to_dict(), indent=1))

@@ -317,13 +317,29 @@ def _tensor_note(name: str) -> str:
     }.get(name, "")
 
 
+def read_headers(source, template_id: str) -> dict[str, bytes]:
+    """The pack headers a bundle carries (``{file id: 8-byte length + header}``) from ``source`` (anything with
+    ``header_bytes(file_id)``: a pack folder's or store's source, a range client); one line when one is missing."""
+    from sakura.formats import file_id  # (the formats registry: only a writer needs it)
+
+    headers = {}
+    for fmt in HEADER_FORMATS:
+        fid = file_id(template_id, fmt)
+        try:
+            headers[fid] = source.header_bytes(fid)
+        except Exception as e:  # noqa: BLE001 - one line naming what to build
+            why = " ".join(str(getattr(e, "args", [e])[-1]).split())
+            raise BundleError(f"no packs for {template_id} ({fid}.pack: {why}): build them with "
+                              f"`sakura build --templates {template_id}` or pass --packs") from None
+    return headers
+
+
 def write_bundle(adapter: DiTAdapter, template, req: EditRequest, out: Path, *, shard_size: int,
-                 packs_source=None, programs_dir: Path | None = None, force: bool = False,
+                 headers: Mapping[str, bytes] | None = None, programs_dir: Path | None = None, force: bool = False,
                  progress: Progress | None = None) -> BundleManifest:
     """Export ``template``'s phone bundle into ``out`` (see the module doc). ``req``: a request of the template's
-    geometry (its prompt / reference only give example inputs). ``packs_source``: where the pack headers are read
-    (``header_bytes(file_id)``); ``programs_dir``: the shard-program cache root (``sakura.runtime.backends``)."""
-    from sakura.formats import file_id  # (the formats registry: only a writer needs it)
+    geometry (its prompt / reference only give example inputs). ``headers``: the pack headers to carry
+    (:func:`read_headers`); ``programs_dir``: the shard-program cache root (``sakura.runtime.backends``)."""
     from sakura.runtime.backends import default_programs_dir, program_dir  # (a reader of bundles needs neither)
     from sakura.runtime.executors.executorch_backend import (  # ExecuTorch: only when a bundle is written
         _hash_weights,
@@ -335,15 +351,7 @@ def write_bundle(adapter: DiTAdapter, template, req: EditRequest, out: Path, *, 
         raise BundleError(f"phone bundles cover the Flux2 family (its shard programs); {adapter.model_id} is "
                           f"{getattr(adapter, 'family', '') or type(adapter).__name__}")
     et_version = require_executorch()
-    headers: dict[str, bytes] = {}
-    if packs_source is not None:
-        for fmt in HEADER_FORMATS:
-            fid = file_id(template.id, fmt)
-            try:
-                headers[fid] = packs_source.header_bytes(fid)
-            except Exception as e:  # noqa: BLE001 - one line naming what to build
-                raise BundleError(f"no packs for {template.id} ({fid}.pack: {getattr(e, 'args', [e])[-1]}): build them "
-                                  f"with `sakura build --templates {template.id}` or pass --packs") from None
+    headers = dict(headers or {})
     stage = prepare_folder(out, force)
     try:
         manifest = _write(adapter, template, req, stage, shard_size, headers,
