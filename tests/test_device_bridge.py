@@ -369,20 +369,22 @@ def test_adb_without_a_phone_is_one_line(monkeypatch):
         subprocess.run([adb, "-P", port, "kill-server"], capture_output=True, timeout=30)
 
 
-def test_demo_with_adb_fails_first_in_one_line(tmp_path):
+def test_demo_with_adb_fails_first_in_one_line(tmp_path, monkeypatch):
     """`sakura demo --device adb` without adb on PATH: one line on stderr, exit 2, before any server starts."""
-    import subprocess
-    import sys
+    import typer
+    from typer.testing import CliRunner
 
-    sakura = Path(sys.executable).with_name("sakura")
-    env = {**os.environ, "PATH": str(tmp_path)}  # no adb anywhere (the venv's sakura is called by its path)
-    p = subprocess.run([str(sakura), "demo", "--device", "adb", "--packs", str(tmp_path / "packs"), "--data",
-                        str(tmp_path / "data")], capture_output=True, text=True, env=env, timeout=300)
-    lines = [x for x in p.stderr.splitlines() if x.strip() and not x.startswith("packs:")]
-    assert p.returncode == 2, p.stderr
-    assert len(lines) == 1 and lines[0].startswith("error: adb is not installed"), p.stderr
-    assert "template server" not in p.stdout  # nothing started
-    assert not (tmp_path / "packs").exists()
+    from app.cli import demo
+
+    cli = typer.Typer()
+    cli.command()(demo)  # (as the sakura.commands entry point registers it)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no adb anywhere
+    r = CliRunner().invoke(cli, ["--device", "adb", "--packs", str(tmp_path / "packs"), "--data", str(tmp_path / "d")])
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert r.exit_code == 2, (r.stderr, r.exception)
+    assert len(lines) == 1 and lines[0].startswith("error: adb is not installed"), r.stderr
+    assert "template server" not in r.stdout  # nothing started
+    assert not (tmp_path / "packs").exists() and not (tmp_path / "d").exists()
 
 
 def test_connect_rejects_unknown_specs_and_unreachable_agents():
