@@ -211,6 +211,13 @@ def demo(
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)
     ids = [t.strip() for t in templates.split(",") if t.strip()] if templates else None
+    from device_bridge import preflight  # sakura --help stays light
+
+    try:
+        preflight(device)  # adb missing, no phone attached: one line before anything starts
+    except BridgeError as e:
+        typer.echo(f"error: {' '.join(str(e).split())}", err=True)
+        raise typer.Exit(2)
     try:
         run_demo(host, port, packs_or_default(packs), device, ids, data, server_port=server_port,
                  agent_port=agent_port, executor=executor, reconstructor=reconstructor)

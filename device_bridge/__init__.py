@@ -18,7 +18,7 @@ _SOURCES = {
     **dict.fromkeys(("COMPRESSED", "FLOOR", "OURS", "PROTOCOL_VERSION", "SYSTEMS", "EditFailed", "EditProgress",
                      "EditRejected", "Job", "NetworkSpec", "Photo", "TraceUpload"), "device_bridge.protocol"),
     **dict.fromkeys(("AdbBridge", "Bridge", "BridgeError", "InProcessBridge", "SubprocessBridge", "WsBridge",
-                     "connect"), "device_bridge.transport"),
+                     "connect", "preflight"), "device_bridge.transport"),
 }
 
 if TYPE_CHECKING:
@@ -45,6 +45,7 @@ if TYPE_CHECKING:
         SubprocessBridge,
         WsBridge,
         connect,
+        preflight,
     )
 
 
@@ -81,4 +82,5 @@ __all__ = [
     "TraceUpload",
     "WsBridge",
     "connect",
+    "preflight",
 ]

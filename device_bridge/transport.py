@@ -276,29 +276,55 @@ def adb_devices(adb: str) -> list[tuple[str, str]]:
     return rows
 
 
+def adb_device(serial: str | None = None) -> tuple[str, str]:
+    """``(adb path, serial)`` of the one attached, authorised phone (or ``serial``); a :class:`BridgeError` of one
+    line when adb is missing, no device is attached, or the device is not usable. Starts nothing but adb's own
+    server (``adb devices``)."""
+    adb = shutil.which("adb")
+    if adb is None:
+        raise BridgeError("adb is not installed (not on PATH): install Android platform-tools "
+                          "(e.g. `apt install adb`) or use another transport (inprocess, subprocess, ws://HOST:PORT)")
+    devices = adb_devices(adb)
+    ready = [s for s, state in devices if state == "device"]
+    if not devices:
+        raise BridgeError("no Android device attached (`adb devices` lists none): connect a phone with USB "
+                          "debugging enabled")
+    if serial is None:
+        if not ready:
+            states = ", ".join(f"{s} ({st})" for s, st in devices)
+            raise BridgeError(f"no usable Android device: {states}; authorise USB debugging on the phone")
+        if len(ready) > 1:
+            raise BridgeError(f"several Android devices attached ({', '.join(ready)}): use adb:SERIAL")
+        return adb, ready[0]
+    if serial not in ready:
+        known = ", ".join(f"{s} ({st})" for s, st in devices)
+        raise BridgeError(f"Android device {serial!r} is not attached and ready (adb sees: {known})")
+    return adb, serial
+
+
+def preflight(spec: str) -> None:
+    """Check what a transport needs on this host before anything else starts (``sakura demo`` calls it first):
+    for ``adb`` / ``adb:SERIAL[:PORT]``, adb and the phone; the other transports need nothing checked here."""
+    if spec.strip() == "adb" or spec.strip().startswith("adb:"):
+        adb_device(_adb_spec(spec)[0])
+
+
+def _adb_spec(spec: str) -> tuple[str | None, int]:
+    parts = spec.strip().split(":")[1:]
+    serial = parts[0] or None if parts else None
+    port = DEFAULT_ADB_PORT
+    if len(parts) > 1:
+        if not parts[1].isdigit():
+            raise BridgeError(f"bad adb spec {spec!r}: use adb, adb:SERIAL or adb:SERIAL:PORT")
+        port = int(parts[1])
+    return serial, port
+
+
 class AdbBridge(WsBridge):
     """An agent on an Android phone, reached through ``adb forward``."""
 
     def __init__(self, serial: str | None = None, port: int = DEFAULT_ADB_PORT) -> None:
-        adb = shutil.which("adb")
-        if adb is None:
-            raise BridgeError("adb is not installed (not on PATH): install Android platform-tools "
-                              "(e.g. `apt install adb`) or use another transport (inprocess, subprocess, ws://HOST:PORT)")
-        devices = adb_devices(adb)
-        ready = [s for s, state in devices if state == "device"]
-        if not devices:
-            raise BridgeError("no Android device attached (`adb devices` lists none): connect a phone with USB "
-                              "debugging enabled")
-        if serial is None:
-            if not ready:
-                states = ", ".join(f"{s} ({st})" for s, st in devices)
-                raise BridgeError(f"no usable Android device: {states}; authorise USB debugging on the phone")
-            if len(ready) > 1:
-                raise BridgeError(f"several Android devices attached ({', '.join(ready)}): use adb:SERIAL")
-            serial = ready[0]
-        elif serial not in ready:
-            known = ", ".join(f"{s} ({st})" for s, st in devices)
-            raise BridgeError(f"Android device {serial!r} is not attached and ready (adb sees: {known})")
+        adb, serial = adb_device(serial)
         self.adb, self.serial, self.port = adb, serial, port
         fwd = subprocess.run([adb, "-s", serial, "forward", f"tcp:{port}", f"tcp:{port}"], capture_output=True,
                              text=True, timeout=20)
@@ -330,13 +356,6 @@ def connect(spec: str = "inprocess", **kw: Any) -> Bridge:
     if s.startswith(("ws://", "wss://", "tcp://")):
         return WsBridge(s, **kw)
     if s == "adb" or s.startswith("adb:"):
-        parts = s.split(":")[1:]
-        serial = parts[0] or None if parts else None
-        port = DEFAULT_ADB_PORT
-        if len(parts) > 1:
-            if not parts[1].isdigit():
-                raise BridgeError(f"bad adb spec {spec!r}: use adb, adb:SERIAL or adb:SERIAL:PORT")
-            port = int(parts[1])
-        return AdbBridge(serial, port)
+        return AdbBridge(*_adb_spec(s))
     raise BridgeError(f"unknown bridge {spec!r}: use inprocess, subprocess, ws://HOST:PORT, tcp://HOST:PORT, "
                       f"adb or adb:SERIAL")

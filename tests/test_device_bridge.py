@@ -339,6 +339,54 @@ def test_adb_transport_errors_are_clear(tmp_path, monkeypatch):
         connect("adb:OTHER")
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_adb_without_a_phone_is_one_line(monkeypatch):
+    """The real adb client (Debian's `adb`), no phone attached here: one clear line, from connect() and from
+    preflight(); adb's own server runs on a private port and is stopped after."""
+    adb = shutil.which("adb")
+    if adb is None:
+        pytest.skip("adb is not installed (apt-get install -y adb); the missing-adb path is tested above")
+    import subprocess
+
+    from device_bridge import preflight
+
+    port = str(_free_port())
+    monkeypatch.setenv("ANDROID_ADB_SERVER_PORT", port)  # our own adb server, not a shared one
+    try:
+        for call in (lambda: connect("adb"), lambda: preflight("adb"), lambda: connect("adb:R58M123:8701")):
+            with pytest.raises(BridgeError) as e:
+                call()
+            msg = str(e.value)
+            assert "\n" not in msg and ("no Android device attached" in msg or "not attached and ready" in msg), msg
+    finally:
+        subprocess.run([adb, "-P", port, "kill-server"], capture_output=True, timeout=30)
+
+
+def test_demo_with_adb_fails_first_in_one_line(tmp_path, monkeypatch):
+    """`sakura demo --device adb` without adb on PATH: one line on stderr, exit 2, before any server starts."""
+    import typer
+    from typer.testing import CliRunner
+
+    from app.cli import demo
+
+    cli = typer.Typer()
+    cli.command()(demo)  # (as the sakura.commands entry point registers it)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no adb anywhere
+    r = CliRunner().invoke(cli, ["--device", "adb", "--packs", str(tmp_path / "packs"), "--data", str(tmp_path / "d")])
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert r.exit_code == 2, (r.stderr, r.exception)
+    assert len(lines) == 1 and lines[0].startswith("error: adb is not installed"), r.stderr
+    assert "template server" not in r.stdout  # nothing started
+    assert not (tmp_path / "packs").exists() and not (tmp_path / "d").exists()
+
+
 def test_connect_rejects_unknown_specs_and_unreachable_agents():
     with pytest.raises(BridgeError, match="unknown bridge"):
         connect("bluetooth")

@@ -12,6 +12,7 @@ executors when it runs.
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -38,8 +39,20 @@ def export_cmd(
         None, "--model-path", help="Local model folder instead of the embedded model."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the export metadata as JSON."),
+    bundle: Optional[Path] = typer.Option(
+        None, "--bundle", help="Write a phone bundle into this folder: every program of an edit (text encoder, "
+        "reference, per-step parts, shards), the template's tensors and pack headers, and a manifest."
+    ),
+    force: bool = typer.Option(False, "--force", help="--bundle: replace an existing non-empty folder."),
+    packs: Optional[str] = typer.Option(None, "--packs", help="--bundle: where the pack headers are read (folder or "
+                                        "s3://bucket/prefix; default: $SAKURA_PACKS, else packs/ in the checkout)."),
+    programs: Optional[Path] = typer.Option(None, "--programs", help="--bundle: the shard-program cache (default: "
+                                            "programs/ beside a pack folder, else ~/.cache/sakura/programs)."),
 ):
-    """Export every shard of a template's masked run (static token counts) to a .pte program."""
+    """Export every shard of a template's masked run (static token counts) to a .pte program, or (--bundle) all a
+    phone needs to run the template's edits."""
+    if bundle is not None:
+        return _bundle(template, bundle, force, packs, programs, shard_size, catalog, model_path, backend, as_json)
     from sakura.catalog import load_catalog  # sakura --help stays light
     from sakura.editing import edit_request, model_for  # torch: sakura --help stays light
     from sakura.runtime.executors.errors import BackendUnavailable  # torch: sakura --help stays light
@@ -61,3 +74,49 @@ def export_cmd(
     for r in rows:
         how = "cached" if r.get("cached") else f"exported in {r.get('export_s', 0):.1f} s"
         typer.echo(f"layers {r['layers'][0]}-{r['layers'][1]}: {r['path']} ({r.get('bytes', 0) / 1e6:.1f} MB, {how})")
+
+
+def _bundle(template: str, out: Path, force: bool, packs: Optional[str], programs: Optional[Path], shard_size: int,
+            catalog: Optional[Path], model_path: Optional[Path], backend: str, as_json: bool) -> None:
+    from sakura.catalog import load_catalog  # sakura --help stays light
+    from sakura.places import packs_or_default  # sakura --help stays light
+
+    if backend != "xnnpack":
+        from sakura.runtime.executors.errors import BackendUnavailable  # (a light module)
+
+        raise BackendUnavailable("a bundle holds XNNPACK programs (--backend xnnpack); QNN programs are exported "
+                                 "per shard with `sakura export --backend qnn`")
+    tpl = load_catalog(catalog).get(template)  # an unknown template: one line, before anything heavy
+    from sakura.runtime.bundle_folder import prepare_folder  # sakura --help stays light
+
+    prepare_folder(out, force).rmdir()  # a folder that cannot be a bundle: one line, before exporting
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from sakura.editing import edit_request, model_for  # torch: sakura --help stays light
+    from sakura.net.stores import open_store  # sakura --help stays light
+    from sakura.runtime.backends import programs_beside  # sakura --help stays light
+    from sakura.runtime.bundle import read_headers, write_bundle  # torch: sakura --help stays light
+
+    packs = packs_or_default(packs)
+    headers = read_headers(open_store(packs).source(), tpl.id)  # no packs: one line before the model loads
+    model = model_for(tpl, model_path)
+    first = tpl.eval_requests[0] if tpl.eval_requests else None  # geometry only: mask, task, text length
+    req = edit_request(tpl, first, resolution=model.codec.resolution, ref_size=model.codec.ref_size)
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), transient=as_json, disable=as_json) as bar:
+        task = bar.add_task(f"bundle {tpl.id}", total=1)
+
+        def progress(what: str, done: int, total: int) -> None:
+            bar.update(task, description=f"{tpl.id}: {what}", completed=done, total=total)
+
+        with warnings.catch_warnings():  # torch.export's pytree deprecation notes, once per graph: not the user's
+            warnings.simplefilter("ignore", FutureWarning)
+            manifest = write_bundle(model, tpl, req, out, shard_size=shard_size, headers=headers,
+                                    programs_dir=programs or programs_beside(packs), force=force, progress=progress)
+    if as_json:
+        typer.echo(json.dumps(manifest.to_dict(), indent=1))
+        return
+    for f in manifest.files:
+        typer.echo(f"{f.bytes:>12,d}  {f.role:<8} {f.path}")
+    typer.echo(f"{manifest.total_bytes:>12,d}  total    {len(manifest.files)} files + manifest.json in {out} "
+               f"(ExecuTorch {manifest.executorch}, {manifest.model_id}, shard size {manifest.shard_size})")

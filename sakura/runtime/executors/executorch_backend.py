@@ -166,33 +166,70 @@ def _trace(run: ShardRun, l0: int, l1: int):
     return ep, inputs, expected
 
 
-def export_xnnpack(run: ShardRun, l0: int, l1: int, path: Path, verify: bool = True) -> dict:
-    """Export shard ``[l0, l1)`` of ``run``'s geometry to ``path`` (XNNPACK fp32). Returns its metadata."""
+def lower_xnnpack(ep) -> tuple[bytes, int]:
+    """An exported program lowered with the XNNPACK partitioner: (the .pte bytes, delegated partitions)."""
     require_executorch()
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
 
-    t0 = time.perf_counter()
-    ep, inputs, expected = _trace(run, l0, l1)
-    t1 = time.perf_counter()
     edge = to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()])
     delegated = sum(1 for n in edge.exported_program().graph.nodes
                     if n.op == "call_function" and "call_delegate" in str(n.target))
-    buf = edge.to_executorch().buffer
+    return edge.to_executorch().buffer, delegated
+
+
+def check_program(path: Path, inputs, expected, what: str) -> float:
+    """Run the program at ``path`` on ``inputs`` and compare with the eager ``expected`` outputs: the max abs
+    difference; above :data:`EXPORT_TOLERANCE` the file is deleted and this raises."""
+    from executorch.runtime import Runtime
+
+    out = Runtime.get().load_program(str(path)).load_method("forward").execute(list(inputs))
+    err = max(float((a.float() - b.float()).abs().max()) if a.numel() else 0.0 for a, b in zip(out, expected))
+    if not err <= EXPORT_TOLERANCE:
+        path.unlink(missing_ok=True)
+        raise RuntimeError(f"exported {what} differs from eager by {err:.3g} (> {EXPORT_TOLERANCE})")
+    return err
+
+
+def export_module(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], path: Path, what: str = "program",
+                  verify: bool = True) -> dict:
+    """Export any module (explicit attention only: no SDPA) to an XNNPACK ``.pte`` at ``path``; the non-shard
+    programs of a phone bundle go through here. Returns its metadata (no sidecar is written)."""
+    t0 = time.perf_counter()
+    module = module.eval()
+    inputs = tuple(t.contiguous() for t in inputs)
+    with torch.no_grad():
+        expected = [t.clone() for t in _as_tuple(module(*inputs))]
+        ep = torch.export.export(module, inputs, strict=False)
+    t1 = time.perf_counter()
+    buf, delegated = lower_xnnpack(ep)
+    t2 = time.perf_counter()
+    _write_atomic(path, buf)
+    meta = {"backend": "xnnpack", "trace_s": round(t1 - t0, 3), "lower_s": round(t2 - t1, 3),
+            "export_s": round(t2 - t0, 3), "bytes": len(buf), "delegates": delegated}
+    if verify:
+        meta["max_abs_vs_eager"] = check_program(path, inputs, expected, what)
+    return meta
+
+
+def _as_tuple(out) -> tuple[torch.Tensor, ...]:
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+def export_xnnpack(run: ShardRun, l0: int, l1: int, path: Path, verify: bool = True) -> dict:
+    """Export shard ``[l0, l1)`` of ``run``'s geometry to ``path`` (XNNPACK fp32). Returns its metadata."""
+    require_executorch()
+    t0 = time.perf_counter()
+    ep, inputs, expected = _trace(run, l0, l1)
+    t1 = time.perf_counter()
+    buf, delegated = lower_xnnpack(ep)
     t2 = time.perf_counter()
     _write_atomic(path, buf)
     meta = {"backend": "xnnpack", "layers": [l0, l1], "signature": run.signature(l0, l1).__dict__,
             "trace_s": round(t1 - t0, 3), "lower_s": round(t2 - t1, 3), "export_s": round(t2 - t0, 3),
             "bytes": len(buf), "delegates": delegated}
     if verify:
-        from executorch.runtime import Runtime
-
-        out = Runtime.get().load_program(str(path)).load_method("forward").execute(list(inputs))
-        err = max(float((a - b).abs().max()) for a, b in zip(out, expected))
-        meta["max_abs_vs_eager"] = err
-        if not err <= EXPORT_TOLERANCE:
-            path.unlink(missing_ok=True)
-            raise RuntimeError(f"exported shard [{l0}, {l1}) differs from eager by {err:.3g} (> {EXPORT_TOLERANCE})")
+        meta["max_abs_vs_eager"] = check_program(path, inputs, expected, f"shard [{l0}, {l1})")
     _write_atomic(path.with_suffix(".json"), json.dumps(meta, indent=1).encode())
     return meta
 
