@@ -44,7 +44,9 @@ NETWORKS = [("5G (mmWave, walking)", "5g"), ("4G + 5G (mixed)", "4g5g"), ("Wi-Fi
 SYSTEM_CHOICES = [(title, name) for name, title in SYSTEM_TITLES.items()] + [("Compare all (same trace start)", "all")]
 MAX_PROMPT = 2000
 TRACE_HORIZON_S = 600.0
-LIVE_PLOT_AFTER_S, LIVE_PLOT_EVERY_S = 0.8, 0.5  # the live timeline: from this far into an edit, this often
+# The live timeline is drawn from this far into an edit, this often: a browser takes 0.3-1.5 s to draw it here and
+# holds the next update meanwhile, so an edit shorter than that shows its live status line and its plot at the end.
+LIVE_PLOT_AFTER_S, LIVE_PLOT_EVERY_S = 1.5, 0.5
 __all__ = ["EditPage", "check_trace_upload", "network_spec"]
 
 
@@ -419,8 +421,6 @@ class EditPage:
                     continue
                 live = {**self._o("status", status_html(prefix + progress.status_line(), "run"))}
                 now = time.monotonic()
-                # a browser takes a while to draw the plot, and the next update waits for it: a short edit's
-                # status goes alone, a longer one's plot is redrawn every LIVE_PLOT_EVERY_S
                 if now - started >= LIVE_PLOT_AFTER_S and now - drawn >= LIVE_PLOT_EVERY_S:
                     live.update(self._o("timeline", timeline_figure(progress)))
                     drawn = now
