@@ -3,7 +3,8 @@ queue per participant with control pairs, and votes — all in one SQLite file (
 
 A *candidate* is one pair shown side by side: the output on the exact FP16 cache (the reference) and either a
 system's output at one byte budget (``kind="test"``) or a control: the reference itself (``"identical"``, the
-right answer is *similar*) or another template's picture (``"wrong"``, the right answer is *not similar*).
+right answer is *similar*), another template's picture (``"wrong"``) or the same request edited on a cache of
+zeros (``"zeroed"``: the template intact, the edited region broken), where the right answer is *not similar*.
 Candidates are made from the catalog's evaluation requests only (``app/study_pool.py``), never from uploads,
 and their files carry neutral names (a hash of their bytes), so nothing a participant's browser receives names
 the system.
@@ -32,8 +33,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterator
 
-KINDS = ("test", "identical", "wrong")
-CONTROL_ANSWER = {"identical": True, "wrong": False}  # the answer an attentive participant gives
+KINDS = ("test", "identical", "wrong", "zeroed")
+CONTROL_ANSWER = {"identical": True, "wrong": False, "zeroed": False}  # the answer an attentive participant gives
 NAME = re.compile(r"^[0-9a-f]{24}\.png$")
 
 SCHEMA = """
@@ -172,11 +173,11 @@ def plan_queue(pool: list[Candidate], number: int, design: Design, seed: str) ->
         chosen += [units[(number * m + i + j) % len(units)] for j in range(m)]
     by_kind = {k: sorted((c for c in pool if c.kind == k), key=lambda c: (c.template_id, c.request, c.id))
                for k in CONTROL_ANSWER}
-    want = {"identical": design.controls // 2, "wrong": design.controls - design.controls // 2}
-    if not by_kind["wrong"]:
-        want = {"identical": design.controls, "wrong": 0}
-    elif not by_kind["identical"]:
-        want = {"identical": 0, "wrong": design.controls}
+    # half the controls "similar" (identical), half "not similar", shared by the kinds of those in the pool
+    differ = [k for k, same in CONTROL_ANSWER.items() if not same and by_kind[k]]
+    n_same = design.controls // 2 if differ and by_kind["identical"] else design.controls if not differ else 0
+    want = {"identical": n_same} | {k: (design.controls - n_same) // len(differ)
+                                    + (i < (design.controls - n_same) % len(differ)) for i, k in enumerate(differ)}
     for kind, n in want.items():
         have = by_kind[kind]
         chosen += [have[(number * n + j) % len(have)] for j in range(min(n, len(have)))]

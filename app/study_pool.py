@@ -7,8 +7,8 @@ configuration sends) gives each system's outputs over its byte range. Per system
 ``budgets`` of them, from its smallest level up to ``max_fraction`` of the FP16 cache (above that every
 system is near-lossless and a participant could only answer *similar*), log-spaced in bytes, each the best
 masked PSNR within its budget (the explorer's rule). Each unit adds its controls: the reference against itself,
-and the reference against another template's picture. Files are copied into the pool under neutral names
-and every pair is recorded with its system, budget level, bytes, masked PSNR and SSIM.
+against another template's picture, and against the same request edited on a cache of zeros. Files are copied
+into the pool under neutral names and every pair is recorded with its system, budget level, bytes, masked PSNR and SSIM.
 """
 
 from __future__ import annotations
@@ -156,12 +156,18 @@ class PoolPreparer:
                                        psnr=_num(p["psnr"]), psnr_masked=_num(p["psnr_masked"]),
                                        ssim=_num(p["ssim"]), ssim_masked=_num(p["ssim_masked"]), image=image, **base))
         wrong = self.store.add_image(_png(self.wrong_image(t.id, size).convert("RGB").resize((size, size))))
-        for kind, image in (("identical", reference), ("wrong", wrong)):
+        controls = [("identical", reference, {}), ("wrong", wrong, {})]
+        if data.get("zeroed"):  # (a frontier cached before the zeroed edit existed has none)
+            z = data["zeroed"]
+            controls.append(("zeroed", self.store.add_image((folder / z["image"]).read_bytes()),
+                             {k: _num(z.get(k)) for k in ("psnr", "psnr_masked", "ssim", "ssim_masked")}))
+        for kind, image, q in controls:
             cands.append(Candidate(id=f"{t.id}#{request}:{kind}", kind=kind, system=kind, budget=-1, bytes=0,
-                                   config=kind, psnr=None, psnr_masked=None, ssim=None, ssim_masked=None, image=image,
-                                   **base))
+                                   config=kind, **({"psnr": None, "psnr_masked": None, "ssim": None,
+                                                    "ssim_masked": None} | q), image=image, **base))
         self.store.add_candidates(cands)
-        self.echo(f"  study pool: {t.id} request #{request} ready ({len(cands) - 2} pairs + 2 controls)")
+        self.echo(f"  study pool: {t.id} request #{request} ready ({len(cands) - len(controls)} pairs + "
+                  f"{len(controls)} controls)")
         return cands
 
     def _mark_done(self, template_id: str, request: int) -> None:

@@ -90,6 +90,11 @@ def test_each_pair_records_system_budget_bytes_and_quality(prepared):
     a = np.asarray(Image.open(store.image_path(wrong.image)), np.float64)
     b = np.asarray(Image.open(store.image_path(wrong.reference)), np.float64)
     assert a.shape == b.shape and np.abs(a - b).mean() > 20
+    # the zeroed-cache control: the template intact, the edited region visibly not the reference's
+    zeroed = next(c for c in pool if c.kind == "zeroed")
+    z = np.asarray(Image.open(store.image_path(zeroed.image)), np.float64)
+    assert z.shape == b.shape and zeroed.psnr_masked < min(c.psnr_masked for c in tests) and zeroed.psnr_masked < 20
+    assert zeroed.psnr > zeroed.psnr_masked  # outside the mask it is the template's own picture
 
 
 def test_choose_points_spans_from_the_smallest_level_up_to_the_cap():

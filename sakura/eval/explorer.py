@@ -35,6 +35,7 @@ from sakura.net.refs import resolving
 from sakura.net.stores import Store, open_store
 from sakura.online.policies import best_within
 from sakura.quality import quality
+from sakura.runtime.compute import zero_cache
 from sakura.systems import COMPRESSED, COMPRESSED_BASELINES, SYSTEMS
 
 FORMATS = ("fp16",) + tuple(SYSTEMS[name].format for name in COMPRESSED)
@@ -89,7 +90,7 @@ class Explorer:
         return [str(r.label) for r in self.catalog().get(template_id).eval_requests]
 
     def _key(self, template_id: str, request: int) -> str:
-        h = hashlib.sha256(f"{template_id}|{request}|{self.budgets}|{self.baseline_levels}".encode())
+        h = hashlib.sha256(f"{template_id}|{request}|{self.budgets}|{self.baseline_levels}|zeroed".encode())
         for fmt in FORMATS:
             fid = file_id(template_id, fmt)
             h.update(f"{fid}:{self.store.version(fid)}".encode())
@@ -106,8 +107,9 @@ class Explorer:
 
     # ---------------------------------------------------------------------------------------------
     def frontier(self, template_id: str, request: int, progress: Callable[[float, str], None] | None = None) -> dict:
-        """``{"template_id", "request", "fp16_bytes", "reference": png name, "mask": png name,
-        "points": [Point...]}``, computed once and cached on disk."""
+        """``{"template_id", "request", "fp16_bytes", "reference": png name, "mask": png name, "zeroed": {image:
+        png name, psnr, ssim, psnr_masked, ssim_masked} (the edit on a cache of zeros), "points": [Point...]}``,
+        computed once and cached on disk."""
         have = self.cached(template_id, request)
         if have:
             return have
@@ -175,6 +177,9 @@ class Explorer:
         ref, fp16_bytes, _ = run("fp16", lambda u: u.levels[0])
         Image.fromarray(_u8(ref)).save(out / "reference.png")
         Image.fromarray((req.mask * 255).astype(np.uint8)).save(out / "mask.png")
+        # a cache of zeros: the edit with nothing streamed (a study's control that must look different)
+        zeroed = model.masked_edit(req, zero_cache(model, req).provider()).image
+        Image.fromarray(_u8(zeroed)).save(out / "zeroed.png")
         points = []
         for i, (name, choose) in enumerate(plans, start=2):
             say((i - 1) / total, f"{name}: rebuilding the cache from its bytes and editing ({i}/{total})")
@@ -186,6 +191,7 @@ class Explorer:
                                 q["ssim_masked"], fname))
         data = {"template_id": template_id, "request": request, "request_label": str(reqs[request].label),
                 "fp16_bytes": int(fp16_bytes), "reference": "reference.png", "mask": "mask.png",
+                "zeroed": {"image": "zeroed.png", **quality(zeroed, ref, req.mask)},
                 "points": [asdict(p) for p in sorted(points, key=lambda p: (p.system, p.bytes))]}
         (out / "frontier.json").write_text(json.dumps(data, indent=1))
         say(1.0, "done")
