@@ -109,6 +109,8 @@ def edit(
         "--calibration",
         help="With --stream: JSON file of measured device compute, shared with `sakura device --calibration`.",
     ),
+    link: str = typer.Option("paced", "--link", help="With --stream: paced (the device paces along the trace) or "
+                             "kernel (server and device in a network namespace whose loopback tc shapes; root)."),
 ):
     """Edit a template locally: full recomputation or masked execution with template KV reuse."""
     check_image_file(reference)
@@ -120,7 +122,7 @@ def edit(
                     catalog=catalog, policy=policy, trace=trace, start=start, trace_scale=trace_scale,
                     regime=regime, server=server, packs=packs if server else packs_or_default(packs),
                     executor=executor, reconstructor=reconstructor,
-                    calibration=calibration)
+                    calibration=calibration, link=link)
         return
     if mode not in ("full", "reuse"):
         raise UserError(f"--mode must be full or reuse, not {mode!r}")

@@ -30,7 +30,7 @@ EXPECTED_ELSEWHERE = (
     ("sakura.runtime.errors", "StreamError"), ("sakura.runtime.errors", "TemplateUnavailable"),
     ("sakura.net.byteranges", "FetchError"), ("sakura.net.store_base", "StoreError"),
     ("sakura.net.seaweed", "StoreStartError"), ("sakura.offline.ray_build", "RayUnavailable"),
-    ("sakura.runtime.executors.base", "ShardExecutionError"),
+    ("sakura.runtime.executors.base", "ShardExecutionError"), ("sakura.net.kernel", "KernelLinkError"),
     ("httpx", "TransportError"), ("websockets.exceptions", "WebSocketException"),
     ("PIL.Image", "DecompressionBombError"),
 )
