@@ -87,6 +87,7 @@ class Namespace:
 
     name: str
     rate_mbps: float
+    owned: bool = True  # close() removes it (False: another process made it and removes it)
     closed: bool = field(default=False, init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     # one `tc -batch` process per namespace takes the rate changes: a change lands in ~5 ms instead of the
@@ -139,7 +140,8 @@ class Namespace:
                         self._tc_batch.wait(5)
                     except subprocess.TimeoutExpired:
                         self._tc_batch.kill()
-                _ip("netns", "del", self.name, check=False)
+                if self.owned:
+                    _ip("netns", "del", self.name, check=False)
 
     def __enter__(self) -> Namespace:
         return self
@@ -273,6 +275,17 @@ def link_for_command(link: str):
         raise KernelLinkError(f"--link kernel: {why}")
     with terminate_as_interrupt(), kernel_link() as kl:
         yield kl
+
+
+def attach(name: str) -> KernelLink:
+    """The kernel link on namespace ``name``, made by another process of this command (which removes it): a device
+    agent started inside it shapes its edits there. Raises KernelLinkError."""
+    why = unavailable()
+    if why:
+        raise KernelLinkError(why)
+    if not name.startswith(PREFIX) or name not in namespaces():
+        raise KernelLinkError(f"no network namespace {name!r} made by sakura here")
+    return KernelLink(Namespace(name, float("inf"), owned=False))
 
 
 class TraceReplayer:
