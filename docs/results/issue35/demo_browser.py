@@ -3,6 +3,7 @@ the timeline (trace vs the monitor's estimate). Usage: python demo_browser.py UR
 
 import re
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -11,8 +12,7 @@ from playwright.sync_api import sync_playwright
 from skimage import data
 
 url, out = sys.argv[1], Path(sys.argv[2])
-tmp = out.parent / "_tmp"
-tmp.mkdir(exist_ok=True)
+tmp = Path(tempfile.mkdtemp())
 face = tmp / "face.jpg"
 Image.fromarray(data.astronaut()[20:240, 130:340]).save(face, quality=92)
 trace = tmp / "steps.csv"
