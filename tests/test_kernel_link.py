@@ -126,14 +126,16 @@ def test_between_edits_the_loopback_is_not_shaped_and_an_edit_replays_its_trace(
         def qdisc() -> str:
             return link.ns.run(["tc", "qdisc", "show", "dev", "lo"], capture_output=True, text=True).stdout
 
+        def soon(cond) -> bool:  # (the namespace's batch tc applies a change a few ms later)
+            deadline = time.monotonic() + 30
+            while not cond() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            return cond()
+
         assert "tbf" not in qdisc()
         with link.replaying(trace, 0.0) as replay:
-            time.sleep(0.1)
-            deadline = time.monotonic() + 30  # (the batch tc applies it a few ms later)
-            while "5Mbit" not in qdisc() and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert "5Mbit" in qdisc()
-        assert "tbf" not in qdisc()
+            assert soon(lambda: "5Mbit" in qdisc())
+        assert soon(lambda: "tbf" not in qdisc())
         assert replay.changes[0][1] == 5.0
     assert link.ns.name not in kernel.namespaces()
 

@@ -161,19 +161,21 @@ def _tc(ns: str, verb: str, mbps: float) -> None:
         raise KernelLinkError(f"tc in {ns}: {out.stderr.strip() or out.stdout.strip()}")
 
 
-def create_namespace(rate_mbps: float) -> Namespace:
-    """A new shaped namespace (stale ones of dead processes are swept first). Raises KernelLinkError."""
+def create_namespace(rate_mbps: float | None) -> Namespace:
+    """A new namespace shaped at ``rate_mbps`` (None: not shaped yet); stale ones of dead processes are swept first.
+    Raises KernelLinkError."""
     why = unavailable()
     if why:
         raise KernelLinkError(why)
     sweep_stale()
     name = f"{PREFIX}{os.getpid()}-{next(_counter)}"
     _ip("netns", "add", name)
-    ns = Namespace(name, max(rate_mbps, FLOOR_MBPS))
+    ns = Namespace(name, float("inf") if rate_mbps is None else max(rate_mbps, FLOOR_MBPS))
     try:
         for args in (("link", "set", "lo", "mtu", str(MTU)), ("link", "set", "lo", "up")):
             _ip("netns", "exec", name, "ip", *args)
-        _tc(name, "add", ns.rate_mbps)
+        if rate_mbps is not None:
+            _tc(name, "add", ns.rate_mbps)
     except BaseException:
         ns.close()
         raise
@@ -227,12 +229,11 @@ class KernelLink:
 
 
 @contextlib.contextmanager
-def kernel_link(rate_mbps: float = 1000.0):
+def kernel_link():
     """A new namespace for a command's edits (unshaped until an edit replays its trace), removed on the way out
     — also on Ctrl-C and SIGTERM, which the caller turns into an exception (:func:`terminate_as_interrupt`)."""
-    ns = create_namespace(rate_mbps)
+    ns = create_namespace(None)
     try:
-        ns.unshape()
         yield KernelLink(ns)
     finally:
         ns.close()
