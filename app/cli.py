@@ -126,8 +126,9 @@ def run_demo(host: str = "127.0.0.1", port: int = 7860, packs: str | Path = "pac
     if is_store_url(packs):
         echo(f"opening the pack store {packs}…")
     store = open_store(packs, create=True)  # a folder is made; a bad URL or credentials fail here, in one line
-    from sakura.net.kernel import KernelLinkError, entered, link_for_command  # sakura --help stays light
+    from sakura.net.kernel import KernelLinkError, check_link, entered, link_for_command  # sakura --help stays light
 
+    check_link(link)
     if link == "kernel" and (device != "subprocess" or is_store_url(packs)):
         raise KernelLinkError("--link kernel runs the template server and a subprocess device agent inside a network "
                               "namespace: use --device subprocess and a pack folder")

@@ -115,3 +115,20 @@ def test_a_closed_link_gives_up_at_once():
             link.receive(flight)
     finally:
         gate.set()
+
+
+@pytest.mark.parametrize("args", [["loadtest", "--link", "kernel", "--store", "packs"],
+                                  ["bench", "--clock", "both", "--link", "kernel", "--out", "unused"],
+                                  ["bench", "--clock", "real", "--link", "tcp", "--out", "unused"]])
+def test_without_root_a_kernel_link_is_refused_in_one_line(args, tmp_path):
+    import subprocess
+    import sys
+
+    code = ("import os, sys; os.geteuid = lambda: 1000\n"
+            "from sakura.cli import main\n"
+            f"sys.argv = ['sakura', *{args!r}]; main()")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 2, out.stderr[-500:]
+    lines = [ln for ln in out.stderr.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr[-500:]
+    assert ("needs root" in lines[0]) if "kernel" in args else ("--link must be one of paced, kernel" in lines[0])

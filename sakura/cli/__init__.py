@@ -382,10 +382,12 @@ def bench(
             raise UserError(f"unknown system {sname!r}; choose from {', '.join(SYSTEMS)}")
     if quick:
         cfg.workloads, cfg.starts = ("fs",), 10
+    from sakura.net.kernel import check_link, link_for_command  # (no torch)
+
+    check_link(link)
     if link != "paced" and (clock == "sim" or figure or project or "://" in str(cfg.packs)):
         raise UserError("--link kernel shapes real-clock runs on a pack folder: use --clock real or both, no "
                         "--figure / --project")
-    from sakura.net.kernel import link_for_command  # (no torch)
 
     with link_for_command(link) as kernel, Progress(TextColumn("{task.description}"), BarColumn(),
                                                      MofNCompleteColumn(), TimeElapsedColumn()) as bar:

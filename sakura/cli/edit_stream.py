@@ -20,7 +20,7 @@ from rich.table import Table
 from sakura.catalog import load_catalog, load_image_spec
 from sakura.formats import file_id
 from sakura.net.failover import failover_for_servers
-from sakura.net.kernel import KernelLinkError, entered, link_for_command
+from sakura.net.kernel import KernelLinkError, check_link, entered, link_for_command
 from sakura.net.stores import is_store_url
 from sakura.net.traces import load_trace
 from sakura.offline.builder import build_template
@@ -62,6 +62,7 @@ def stream_edit(*, template: str, reference, prompt, out: Path, as_json: bool, c
                 trace: str = "5g", start: float = 0.0, trace_scale: float | None = None, regime: str = "paper",
                 server: str | None = None, packs: Path = DEFAULT_PACKS, executor: str = "eager",
                 reconstructor: str = "torch", calibration: Path | None = None, link: str = "paced") -> dict:
+    check_link(link)
     if link == "kernel" and (server or is_store_url(packs)):
         raise KernelLinkError("--link kernel runs its own template server on a pack folder inside the namespace: "
                               "drop --server and use a folder for --packs")

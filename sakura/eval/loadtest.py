@@ -29,7 +29,7 @@ import typer
 
 from sakura.cli.errors import UserError
 from sakura.formats import encoding_from_header, file_id
-from sakura.net.kernel import entered, link_for_command
+from sakura.net.kernel import check_link, entered, link_for_command
 from sakura.net.paced import PacedLink
 from sakura.net.store_reader import ServerStoreClient, link_for_server
 from sakura.net.traces import load_trace
@@ -281,6 +281,7 @@ def loadtest_cmd(
         raise UserError("pass --server URL[,URL...] or --store s3://bucket/prefix")
     if clients < 1 or replicas < 1 or edits < 1 or procs < 1:
         raise UserError("--clients, --replicas, --edits and --procs must be at least 1")
+    check_link(link)
     if link == "kernel" and (server or "://" in str(store)):
         raise UserError("--link kernel starts its servers inside the namespace on a pack folder: pass --store FOLDER, "
                         "no --server")

@@ -262,18 +262,23 @@ def terminate_as_interrupt():
 LINKS = ("paced", "kernel")  # what `--link` takes: the device paces what it reads, or tc shapes a namespace
 
 
+def check_link(link: str) -> None:
+    """A command's ``--link`` can run here (checked before anything slow starts); else KernelLinkError, one line."""
+    if link not in LINKS:
+        raise KernelLinkError(f"--link must be one of {', '.join(LINKS)}, not {link!r}")
+    why = unavailable() if link == "kernel" else None
+    if why:
+        raise KernelLinkError(f"--link kernel: {why}")
+
+
 @contextlib.contextmanager
 def link_for_command(link: str):
     """A command's ``--link``: None for ``paced``; for ``kernel`` a :class:`KernelLink` on a namespace this
     process creates and removes (also on Ctrl-C and SIGTERM). Raises KernelLinkError in one line."""
-    if link not in LINKS:
-        raise KernelLinkError(f"--link must be one of {', '.join(LINKS)}, not {link!r}")
+    check_link(link)
     if link == "paced":
         yield None
         return
-    why = unavailable()
-    if why:
-        raise KernelLinkError(f"--link kernel: {why}")
     with terminate_as_interrupt(), kernel_link() as kl:
         yield kl
 
