@@ -10,6 +10,7 @@ request) and the agent stays up. Nothing of a job is logged.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import socket
@@ -188,13 +189,19 @@ def serve_agent(agent: DeviceAgent, listen: str = "127.0.0.1:8700", log_level: s
     """Serve until interrupted. Prints ``sakura device agent listening on ws://HOST:PORT`` once bound
     (port 0 = any free port)."""
     host, port = parse_listen(listen)
-    if host.startswith(UNIX_PREFIX):
-        sock = bind_unix(host[len(UNIX_PREFIX):])
+    path = host[len(UNIX_PREFIX):] if host.startswith(UNIX_PREFIX) else None
+    if path is not None:
+        sock = bind_unix(path)
         print(f"{READY_PREFIX}{host}", flush=True)
     else:
         sock = bind_socket(host, port)
         print(f"{READY_PREFIX}{url_of(host, sock, 'ws')}", flush=True)
-    uvicorn.Server(uvicorn_config(create_app(agent), log_level)).run(sockets=[sock])
+    try:
+        uvicorn.Server(uvicorn_config(create_app(agent), log_level)).run(sockets=[sock])
+    finally:
+        if path is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
 
 
 def bind_unix(path: str) -> socket.socket:

@@ -1,5 +1,5 @@
 """Drive `sakura demo --link kernel` in Chromium: an fs edit over an uploaded step trace (regime off), screenshot of
-the timeline (trace vs the monitor's estimate). Usage: python demo_browser.py URL OUT.png"""
+the timeline (trace vs the monitor's estimate). Usage: python demo_browser.py URL OUT.png [RATE_FACTOR]"""
 
 import re
 import sys
@@ -16,7 +16,8 @@ tmp = Path(tempfile.mkdtemp())
 face = tmp / "face.jpg"
 Image.fromarray(data.astronaut()[20:240, 130:340]).save(face, quality=92)
 trace = tmp / "steps.csv"
-rates = [8, 2, 8, 1, 6, 3, 8, 0.5, 8, 4] * 3
+factor = float(sys.argv[3]) if len(sys.argv) > 3 else 1.0
+rates = [round(r * factor, 3) for r in [8, 2, 8, 1, 6, 3, 8, 0.5, 8, 4] * 3]
 trace.write_text("time_s,mbps\n" + "".join(f"{0.5 * i:g},{r}\n" for i, r in enumerate(rates)))
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
         "--disable-sync", "--no-first-run", "--disable-dev-shm-usage"]
