@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -166,3 +167,16 @@ def test_a_streamed_edit_completes_over_a_kernel_link_that_drops_to_zero_mid_edi
         assert np.isfinite(outcome.image).all()
         assert tl.bytes_total > 0  # the fast third delivered cache bytes
     assert link.ns.name not in kernel.namespaces()
+
+
+def test_a_loadtest_over_the_kernel_link_shares_one_shaped_cell(fs_packs):
+    packs, _ = fs_packs
+    before = set(kernel.namespaces())
+    sakura = str(Path(sys.executable).with_name("sakura"))
+    out = subprocess.run([sakura, "loadtest", "--link", "kernel", "--store", str(packs),
+                          "--clients", "3", "--edits", "1", "--replicas", "1", "--trace", "fixed:20", "--json"],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-1000:]
+    summary = json.loads(out.stdout)
+    assert summary["link"] == "kernel" and summary["errors"] == 0 and summary["edits"] == 3, summary
+    assert set(kernel.namespaces()) <= before  # its namespace went with it
