@@ -101,7 +101,8 @@ class StreamRunner(Runner):
                 result = edit.run(req, tl)
             finally:
                 link.close()
-                session.runtime.calibration.record_round_trips(link.round_trips)
+                if kernel is None:  # (on a kernel link a first byte waits for tc too: not the device's round trip)
+                    session.runtime.calibration.record_round_trips(link.round_trips)
             if kernel is not None:
                 tl.extras["kernel_rates"] = [[round(t, 4), round(r, 4)] for t, r in replay.changes]
         if link.outages:  # stretches no source answered (the fallbacks decided meanwhile)
