@@ -13,6 +13,7 @@ A sampler reads the server socket's TCP state (``ss -tin``: bytes in flight = by
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import threading
@@ -24,6 +25,7 @@ import numpy as np
 from sakura.formats import encoding_from_header, file_id
 from sakura.net.client import RangeClient
 from sakura.net.kernel import entered, kernel_link
+from sakura.net.paced import PacedLink
 from sakura.net.traces import Trace
 from sakura.net.unpaced import UnpacedLink
 from sakura.online.monitor import RuntimeMonitor
@@ -48,8 +50,12 @@ def sample_tcp(ns, port: int, stop: threading.Event, t0: float, out: list) -> No
 def run(args) -> dict:
     trace = Trace(np.array([0.0, args.trough_at, args.trough_at + args.trough_s, 600.0]),
                   np.array([args.mbps, 0.0, args.mbps]), "trough")
-    with kernel_link() as link, entered(link.ns), start_server(args.packs, process=True) as srv, \
-            RangeClient(srv.url) as client:
+    with contextlib.ExitStack() as stack:
+        link = stack.enter_context(kernel_link()) if args.link == "kernel" else None
+        if link is not None:
+            stack.enter_context(entered(link.ns))
+        srv = stack.enter_context(start_server(args.packs, process=True))
+        client = stack.enter_context(RangeClient(srv.url))
         fid = file_id(args.template, "sakura")
         enc = encoding_from_header("sakura", client.header_bytes(fid)).fresh()
         units = enc.units
@@ -59,11 +65,12 @@ def run(args) -> dict:
         tcp: list = []
         stop = threading.Event()
         rows = []
-        with link.replaying(trace, 0.0) as replay:
-            t0 = replay.t0
-            sampler = threading.Thread(target=sample_tcp, args=(link.ns, srv.port, stop, t0, tcp), daemon=True)
-            sampler.start()
-            ul = UnpacedLink(client)
+        with (link.replaying(trace, 0.0) if link is not None else contextlib.nullcontext()) as replay:
+            t0 = replay.t0 if replay is not None else time.monotonic()
+            if link is not None:
+                sampler = threading.Thread(target=sample_tcp, args=(link.ns, srv.port, stop, t0, tcp), daemon=True)
+                sampler.start()
+            ul = UnpacedLink(client) if link is not None else PacedLink(client, trace, 0.0)
             exec_end = t0 + args.shard_s  # a prelude
             for unit in units:
                 unit = enc.priced(unit)
@@ -81,8 +88,11 @@ def run(args) -> dict:
             ul.close()
             time.sleep(0.1)
             stop.set()
-            sampler.join(2)
-            changes = list(replay.changes)
+            if link is not None:
+                sampler.join(2)
+            # (the paced link: the trace itself, as the device paces it)
+            changes = list(replay.changes) if replay is not None else [
+                [float(e), float(r)] for e, r in zip(trace.edges[:-1], trace.mbps)]
     return {"args": vars(args), "trace": {"t": [float(x) for x in trace.edges], "mbps": [float(x) for x in trace.mbps]},
             "tc_changes": changes, "units": rows, "tcp": tcp, "latency_s": exec_end - t0}
 
@@ -108,7 +118,7 @@ def plot(res: dict, path: Path, title: str) -> None:
     ax.set_ylim(0, max(max(ys), max(r["estimate_mbps"] for r in u), max(r["measured_mbps"] for r in u)) * 1.15)
     ax.legend(loc="upper right", fontsize=8)
     ax.set_title(title, fontsize=10)
-    t = res["tcp"]
+    t = res["tcp"] or [(0.0, 0, 0)]  # (paced link: no kernel TCP state to read)
     ax2.plot([x[0] for x in t], [x[1] / 1e3 for x in t], color="tab:purple", label="server TCP bytes in flight (kB)")
     ax2.set_ylabel("kB in flight")
     ax3 = ax2.twinx()
@@ -131,14 +141,15 @@ def main() -> None:
     ap.add_argument("--trough-s", type=float, default=0.8)
     ap.add_argument("--shard-s", type=float, default=0.15)
     ap.add_argument("--estimator", default="robust-mpc")
+    ap.add_argument("--link", choices=("kernel", "paced"), default="kernel")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     res = run(args)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     Path(f"{out}.json").write_text(json.dumps(res, indent=1))
-    plot(res, Path(f"{out}.png"), f"{args.template}: {args.mbps:g} Mbit/s, 0 for {args.trough_s:g} s at "
-         f"{args.trough_at:g} s, {args.shard_s:g} s a shard (compute simulated); estimator {args.estimator}")
+    plot(res, Path(f"{out}.png"), f"{args.link} link, {args.template}: {args.mbps:g} Mbit/s, 0 for {args.trough_s:g} "
+         f"s at {args.trough_at:g} s, {args.shard_s:g} s a shard (compute simulated); estimator {args.estimator}")
     u = res["units"]
     print(json.dumps({"latency_s": round(res["latency_s"], 3), "units": [
         (round(r["t_request"], 3), round(r["estimate_mbps"], 2), round(r["measured_mbps"], 2), r["nbytes"])
