@@ -130,7 +130,9 @@ class DeviceAgent:
             self._bytes_from = pack_bytes_from(self.server_url)
         if self._bytes_from == "store":
             return self._replicas(ServerStoreClient)
-        return self._replicas(WsRangeClient if self.transport == "ws" else RangeClient)
+        # (a kernel link may leave a request stuck in a trough and go on beside it: HTTP, whose client pools
+        # connections, not the websocket stream, whose one connection answers in order)
+        return self._replicas(WsRangeClient if self.transport == "ws" and self.kernel is None else RangeClient)
 
     def _replicas(self, client):
         """``client`` for the server, or a failover over one per replica (in the operator's order)."""

@@ -132,3 +132,26 @@ def test_without_root_a_kernel_link_is_refused_in_one_line(args, tmp_path):
     lines = [ln for ln in out.stderr.splitlines() if ln.startswith("error:")]
     assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr[-500:]
     assert ("needs root" in lines[0]) if "kernel" in args else ("--link must be one of paced, kernel" in lines[0])
+
+
+def test_a_dropped_request_stuck_on_the_wire_does_not_hold_the_next_ones():
+    """As a device closes a connection stuck in a trough: the next request goes on at once, beside it."""
+    gate = threading.Event()
+
+    class Stuck(Slow):
+        def fetch_timed(self, file_id, ranges):
+            if ranges[0][0] == 0:  # the first request hangs until released
+                assert gate.wait(60)
+            return super().fetch_timed(file_id, ranges)
+
+    link = UnpacedLink(Stuck())
+    try:
+        first, second = link.send("f", [(0, 10)]), link.send("f", [(10, 10)])
+        time.sleep(0.1)
+        drop = threading.Event()
+        drop.set()
+        assert link.receive(first, drop=drop).parts == []
+        assert link.receive(second).nbytes == 10  # (it would wait for the gate without the new worker)
+    finally:
+        gate.set()
+        link.close()

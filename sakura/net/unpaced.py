@@ -16,7 +16,6 @@ watches what arrives. :class:`UnpacedLink` offers the same interface as :class:`
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
 from collections import deque
@@ -79,26 +78,52 @@ class UnpacedLink:
         self._t0 = time.monotonic()
         self._closed = threading.Event()
         self._cond = threading.Condition()
-        self._queue: queue.Queue = queue.Queue()
-        # started here, by the thread that made the link: it lives in that thread's network namespace
-        self._worker = threading.Thread(target=self._work, name="unpaced-link", daemon=True)
-        self._worker.start()
+        self._waiting: deque[Flight] = deque()  # sent, not yet taken by the worker
+        self._active: Flight | None = None  # the request the current worker is fetching
+        self._generation = 0  # the current worker's; an abandoned worker ends when its request returns
+        self._spawn()
+
+    def _spawn(self) -> None:
+        """A new worker (under ``_cond`` or before any thread runs). Started by a thread of the edit, so it lives
+        in that thread's network namespace (the kernel link's)."""
+        self._generation += 1
+        threading.Thread(target=self._work, args=(self._generation,), name="unpaced-link", daemon=True).start()
+
+    def _abandon(self, flight: Flight) -> None:
+        """``flight`` is no longer wanted (dropped, or cut at a prefix already through): if the worker is still on
+        it, later requests go on at once on a new worker (a new connection) — as a device closes a connection
+        stuck in a trough rather than wait out TCP's retransmission backoff (under ``_cond``)."""
+        flight.stop = True
+        if self._active is flight and not flight.done:
+            self._active = None
+            self._spawn()
 
     def send(self, file_id: str, ranges) -> Flight:
         flight = Flight(file_id, tuple(tuple(r) for r in ranges), time.monotonic())
-        self._queue.put(flight)
+        with self._cond:
+            self._waiting.append(flight)
+            self._cond.notify_all()
         return flight
 
     # -- the worker: one request at a time, in order -------------------------------------------------
-    def _work(self) -> None:
-        while (flight := self._queue.get()) is not None:
+    def _work(self, generation: int) -> None:
+        while True:
+            with self._cond:
+                while not self._waiting and generation == self._generation and not self._closed.is_set():
+                    self._cond.wait(POLL_S * 25)
+                if generation != self._generation or self._closed.is_set():
+                    return
+                flight = self._waiting.popleft()
+                self._active = flight
             try:
-                if not (flight.stop or self._closed.is_set()):
+                if not flight.stop:
                     self._fetch(flight)
             except BaseException as e:  # noqa: BLE001 - handed to the receiver
                 flight.error = e
             with self._cond:
                 flight.done = True
+                if self._active is flight:
+                    self._active = None
                 self._cond.notify_all()
 
     def _fetch(self, flight: Flight) -> None:
@@ -160,7 +185,7 @@ class UnpacedLink:
                 if flight.error is not None:
                     raise flight.error
                 if drop is not None and drop.is_set():
-                    flight.stop = True
+                    self._abandon(flight)
                     return self._transfer(flight, [], flight.wire)
                 if flight.done:
                     if flight.stop and self._closed.is_set() and len(flight.parts) < len(flight.ranges):
@@ -174,7 +199,7 @@ class UnpacedLink:
                 if cut is not None and cut.is_set() and len(ends) > 1:
                     fitting = [k for k in ends if k <= len(flight.parts)]
                     if fitting:
-                        flight.stop = True
+                        self._abandon(flight)
                         return self._transfer(flight, flight.parts[:fitting[-1]])
                 if self._closed.is_set():
                     flight.stop = True
@@ -215,6 +240,5 @@ class UnpacedLink:
     def close(self) -> None:
         """Stop: a waiting receive gives up at once; the request on the wire is not waited for."""
         self._closed.set()
-        self._queue.put(None)
         with self._cond:
             self._cond.notify_all()
