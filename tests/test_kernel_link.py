@@ -180,3 +180,20 @@ def test_a_loadtest_over_the_kernel_link_shares_one_shaped_cell(fs_packs):
     summary = json.loads(out.stdout)
     assert summary["link"] == "kernel" and summary["errors"] == 0 and summary["edits"] == 3, summary
     assert set(kernel.namespaces()) <= before  # its namespace went with it
+
+
+def test_sakura_edit_stream_over_the_kernel_link(fs_packs, tmp_path):
+    """The command end to end: its own server and the device in a namespace it removes, tc along the scaled trace."""
+    packs, _ = fs_packs
+    before = set(kernel.namespaces())
+    sakura = str(Path(sys.executable).with_name("sakura"))
+    out = subprocess.run([sakura, "edit", "--stream", "-t", "fs-astronaut", "-r", "skimage:coffee", "--link", "kernel",
+                          "--packs", str(packs), "--trace", "fixed:20", "--regime", "none", "--calibration",
+                          str(tmp_path / "cal.json"), "--out", str(tmp_path / "out.png"), "--json"],
+                         capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-1000:]
+    report = json.loads(out.stdout)
+    assert report["link"] == "kernel" and report["timeline"]["extras"]["link"] == "kernel"
+    assert report["timeline"]["extras"]["kernel_rates"][0][1] == 20.0
+    assert report["bytes"] > 0 and (tmp_path / "out.png").is_file()
+    assert set(kernel.namespaces()) <= before
