@@ -211,7 +211,7 @@ def entered(ns: Namespace):
         os.close(own)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # (one per namespace: compared and hashed by identity, as a Network holds it)
 class KernelLink:
     """A kernel-shaped link for edits: the namespace whose loopback carries them. During an edit its rate follows
     the edit's (scaled) trace from the edit's start; between edits the loopback is not shaped."""
