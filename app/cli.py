@@ -65,17 +65,20 @@ CALIBRATION_REPEATS = 3
 
 def connect_device(device: str, server_url: str, agent_port: int = 0, executor: str = "auto",
                    reconstructor: str = "auto", programs: Path | None = None,
-                   calibration_file: str | Path | None = None):
+                   calibration_file: str | Path | None = None, kernel_ns: str | None = None,
+                   listen: str | None = None):
     """A bridge to the device agent: ``subprocess`` / ``inprocess`` use our template server, run on the
     given backends (``auto``: the phone-style stack where it works here) and keep their calibration in
     ``calibration_file``; a remote agent (``tcp://…``, ``ws://…``, ``adb``) already knows its own server,
-    backends and calibration."""
+    backends and calibration. ``kernel_ns``: a subprocess agent runs inside that network namespace, reached at
+    ``listen`` (a Unix socket)."""
     from device_bridge import connect  # sakura --help stays light
 
     calibration = {"calibration_file": calibration_file, "calibration_repeats": CALIBRATION_REPEATS}
     if device == "subprocess":
         return connect(device, server_url=server_url, port=agent_port, executor=executor,
-                       reconstructor=reconstructor, programs=programs, **calibration)
+                       reconstructor=reconstructor, programs=programs, kernel_ns=kernel_ns, listen=listen,
+                       **calibration)
     if device == "inprocess":
         from sakura.runtime.backends import BackendChoice  # sakura --help stays light
 
@@ -100,9 +103,11 @@ def describe_backends(bridge) -> str:
 
 def run_demo(host: str = "127.0.0.1", port: int = 7860, packs: str | Path = "packs", device: str = "subprocess",
              templates: list[str] | None = None, data: Path = Path("runs/app"), echo=typer.echo,
-             server_port: int = 0, agent_port: int = 0, executor: str = "auto", reconstructor: str = "auto") -> None:
+             server_port: int = 0, agent_port: int = 0, executor: str = "auto", reconstructor: str = "auto",
+             link: str = "paced") -> None:
     """``server_port`` / ``agent_port``: where the template server and a subprocess agent listen on 127.0.0.1
-    (0: any free port)."""
+    (0: any free port). ``link`` ``kernel``: the template server and the agent run inside a network namespace whose
+    loopback tc shapes along each edit's trace; the app reaches the agent through a Unix socket (not shaped)."""
     import uvicorn
 
     from app.server import create_app  # gradio: sakura --help stays light
@@ -121,12 +126,24 @@ def run_demo(host: str = "127.0.0.1", port: int = 7860, packs: str | Path = "pac
     if is_store_url(packs):
         echo(f"opening the pack store {packs}…")
     store = open_store(packs, create=True)  # a folder is made; a bad URL or credentials fail here, in one line
+    from sakura.net.kernel import KernelLinkError, check_link, entered, link_for_command  # sakura --help stays light
+
+    check_link(link)
+    if link == "kernel" and (device != "subprocess" or is_store_url(packs)):
+        raise KernelLinkError("--link kernel runs the template server and a subprocess device agent inside a network "
+                              "namespace: use --device subprocess and a pack folder")
     builds = BuildQueue(chosen, store)  # started once the page is served: the user never waits for them
     with contextlib.ExitStack() as stack:
+        kernel = stack.enter_context(link_for_command(link))
         stack.callback(builds.stop)
         echo("starting the template server…")
-        server = start_server(store.url, port=server_port, process=True,
-                              access_log=data / "template-server-access.log")
+        with contextlib.ExitStack() as inside:  # (on a kernel link: in the namespace, on its shaped loopback)
+            if kernel is not None:
+                inside.enter_context(entered(kernel.ns))
+                echo(f"  kernel-shaped link: network namespace {kernel.ns.name}, loopback MTU 1500, tc tbf along "
+                     "each edit's trace")
+            server = start_server(store.url, port=server_port, process=True,
+                                  access_log=data / "template-server-access.log")
         stack.callback(server.stop)
         where = "pack bytes from the store, by presigned URL" if is_store_url(store.url) else "pack bytes too"
         echo(f"  template server: {server.url} ({where}; access log: {data / 'template-server-access.log'})")
@@ -134,7 +151,9 @@ def run_demo(host: str = "127.0.0.1", port: int = 7860, packs: str | Path = "pac
         from sakura.runtime.backends import programs_beside  # sakura --help stays light
 
         bridge = connect_device(device, server.url, agent_port, executor, reconstructor,
-                                programs_beside(None if is_store_url(store.url) else packs), default_path())
+                                programs_beside(None if is_store_url(store.url) else packs), default_path(),
+                                kernel_ns=kernel.ns.name if kernel is not None else None,
+                                listen=f"unix:{(data / 'agent.sock').resolve()}" if kernel is not None else None)
         stack.callback(bridge.close)
         calibrations = Calibrations(bridge, [t.id for t in chosen], builds)  # started with the builds
         stack.callback(calibrations.stop)
@@ -196,6 +215,8 @@ def demo(
                                  "(default: ExecuTorch shard programs where they run here, else eager)."),
     reconstructor: str = typer.Option("auto", "--reconstructor", help="The device's rebuild: torch | opencl | auto "
                                       "(default: OpenCL where a device exists, else torch)."),
+    link: str = typer.Option("paced", "--link", help="paced (the device paces along the trace) or kernel (server "
+                             "and agent in a network namespace whose loopback tc shapes; root)."),
 ):
     """Run the demo: template server, a device agent, and the app (missing packs build behind it)."""
     from device_bridge import BridgeError  # sakura --help stays light
@@ -220,12 +241,12 @@ def demo(
         raise typer.Exit(2)
     try:
         run_demo(host, port, packs_or_default(packs), device, ids, data, server_port=server_port,
-                 agent_port=agent_port, executor=executor, reconstructor=reconstructor)
+                 agent_port=agent_port, executor=executor, reconstructor=reconstructor, link=link)
     except KeyboardInterrupt:
         typer.echo("\nstopped.")
     except typer.BadParameter:
         raise
-    except (BridgeError, CatalogError, RuntimeError, OSError, ValueError) as e:
+    except (BridgeError, CatalogError, RuntimeError, OSError, ValueError) as e:  # (KernelLinkError: a RuntimeError)
         typer.echo(f"error: {' '.join(str(e).split())}", err=True)
         raise typer.Exit(2)
 

@@ -16,7 +16,10 @@ from sakura.process import sigterm_as_interrupt
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m device_bridge", description="SAKURA device agent")
-    ap.add_argument("--listen", default="127.0.0.1:8700", help="HOST:PORT to listen on (port 0 = any free port)")
+    ap.add_argument("--listen", default="127.0.0.1:8700", help="HOST:PORT to listen on (port 0 = any free port), or "
+                    "unix:PATH (a Unix socket)")
+    ap.add_argument("--kernel-ns", default=None, metavar="NAME", help="this agent runs inside the sakura network "
+                    "namespace NAME: its edits' links are shaped there by tc, not paced (sakura demo --link kernel)")
     ap.add_argument("--server", default=None, help="template server URL (default: serve --packs locally)")
     ap.add_argument("--packs", default=None, help="packs folder to serve when no --server is given")
     ap.add_argument("--catalog", default=None, help="catalog manifest (TOML); default: the embedded one")
@@ -40,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run_agent(a.listen, a.server, a.packs, catalog=a.catalog, link=a.link, timeout_s=a.timeout,
                   warmup=a.warmup, calibration_file=a.calibration, calibration_repeats=a.calibration_repeats,
-                  log_level=a.log_level, executor=a.executor, reconstructor=a.reconstructor, programs=a.programs)
+                  log_level=a.log_level, executor=a.executor, reconstructor=a.reconstructor, programs=a.programs,
+                  kernel_ns=a.kernel_ns)
     except KeyboardInterrupt:
         return 0
     except (ValueError, RuntimeError) as e:

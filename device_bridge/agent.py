@@ -13,6 +13,7 @@ returned as ``sent_to_server``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import threading
 import time
@@ -44,6 +45,7 @@ from sakura.formats import PackFormatError, file_id
 from sakura.model import ModelInputError, ModelLoadError
 from sakura.net.client import FetchError, RangeClient, WsRangeClient
 from sakura.net.failover import FailoverSource
+from sakura.net.kernel import KernelLink
 from sakura.net.paced import LinkClosed
 from sakura.net.store_reader import ServerStoreClient, pack_bytes_from
 from sakura.net.traces import TraceError
@@ -86,8 +88,10 @@ class DeviceAgent:
                  link: str = "ws", timeout_s: float = DEFAULT_TIMEOUT_S, busy_wait_s: float = DEFAULT_BUSY_WAIT_S,
                  calibration_repeats: int = 1, model_path: str | Path | None = None,
                  reference_cache_templates: int = 2, calibration_file: str | Path | None = None,
-                 backends: BackendChoice | None = None) -> None:
-        """``backends``: the executor and reconstructor every edit runs on (default eager + torch; ``auto``:
+                 backends: BackendChoice | None = None, kernel: KernelLink | None = None) -> None:
+        """``kernel``: this agent runs inside a kernel-shaped link's namespace; its edits' links are shaped there
+        by tc along their traces, not paced here (and nothing is prefetched: the link is shaped only during an
+        edit). ``backends``: the executor and reconstructor every edit runs on (default eager + torch; ``auto``:
         the phone-style stack where it works here). A backend that cannot run raises BackendUnavailable at
         once, its one line naming the fallback."""
         if link not in ("ws", "http"):
@@ -110,6 +114,7 @@ class DeviceAgent:
         self.server_urls = [u.strip().rstrip("/") for u in server_url.split(",") if u.strip()]
         self.server_url = self.server_urls[0]
         self.transport, self.timeout_s = link, float(timeout_s)
+        self.kernel = kernel
         self.slot = EditSlot(busy_wait_s)
         self.stats = {"completed": 0, "rejected": 0, "failed": 0, "cancelled": 0}  # edits by outcome
         self.runtime = DeviceRuntime(self._replicas(RangeClient), model_path=model_path,
@@ -126,7 +131,9 @@ class DeviceAgent:
             self._bytes_from = pack_bytes_from(self.server_url)
         if self._bytes_from == "store":
             return self._replicas(ServerStoreClient)
-        return self._replicas(WsRangeClient if self.transport == "ws" else RangeClient)
+        # (a kernel link may leave a request stuck in a trough and go on beside it: HTTP, whose client pools
+        # connections, not the websocket stream, whose one connection answers in order)
+        return self._replicas(WsRangeClient if self.transport == "ws" and self.kernel is None else RangeClient)
 
     def _replicas(self, client):
         """``client`` for the server, or a failover over one per replica (in the operator's order)."""
@@ -210,6 +217,8 @@ class DeviceAgent:
         except CatalogError as e:
             raise EditRejected(one_line(str(e).strip("'\""))) from None
         net = parse_network(network)
+        if self.kernel is not None:
+            return {"template_id": template.id, "held": None, "off": "no prefetch on a kernel-shaped link"}
         try:
             return self.prefetcher.start(template, net.network(),
                                          think_s)
@@ -280,7 +289,7 @@ class DeviceAgent:
             t0 = time.perf_counter()
             calibrating = not self.runtime.knows(template)
             session = self.runtime.session(
-                template, spec.system, net.network(start), source=source,
+                template, spec.system, dataclasses.replace(net.network(start), kernel=self.kernel), source=source,
                 on_event=on_event, on_status=lambda stage, msg: emit(event("status", stage=stage, message=msg)),
                 timeout_s=self.timeout_s, prefetched=held)
             timing["setup_s"] = time.perf_counter() - t0

@@ -17,23 +17,26 @@ def run_agent(listen: str = "127.0.0.1:8700", server: str | None = None, packs: 
               warmup: list[str] | tuple[str, ...] = (),
               calibration_file: str | Path | None = None, calibration_repeats: int = 1,
               log_level: str = "warning", executor: str = "eager", reconstructor: str = "torch",
-              programs: str | Path | None = None) -> None:
+              programs: str | Path | None = None, kernel_ns: str | None = None) -> None:
     """Start a :class:`DeviceAgent` (and a local template server over ``packs`` when no ``server``
-    is given) and serve it until interrupted."""
+    is given) and serve it until interrupted. ``kernel_ns``: the agent runs inside that sakura network namespace
+    (its links shaped there by tc)."""
     from device_bridge.agent import DeviceAgent  # torch: sakura --help stays light
     from device_bridge.server import parse_listen, serve_agent  # fastapi/uvicorn: sakura --help stays light
 
     parse_listen(listen)  # fail before loading anything
     from sakura.catalog import CatalogError  # sakura --help stays light
+    from sakura.net.kernel import KernelLinkError, attach  # sakura --help stays light
     from sakura.runtime.backends import BackendChoice  # sakura --help stays light
     from sakura.runtime.executors.errors import BackendUnavailable  # sakura --help stays light
 
     try:
+        kernel = attach(kernel_ns) if kernel_ns else None
         choice = BackendChoice(executor, reconstructor, Path(programs) if programs else None)
         agent = DeviceAgent(server, catalog, packs, link=link, timeout_s=timeout_s,
                             calibration_file=calibration_file, calibration_repeats=calibration_repeats,
-                            backends=choice)
-    except (CatalogError, BackendUnavailable) as e:
+                            backends=choice, kernel=kernel)
+    except (CatalogError, BackendUnavailable, KernelLinkError) as e:
         raise ValueError(str(e)) from None
     b = agent.backends_summary()
     print(f"device backends: {b['executor_title']} + {b['reconstructor_title']} on the {b['where']}"

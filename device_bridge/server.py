@@ -10,7 +10,11 @@ request) and the agent stays up. Nothing of a job is logged.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
+import socket
+import stat
 import threading
 from typing import Any
 
@@ -160,7 +164,16 @@ async def _send_final(ws: WebSocket, ev: dict) -> None:
         pass
 
 
+UNIX_PREFIX = "unix:"  # --listen unix:PATH: a Unix socket (crosses network namespaces: the kernel-shaped link's)
+
+
 def parse_listen(listen: str) -> tuple[str, int]:
+    """(host, port), or (``unix:PATH``, 0) for a Unix socket."""
+    if listen.strip().startswith(UNIX_PREFIX):
+        path = listen.strip()[len(UNIX_PREFIX):]
+        if not path:
+            raise ValueError(f"--listen unix:PATH needs a path, got {listen!r}")
+        return UNIX_PREFIX + path, 0
     host, sep, port = listen.strip().rpartition(":")
     if not sep or not port.isdigit():
         raise ValueError(f"--listen must be HOST:PORT (e.g. 127.0.0.1:8700), got {listen!r}")
@@ -176,9 +189,30 @@ def serve_agent(agent: DeviceAgent, listen: str = "127.0.0.1:8700", log_level: s
     """Serve until interrupted. Prints ``sakura device agent listening on ws://HOST:PORT`` once bound
     (port 0 = any free port)."""
     host, port = parse_listen(listen)
-    sock = bind_socket(host, port)
-    print(f"{READY_PREFIX}{url_of(host, sock, 'ws')}", flush=True)
-    uvicorn.Server(uvicorn_config(create_app(agent), log_level)).run(sockets=[sock])
+    path = host[len(UNIX_PREFIX):] if host.startswith(UNIX_PREFIX) else None
+    if path is not None:
+        sock = bind_unix(path)
+        print(f"{READY_PREFIX}{host}", flush=True)
+    else:
+        sock = bind_socket(host, port)
+        print(f"{READY_PREFIX}{url_of(host, sock, 'ws')}", flush=True)
+    try:
+        uvicorn.Server(uvicorn_config(create_app(agent), log_level)).run(sockets=[sock])
+    finally:
+        if path is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+
+
+def bind_unix(path: str) -> socket.socket:
+    """A listening Unix socket at ``path`` (a stale socket file there is replaced), readable by its owner only."""
+    if os.path.exists(path) and stat.S_ISSOCK(os.stat(path).st_mode):
+        os.unlink(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(path)
+    os.chmod(path, 0o600)
+    sock.listen(64)
+    return sock
 
 
 class AgentServerThread:

@@ -37,10 +37,11 @@ from typing import Any, Callable
 import httpx
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
+from websockets.sync.client import unix_connect as ws_unix_connect
 
 from device_bridge.agent import DeviceAgent
 from device_bridge.protocol import EditFailed, EditRejected, Job, NetworkSpec, one_line
-from device_bridge.server import READY_PREFIX
+from device_bridge.server import READY_PREFIX, UNIX_PREFIX
 
 EventCallback = Callable[[dict], None]
 DEFAULT_ADB_PORT = 8700
@@ -123,15 +124,26 @@ class WsBridge(Bridge):
         u = url.rstrip("/")
         if u.startswith("tcp://"):
             u = "ws://" + u[len("tcp://"):]
-        if not u.startswith(("ws://", "wss://")):
-            raise BridgeError(f"agent URL must be ws://HOST:PORT or tcp://HOST:PORT, got {url!r}")
+        self.uds = u[len(UNIX_PREFIX):] if u.startswith(UNIX_PREFIX) else None  # a Unix socket (unix:PATH)
+        if self.uds is None and not u.startswith(("ws://", "wss://")):
+            raise BridgeError(f"agent URL must be ws://HOST:PORT, tcp://HOST:PORT or unix:PATH, got {url!r}")
         self.url = u
-        self.http_url = "http" + u[2:]
+        self.http_url = "http://agent" if self.uds else "http" + u[2:]
         self.open_timeout, self.event_timeout = open_timeout, event_timeout
+
+    def _ws(self, path: str):
+        if self.uds:
+            return ws_unix_connect(self.uds, "ws://agent" + path, open_timeout=self.open_timeout, max_size=None,
+                                   compression=None)
+        return ws_connect(self.url + path, open_timeout=self.open_timeout, max_size=None, compression=None)
 
     def _get(self, path: str, method: str = "GET", timeout: float = 30.0, json: Any = None) -> Any:
         try:
-            r = httpx.request(method, self.http_url + path, timeout=timeout, json=json)
+            if self.uds:
+                with httpx.Client(transport=httpx.HTTPTransport(uds=self.uds), timeout=timeout) as c:
+                    r = c.request(method, self.http_url + path, json=json)
+            else:
+                r = httpx.request(method, self.http_url + path, timeout=timeout, json=json)
         except httpx.HTTPError as e:
             raise BridgeError(f"cannot reach the device agent at {self.url}: {type(e).__name__}: {one_line(e, 200)}") \
                 from None
@@ -162,8 +174,7 @@ class WsBridge(Bridge):
         except (TypeError, ValueError) as e:
             raise EditRejected(f"the job is not JSON-serialisable: {one_line(e, 200)}") from None
         try:
-            conn = ws_connect(self.url + "/v1/edit", open_timeout=self.open_timeout, max_size=None,
-                              compression=None)
+            conn = self._ws("/v1/edit")
         except Exception as e:  # noqa: BLE001 - refused, DNS, timeout, bad handshake
             raise BridgeError(f"cannot reach the device agent at {self.url}: {type(e).__name__}: "
                               f"{one_line(e, 200)}") from None
@@ -196,11 +207,17 @@ class SubprocessBridge(WsBridge):
                  calibration_file: str | Path | None = None, calibration_repeats: int = 1,
                  extra_args: tuple[str, ...] = (), python: str | None = None, port: int = 0,
                  executor: str | None = None, reconstructor: str | None = None,
-                 programs: str | Path | None = None) -> None:
-        """``port``: where the agent listens on 127.0.0.1 (0: any free port)."""
+                 programs: str | Path | None = None, listen: str | None = None,
+                 kernel_ns: str | None = None) -> None:
+        """``port``: where the agent listens on 127.0.0.1 (0: any free port); ``listen``: instead, e.g. unix:PATH.
+        ``kernel_ns``: the agent runs inside that sakura network namespace (``ip netns exec``; its links are
+        shaped there by tc): reach it through a Unix socket."""
         if server_url is None and packs_dir is None:
             raise BridgeError("the subprocess transport needs server_url (or packs_dir to serve)")
-        cmd = [python or sys.executable, "-m", "device_bridge", "--listen", f"127.0.0.1:{int(port)}", "--link", link]
+        cmd = ["ip", "netns", "exec", kernel_ns] if kernel_ns else []
+        cmd += [python or sys.executable, "-m", "device_bridge", "--listen", listen or f"127.0.0.1:{int(port)}",
+                "--link", link]
+        cmd += ["--kernel-ns", kernel_ns] if kernel_ns else []
         cmd += ["--server", str(server_url)] if server_url else ["--packs", str(packs_dir)]
         cmd += ["--catalog", str(catalog)] if catalog else []
         cmd += ["--timeout", str(timeout_s)] if timeout_s else []

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -105,3 +106,94 @@ def test_a_zero_stretch_of_the_trace_stalls_the_transfer(tmp_path):
     before = max(b for t, b in marks if t < t_zero)
     after = [t for t, b in marks if b > before + 1_000_000]
     assert after and after[0] > t_back  # the transfer resumed only when the rate came back
+
+
+def test_a_command_that_is_terminated_removes_its_namespace():
+    """SIGTERM (as Ctrl-C) runs the command's cleanup: its namespace goes with it."""
+    child = subprocess.Popen([sys.executable, "-c", "from sakura.net.kernel import link_for_command; import time\n"
+                              "with link_for_command('kernel') as k:\n"
+                              "    print(k.ns.name, flush=True); time.sleep(120)"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    name = child.stdout.readline().strip()
+    assert name.startswith(kernel.PREFIX) and name in kernel.namespaces()
+    child.send_signal(signal.SIGTERM)
+    child.wait(60)
+    assert name not in kernel.namespaces()
+
+
+def test_between_edits_the_loopback_is_not_shaped_and_an_edit_replays_its_trace():
+    trace = Trace(np.array([0.0, 0.3, 60.0]), np.array([5.0, 0.0]), "step")
+    with kernel.kernel_link() as link:
+        def qdisc() -> str:
+            return link.ns.run(["tc", "qdisc", "show", "dev", "lo"], capture_output=True, text=True).stdout
+
+        def soon(cond) -> bool:  # (the namespace's batch tc applies a change a few ms later)
+            deadline = time.monotonic() + 30
+            while not cond() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            return cond()
+
+        assert "tbf" not in qdisc()
+        with link.replaying(trace, 0.0) as replay:
+            assert soon(lambda: "5Mbit" in qdisc())
+        assert soon(lambda: "tbf" not in qdisc())
+        assert replay.changes[0][1] == 5.0
+    assert link.ns.name not in kernel.namespaces()
+
+
+def test_a_streamed_edit_completes_over_a_kernel_link_that_drops_to_zero_mid_edit(fs_packs):
+    """As on the device-paced link (tests/test_fallbacks.py): the link dies a third of the way through the masked
+    run; the edit ends with fallbacks, not a timeout, and tc carried the trace (its zero at the floor rate)."""
+    from sakura.net.client import RangeClient
+    from sakura.runtime.calibration import CalibrationStore
+    from sakura.runtime.session import DeviceRuntime, Network
+    from sakura.server.run import start_server
+
+    packs, tpl = fs_packs
+    with kernel.kernel_link() as link:
+        with kernel.entered(link.ns), start_server(packs, process=True) as srv, RangeClient(srv.url) as client:
+            runtime = DeviceRuntime(client, calibration=CalibrationStore(repeats=1))
+            probe = runtime.session(tpl, "sakura", Network(Trace.constant(50.0), "probe", 0.0, 1.0))
+            req = probe.request(catalog_request=tpl.eval_requests[0])
+            dip = Trace(np.array([0.0, 0.35 * probe.compute.masked_s, 600.0]), np.array([50.0, 0.0]), "dip")
+            session = runtime.session(tpl, "sakura", Network(dip, "dip", 0.0, 1.0, kernel=link), timeout_s=30)
+            assert session.network.link == "kernel"
+            outcome = session.run(req)
+        tl = outcome.timeline
+        assert tl.extras["link"] == "kernel"
+        assert [r for _, r in tl.extras["kernel_rates"]][:2] == [50.0, kernel.FLOOR_MBPS]
+        assert tl.fallbacks, "the dead stretch was not noticed"  # reuse, or local on a loaded machine
+        assert outcome.image.shape == req.template_image.shape if hasattr(req, "template_image") else True
+        assert np.isfinite(outcome.image).all()
+        assert tl.bytes_total > 0  # the fast third delivered cache bytes
+    assert link.ns.name not in kernel.namespaces()
+
+
+def test_a_loadtest_over_the_kernel_link_shares_one_shaped_cell(fs_packs):
+    packs, _ = fs_packs
+    before = set(kernel.namespaces())
+    sakura = str(Path(sys.executable).with_name("sakura"))
+    out = subprocess.run([sakura, "loadtest", "--link", "kernel", "--store", str(packs),
+                          "--clients", "3", "--edits", "1", "--replicas", "1", "--trace", "fixed:20", "--json"],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-1000:]
+    summary = json.loads(out.stdout)
+    assert summary["link"] == "kernel" and summary["errors"] == 0 and summary["edits"] == 3, summary
+    assert set(kernel.namespaces()) <= before  # its namespace went with it
+
+
+def test_sakura_edit_stream_over_the_kernel_link(fs_packs, tmp_path):
+    """The command end to end: its own server and the device in a namespace it removes, tc along the scaled trace."""
+    packs, _ = fs_packs
+    before = set(kernel.namespaces())
+    sakura = str(Path(sys.executable).with_name("sakura"))
+    out = subprocess.run([sakura, "edit", "--stream", "-t", "fs-astronaut", "-r", "skimage:coffee", "--link", "kernel",
+                          "--packs", str(packs), "--trace", "fixed:20", "--regime", "none", "--calibration",
+                          str(tmp_path / "cal.json"), "--out", str(tmp_path / "out.png"), "--json"],
+                         capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-1000:]
+    report = json.loads(out.stdout)
+    assert report["link"] == "kernel" and report["timeline"]["extras"]["link"] == "kernel"
+    assert report["timeline"]["extras"]["kernel_rates"][0][1] == 20.0
+    assert report["bytes"] > 0 and (tmp_path / "out.png").is_file()
+    assert set(kernel.namespaces()) <= before

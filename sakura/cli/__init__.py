@@ -109,6 +109,8 @@ def edit(
         "--calibration",
         help="With --stream: JSON file of measured device compute, shared with `sakura device --calibration`.",
     ),
+    link: str = typer.Option("paced", "--link", help="With --stream: paced (the device paces along the trace) or "
+                             "kernel (server and device in a network namespace whose loopback tc shapes; root)."),
 ):
     """Edit a template locally: full recomputation or masked execution with template KV reuse."""
     check_image_file(reference)
@@ -120,7 +122,7 @@ def edit(
                     catalog=catalog, policy=policy, trace=trace, start=start, trace_scale=trace_scale,
                     regime=regime, server=server, packs=packs if server else packs_or_default(packs),
                     executor=executor, reconstructor=reconstructor,
-                    calibration=calibration)
+                    calibration=calibration, link=link)
         return
     if mode not in ("full", "reuse"):
         raise UserError(f"--mode must be full or reuse, not {mode!r}")
@@ -327,6 +329,9 @@ def bench(
         "eager", "--executor", help="eager | executorch: with executorch (and/or --reconstructor opencl) every "
         "row also runs on that stack, beside the eager/torch rows, with per-shard execute/rebuild ratios."),
     reconstructor: str = typer.Option("torch", "--reconstructor", help="torch | opencl (see --executor)."),
+    link: str = typer.Option("paced", "--link", help="Real-clock runs: paced (the device paces along the trace) or "
+                             "kernel (server and device in a network namespace tc shapes; root). With --clock both, "
+                             "kernel adds a third run and links.md."),
     rebuild_clock: str = typer.Option(
         "cpu",
         "--rebuild-clock",
@@ -377,13 +382,29 @@ def bench(
             raise UserError(f"unknown system {sname!r}; choose from {', '.join(SYSTEMS)}")
     if quick:
         cfg.workloads, cfg.starts = ("fs",), 10
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as bar:
+    from sakura.net.kernel import check_link, link_for_command  # (no torch)
+
+    check_link(link)
+    if link != "paced" and (clock == "sim" or figure or project or "://" in str(cfg.packs)):
+        raise UserError("--link kernel shapes real-clock runs on a pack folder: use --clock real or both, no "
+                        "--figure / --project")
+
+    with link_for_command(link) as kernel, Progress(TextColumn("{task.description}"), BarColumn(),
+                                                     MofNCompleteColumn(), TimeElapsedColumn()) as bar:
         say = bar.console.print
         if clock == "both":
             from sakura.eval import plots, realclock  # heavy (torch, matplotlib): inside the command
 
-            summary = realclock.run_both_clocks(cfg, out, progress=bar, say=say)
+            summary = realclock.run_both_clocks(cfg, out, progress=bar, say=say, kernel=kernel)
             say(realclock.clock_table(summary["clock_check"]))
+            if kernel is not None:
+                say(realclock.link_table(summary["link_check"]))
+            written = plots.write_all(summary, out) + [out / "summary.json"]
+            written += [out / "links.md"] if kernel is not None else []
+        elif kernel is not None:
+            from sakura.eval import plots, realclock  # heavy (torch, matplotlib): inside the command
+
+            summary = realclock.run_bench_real(cfg, out, progress=bar, say=say, kernel=kernel)
             written = plots.write_all(summary, out) + [out / "summary.json"]
         else:
             written = figures.run(cfg, out, figure=figure, project=project, clock=clock, progress=bar, say=say,

@@ -20,6 +20,7 @@ from rich.table import Table
 from sakura.catalog import load_catalog, load_image_spec
 from sakura.formats import file_id
 from sakura.net.failover import failover_for_servers
+from sakura.net.kernel import KernelLinkError, check_link, entered, link_for_command
 from sakura.net.stores import is_store_url
 from sakura.net.traces import load_trace
 from sakura.offline.builder import build_template
@@ -60,20 +61,28 @@ def ensure_packs(packs: Path | str, template, model_path=None) -> None:
 def stream_edit(*, template: str, reference, prompt, out: Path, as_json: bool, catalog=None, policy: str = "sakura",
                 trace: str = "5g", start: float = 0.0, trace_scale: float | None = None, regime: str = "paper",
                 server: str | None = None, packs: Path = DEFAULT_PACKS, executor: str = "eager",
-                reconstructor: str = "torch", calibration: Path | None = None) -> dict:
+                reconstructor: str = "torch", calibration: Path | None = None, link: str = "paced") -> dict:
+    check_link(link)
+    if link == "kernel" and (server or is_store_url(packs)):
+        raise KernelLinkError("--link kernel runs its own template server on a pack folder inside the namespace: "
+                              "drop --server and use a folder for --packs")
     tpl = load_catalog(catalog).get(template)
     ref = load_image_spec(reference, Path.cwd()) if reference and tpl.task in ("fs", "vton") else None
-    network = Network(load_trace(trace), trace, start, trace_scale, regime)
+    trace_obj = load_trace(trace)
     ensure_packs(packs, tpl)
-    # packs from the server or its store; several servers (URL,URL): replicas, failed over in order
-    with server_for(packs, server) as base, failover_for_servers(base.split(",")) as client:
-        choice = BackendChoice(executor, reconstructor, programs_beside(packs))
-        runtime = DeviceRuntime(client, calibration=CalibrationStore(calibration, repeats=2), backends=choice)
-        runtime.backends.check()  # a missing backend fails here, in one line naming the fallback
-        session = runtime.session(tpl, policy, network, on_status=status_printer())
-        edit = session.edit(EditInput(prompt or "", ref), with_reference=False)
+    with link_for_command(link) as kernel, contextlib.ExitStack() as inside:
+        if kernel is not None:  # the server (a child process) and this device's sockets: on the namespace's loopback
+            inside.enter_context(entered(kernel.ns))
+        network = Network(trace_obj, trace, start, trace_scale, regime, kernel=kernel)
+        # packs from the server or its store; several servers (URL,URL): replicas, failed over in order
+        with server_for(packs, server) as base, failover_for_servers(base.split(",")) as client:
+            choice = BackendChoice(executor, reconstructor, programs_beside(packs))
+            runtime = DeviceRuntime(client, calibration=CalibrationStore(calibration, repeats=2), backends=choice)
+            runtime.backends.check()  # a missing backend fails here, in one line naming the fallback
+            session = runtime.session(tpl, policy, network, on_status=status_printer())
+            edit = session.edit(EditInput(prompt or "", ref), with_reference=False)
     plan = edit.plan
-    report = {"template": tpl.id, "policy": policy, "trace": trace, "start": session.start,
+    report = {"template": tpl.id, "policy": policy, "trace": trace, "link": link, "start": session.start,
               "trace_scale": session.scale, "server": base, "masked_compute_s": plan["compute"]["masked_s"],
               "local_full_s": plan["compute"]["local_full_s"], "executor": session.backends.executor,
               "reconstructor": session.backends.reconstructor, "backends": session.backends.to_dict(),
@@ -104,7 +113,8 @@ def _print_summary(report: dict) -> None:
     notes = [x for x in (b["note"], "" if b["local_fallback"] else NO_LOCAL) if x]
     console.print(f"backends: {b['executor_title']} + {b['reconstructor_title']} on the {b['where']}"
                   + (f" ({'; '.join(notes)})" if notes else ""))
-    console.print(f"[bold]{report['policy']}[/] on {report['trace']} (×{report['trace_scale']:.3g}, start "
+    console.print(f"[bold]{report['policy']}[/] on {report['trace']} ({report['link']} link, "
+                  f"×{report['trace_scale']:.3g}, start "
                   f"{report['start']} s): latency {report['latency_s']:.3f} s, stall {report.get('stall_s', 0):.3f} s, "
                   f"{report.get('bytes', 0) / 1e6:.2f} MB → {report['out']}")
     fired = report.get("fallbacks") or {}

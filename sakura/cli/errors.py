@@ -31,6 +31,7 @@ EXPECTED_ELSEWHERE = (
     ("sakura.net.byteranges", "FetchError"), ("sakura.net.store_base", "StoreError"),
     ("sakura.net.seaweed", "StoreStartError"), ("sakura.offline.ray_build", "RayUnavailable"),
     ("sakura.runtime.executors.base", "ShardExecutionError"), ("sakura.runtime.bundle_folder", "BundleError"),
+    ("sakura.net.kernel", "KernelLinkError"),
     ("httpx", "TransportError"), ("websockets.exceptions", "WebSocketException"),
     ("PIL.Image", "DecompressionBombError"),
 )

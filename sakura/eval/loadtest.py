@@ -29,9 +29,11 @@ import typer
 
 from sakura.cli.errors import UserError
 from sakura.formats import encoding_from_header, file_id
+from sakura.net.kernel import check_link, entered, link_for_command
 from sakura.net.paced import PacedLink
-from sakura.net.store_reader import ServerStoreClient
+from sakura.net.store_reader import ServerStoreClient, link_for_server
 from sakura.net.traces import load_trace
+from sakura.net.unpaced import UnpacedLink
 from sakura.online.monitor import RuntimeMonitor
 from sakura.online.policies import get_policy
 
@@ -48,6 +50,10 @@ class LoadConfig:
     shard_s: float = 0.02  # simulated compute per shard
     prelude_s: float = 0.05  # simulated compute before the first shard (text / reference encoding)
     seed: int = 0
+    # "kernel": servers and devices share a namespace's loopback, shaped by tc along the trace × clients (one cell's
+    # link, shared by its devices) from monotonic time ``link_t0``; the devices do not pace
+    link: str = "paced"
+    link_t0: float = 0.0
 
 
 @dataclass
@@ -70,7 +76,8 @@ def one_edit(
     initial_bps = float(trace.rate_at(start)) * 1e6
     policy, monitor = get_policy("sakura"), RuntimeMonitor(initial_bps)
     policy.begin(units, cfg.prelude_s + cfg.shard_s * len(units), initial_bps)
-    link = PacedLink(client, trace, start)
+    kernel = cfg.link == "kernel"
+    link = UnpacedLink(client) if kernel else PacedLink(client, trace, start)
     t0 = time.monotonic()
     exec_start: list[float] = []
     exec_end = t0 + cfg.prelude_s
@@ -82,7 +89,8 @@ def one_edit(
         deadline = t0 + cfg.prelude_s + cfg.shard_s * k
         decision = policy.choose(unit, time.monotonic(), deadline, monitor)
         pending = link.send(fid, enc.ranges(unit, decision.level))
-        time.sleep(max(0.0, pending.done - time.monotonic()))  # one sleep, not the receive loop's polls
+        if not kernel:
+            time.sleep(max(0.0, pending.done - time.monotonic()))  # one sleep, not the receive loop's polls
         tr = link.receive(pending)
         monitor.observe(tr.nbytes, tr.t_request, tr.t_last_byte)
         out.time_to_shard.append(tr.t_last_byte - tr.t_request)
@@ -104,10 +112,14 @@ def run_client(
     barrier.wait()
     for e in range(cfg.edits):
         server = cfg.servers[(index + e) % len(cfg.servers)]  # round robin: the load balancer
+        start = rng.uniform(0.0, trace.duration)
+        if cfg.link == "kernel":  # where the shared, tc-shaped trace is now
+            start = (time.monotonic() - cfg.link_t0) % trace.duration
         try:
-            with ServerStoreClient(server) as client:  # a fresh device each edit: catalog + headers + URLs again
-                one_edit(client, templates[(index + e) % len(templates)], trace,
-                         rng.uniform(0.0, trace.duration), cfg, out)
+            # a fresh device each edit: catalog + headers + URLs again (on a kernel link: bytes from a pack folder's
+            # server, the store's endpoint being outside the namespace)
+            with (link_for_server(server) if cfg.link == "kernel" else ServerStoreClient(server)) as client:
+                one_edit(client, templates[(index + e) % len(templates)], trace, start, cfg, out)
         except Exception as e:  # noqa: BLE001 - counted and reported, the load goes on
             out.errors.append(f"{type(e).__name__}{_where(e)}: {e}"[:240])
 
@@ -124,8 +136,11 @@ def _where(e: Exception) -> str:
 def run_load(cfg: LoadConfig, procs: int = 1) -> dict:
     """Run ``cfg.clients`` clients as threads of ``procs`` processes (client ``i`` in process ``i % procs``), so
     that the generator itself is not what saturates first; every process starts its clients at the same moment."""
-    with ServerStoreClient(cfg.servers[0]) as probe:
-        templates = sorted({t["template"] for t in probe.templates() if t["id"] == t["template"]})
+    with (link_for_server(cfg.servers[0]) if cfg.link == "kernel" else ServerStoreClient(cfg.servers[0])) as probe:
+        # (a store's server names each file's template; a pack folder's lists file ids: a template's pack is its id)
+        listed = probe.templates()
+        templates = sorted({t["template"] for t in listed if t["id"] == t["template"]} if cfg.link != "kernel"
+                           else {t["id"] for t in listed if "." not in t["id"]})
     if not templates:
         raise RuntimeError(f"the store behind {cfg.servers[0]} has no published templates (run sakura build)")
     procs = max(1, min(int(procs), cfg.clients))
@@ -255,6 +270,9 @@ def loadtest_cmd(
     trace_scale: float = typer.Option(1.0, "--trace-scale"),
     shard_ms: float = typer.Option(20.0, "--shard-ms", help="Simulated compute per shard (ms)."),
     as_json: bool = typer.Option(False, "--json"),
+    link: str = typer.Option("paced", "--link", help="paced (each device paces its own link) or kernel (servers and "
+                             "devices in a network namespace whose loopback tc shapes along the trace × clients: one "
+                             "shared cell; --store is then a pack folder; root)."),
 ):
     """Load test: N devices' streamed-edit fetches against template-server replicas and the pack store."""
     from sakura.server.run import start_server  # fastapi/uvicorn: sakura --help stays light
@@ -263,13 +281,24 @@ def loadtest_cmd(
         raise UserError("pass --server URL[,URL...] or --store s3://bucket/prefix")
     if clients < 1 or replicas < 1 or edits < 1 or procs < 1:
         raise UserError("--clients, --replicas, --edits and --procs must be at least 1")
-    with ExitStack() as stack:
+    check_link(link)
+    if link == "kernel" and (server or "://" in str(store)):
+        raise UserError("--link kernel starts its servers inside the namespace on a pack folder: pass --store FOLDER, "
+                        "no --server")
+    with link_for_command(link) as kernel, ExitStack() as stack:
+        cfg = LoadConfig([], clients, edits, trace, trace_scale, shard_ms / 1e3, link=link)
+        if kernel is not None:
+            stack.enter_context(entered(kernel.ns))
         started = [] if server else [stack.enter_context(start_server(store, port=0, process=True))
                                      for _ in range(replicas)]
-        urls = server.split(",") if server else [s.url for s in started]
+        cfg.servers = server.split(",") if server else [s.url for s in started]
         pids = [s._proc.pid for s in started if s._proc is not None]
         cpu0 = [cpu_seconds(p) for p in pids]
-        summary = run_load(LoadConfig(urls, clients, edits, trace, trace_scale, shard_ms / 1e3), procs)
+        if kernel is not None:  # the cell's link: every device's trace at once
+            replay = stack.enter_context(kernel.replaying(load_trace(trace).scaled(trace_scale * clients), 0.0))
+            cfg.link_t0 = replay.t0
+        summary = run_load(cfg, procs)
+        summary["link"] = link
         cpu1 = [cpu_seconds(p) for p in pids]
         if pids and None not in cpu0 + cpu1:  # the servers' own work: they never carry pack bytes
             summary["server_cpu_s"] = [round(b - a, 2) for a, b in zip(cpu0, cpu1)]

@@ -4,6 +4,7 @@ and the check of the simulated clock against the real one."""
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +12,7 @@ import numpy as np
 from sakura.eval.bench import BenchConfig, TemplateBench, edit_input, record, run_bench
 from sakura.eval.plots import load_records
 from sakura.eval.round_trips import warm
+from sakura.net.kernel import KernelLink, entered
 from sakura.net.store_reader import link_for_server
 from sakura.net.traces import Trace
 from sakura.runtime.session import DeviceRuntime, Network
@@ -19,16 +21,28 @@ from sakura.systems import STREAMING
 
 
 def run_one_real(runtime: DeviceRuntime, prepared: TemplateBench, req_index: int, system: str, trace: Trace,
-                 scale: float, start: float) -> dict:
+                 scale: float, start: float, kernel: KernelLink | None = None) -> dict:
     """One edit on the real clock: the same session as the simulated sweep's, reading the template
-    server through ``runtime`` (which shares the bench's calibration) over a link paced on the device."""
-    session = runtime.session(prepared.template, system, Network(trace, trace.name, start, scale))
+    server through ``runtime`` (which shares the bench's calibration) over a link paced on the device — or,
+    with ``kernel``, shaped by tc along the same scaled trace."""
+    session = runtime.session(prepared.template, system, Network(trace, trace.name, start, scale, kernel=kernel))
     report = session.edit(edit_input(prepared, req_index))
-    return {**record(prepared, req_index, system, start, report), "clock": "real"}
+    return {**record(prepared, req_index, system, start, report), "clock": "real",
+            "link": "paced" if kernel is None else "kernel"}
 
 
-def run_bench_real(cfg: BenchConfig, out: Path, progress=None, say=print, benches: dict | None = None) -> dict:
-    """The sweep of :func:`sakura.eval.bench.run_bench`, each edit run for real through a template server."""
+def run_bench_real(cfg: BenchConfig, out: Path, progress=None, say=print, benches: dict | None = None,
+                   kernel: KernelLink | None = None) -> dict:
+    """The sweep of :func:`sakura.eval.bench.run_bench`, each edit run for real through a template server;
+    with ``kernel``, the server and the device's sockets in its namespace, the link shaped by tc."""
+    with contextlib.ExitStack() as stack:
+        if kernel is not None:
+            stack.enter_context(entered(kernel.ns))
+        return _run_bench_real(cfg, out, progress, say, benches, kernel)
+
+
+def _run_bench_real(cfg: BenchConfig, out: Path, progress, say, benches: dict | None,
+                    kernel: KernelLink | None) -> dict:
     with start_server(cfg.packs, port=0, process=True) as srv, link_for_server(srv.url) as client:
         runtimes: dict[str, DeviceRuntime] = {}  # per template, sharing the bench's calibration
 
@@ -38,9 +52,10 @@ def run_bench_real(cfg: BenchConfig, out: Path, progress=None, say=print, benche
             if tid not in runtimes:
                 runtimes[tid] = DeviceRuntime(client, calibration=prepared.runtime.calibration)
                 warm(client, tid)
-            return run_one_real(runtimes[tid], prepared, req_index, system, trace, scale, start)
+            return run_one_real(runtimes[tid], prepared, req_index, system, trace, scale, start, kernel)
 
-        return run_bench(cfg, out, progress, say, benches=benches, run_edit=real_edit, clock="real")
+        return run_bench(cfg, out, progress, say, benches=benches, run_edit=real_edit,
+                         clock="real" if kernel is None else "kernel")
 
 
 def clock_check(sim_records: list[dict], real_records: list[dict]) -> dict:
@@ -69,17 +84,74 @@ def clock_check(sim_records: list[dict], real_records: list[dict]) -> dict:
     return out
 
 
-def run_both_clocks(cfg: BenchConfig, out: Path, progress=None, say=print) -> dict:
+def run_both_clocks(cfg: BenchConfig, out: Path, progress=None, say=print, kernel: KernelLink | None = None) -> dict:
     """The sweep on the simulated clock (``out``) and on the real one (``out/real``), same offsets,
-    templates, requests and calibration; the simulated summary gains a ``clock_check`` table."""
+    templates, requests and calibration; the simulated summary gains a ``clock_check`` table. With ``kernel``,
+    a third run on the real clock over the kernel-shaped link (``out/kernel``) and a ``link_check`` table."""
     import json
 
     benches: dict = {}
     summary = run_bench(cfg, out, progress, say, benches=benches)
     run_bench_real(cfg, out / "real", progress, say, benches=benches)
     summary["clock_check"] = clock_check(load_records(out), load_records(out / "real"))
+    if kernel is not None:
+        run_bench_real(cfg, out / "kernel", progress, say, benches=benches, kernel=kernel)
+        summary["link_check"] = link_check({"sim": load_records(out), "paced": load_records(out / "real"),
+                                            "kernel": load_records(out / "kernel")})
+        (out / "links.md").write_text(link_table(summary["link_check"]) + "\n")
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
+
+
+LINK_RUNS = ("sim", "paced", "kernel")  # the simulated clock, the device-paced link, the kernel-shaped link
+
+
+def link_check(runs: dict[str, list[dict]]) -> dict:
+    """Per workload and system, for each run (``LINK_RUNS``) over the same edits: p50 / p90 latency, mean bytes,
+    the share of fetch units at the simulated clock's level, and the most chosen levels."""
+    def key(r):
+        return r["workload"], r["template"], r["request"], r["system"], round(r["start_s"], 6)
+
+    sim = {key(r): r for r in runs.get("sim", [])}
+    out: dict = {}
+    for run, records in runs.items():
+        for r in records:
+            row = out.setdefault(r["workload"], {}).setdefault(r["system"], {}).setdefault(
+                run, {"latency": [], "bytes": [], "levels": {}, "same": 0, "units": 0})
+            row["latency"].append(r["latency_s"])
+            row["bytes"].append(r["bytes"])
+            for lv in r.get("levels") or []:
+                row["levels"][lv or "-"] = row["levels"].get(lv or "-", 0) + 1
+            other = sim.get(key(r))
+            if other is not None:
+                row["same"] += sum(a == b for a, b in zip(r["levels"], other["levels"]))
+                row["units"] += len(r["levels"])
+    for systems in out.values():
+        for runs_of in systems.values():
+            for run, row in runs_of.items():
+                top = sorted(row["levels"].items(), key=lambda kv: -kv[1])[:3]
+                runs_of[run] = {"edits": len(row["latency"]), "p50_s": float(np.median(row["latency"])),
+                                "p90_s": float(np.percentile(row["latency"], 90)),
+                                "bytes_mean": float(np.mean(row["bytes"])),
+                                "same_level_as_sim": row["same"] / row["units"] if row["units"] else None,
+                                "top_levels": [f"{lv} ×{n}" for lv, n in top]}
+    return out
+
+
+def link_table(check: dict) -> str:
+    """The three-link check as one markdown table."""
+    lines = ["| workload | system | run | edits | p50 (s) | p90 (s) | MB | same level as sim | most chosen levels |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for workload, systems in check.items():
+        for name, runs_of in systems.items():
+            for run in LINK_RUNS:
+                c = runs_of.get(run)
+                if c is None:
+                    continue
+                same = "—" if c["same_level_as_sim"] is None else f"{100 * c['same_level_as_sim']:.0f}%"
+                lines.append(f"| {workload} | {name} | {run} | {c['edits']} | {c['p50_s']:.3f} | {c['p90_s']:.3f} "
+                             f"| {c['bytes_mean'] / 1e6:.2f} | {same} | {', '.join(c['top_levels'])} |")
+    return "\n".join(lines)
 
 
 def clock_table(check: dict) -> str:

@@ -5,8 +5,10 @@ asked for, a pack header fetched by ranges, and the :class:`Transfer` a fetch re
 from __future__ import annotations
 
 import bisect
+import contextlib
 import re
 import struct
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -139,6 +141,29 @@ def slice_segments(segments: list[tuple[int, memoryview]], ranges: list[Range]) 
     return out
 
 
+_arrivals = threading.local()
+
+
+@contextlib.contextmanager
+def counting(on_bytes: Callable[[int], None]):
+    """While inside, every body chunk a range client reads on this thread is told to ``on_bytes(n)`` as it
+    arrives: what a link that does not pace (:class:`sakura.net.unpaced.UnpacedLink`) sees of a transfer in
+    flight."""
+    before = getattr(_arrivals, "fn", None)
+    _arrivals.fn = on_bytes
+    try:
+        yield
+    finally:
+        _arrivals.fn = before
+
+
+def arrived(n: int) -> None:
+    """``n`` body bytes just came in on this thread (see :func:`counting`)."""
+    fn = getattr(_arrivals, "fn", None)
+    if fn is not None and n:
+        fn(n)
+
+
 def read_body(r: httpx.Response) -> tuple[bytearray, float]:
     """The raw body and the time its first bytes arrived; preallocated when the length is known
     (growing a bytearray chunk by chunk halves throughput on 100 MB bodies)."""
@@ -150,6 +175,7 @@ def read_body(r: httpx.Response) -> tuple[bytearray, float]:
         if first and chunk:
             t_first, first = time.monotonic(), False
         end = pos + len(chunk)
+        arrived(len(chunk))
         if end <= n:
             view[pos:end] = chunk
         else:  # no or wrong Content-Length: append

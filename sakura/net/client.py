@@ -35,6 +35,7 @@ from sakura.net.byteranges import (
     MAX_RANGE_HEADER,
     FetchError,
     Transfer,
+    arrived,
     check_header_length,
     check_ranges,
     header_bytes_via_ranges,
@@ -225,6 +226,7 @@ class WsRangeClient:
             if not buf:
                 t_first = time.monotonic()
             buf += frame
+            arrived(len(frame))
         t_last = time.monotonic() if total else t_req
         done = json.loads(conn.recv())
         if not done.get("done") or done.get("id") != self._next_id:

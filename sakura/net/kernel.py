@@ -12,6 +12,8 @@ The kernel here has no ``netem``, so the round trip stays at loopback scale.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import itertools
 import os
 import shutil
@@ -85,6 +87,7 @@ class Namespace:
 
     name: str
     rate_mbps: float
+    owned: bool = True  # close() removes it (False: another process made it and removes it)
     closed: bool = field(default=False, init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     # one `tc -batch` process per namespace takes the rate changes: a change lands in ~5 ms instead of the
@@ -101,9 +104,20 @@ class Namespace:
     def run(self, cmd: Sequence[str], **kw) -> subprocess.CompletedProcess:
         return subprocess.run(self.command(cmd), **kw)
 
-    def set_rate(self, mbps: float) -> None:
-        """The loopback's rate from now on (at least :data:`FLOOR_MBPS`)."""
+    def set_rate(self, mbps: float, verb: str = "change") -> None:
+        """The loopback's rate from now on (at least :data:`FLOOR_MBPS`); ``verb`` ``replace`` also shapes an
+        unshaped loopback (:meth:`unshape`)."""
         mbps = max(float(mbps), FLOOR_MBPS)
+        self._batch(" ".join(_tbf(verb, mbps)[1:]))
+        self.rate_mbps = mbps
+
+    def unshape(self) -> None:
+        """No shaping until the next :meth:`set_rate` with ``replace``: what moves between edits (headers, the
+        FP16 cache the quality reference is computed with) is template data outside any edit's timing."""
+        self._batch("qdisc del dev lo root")
+        self.rate_mbps = float("inf")
+
+    def _batch(self, line: str) -> None:
         with self._lock:
             if self.closed:
                 return
@@ -111,11 +125,10 @@ class Namespace:
                 self._tc_batch = self.popen(["tc", "-force", "-batch", "-"], stdin=subprocess.PIPE,
                                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
             try:
-                self._tc_batch.stdin.write(" ".join(_tbf("change", mbps)[1:]) + "\n")
+                self._tc_batch.stdin.write(line + "\n")
                 self._tc_batch.stdin.flush()
             except BrokenPipeError:
                 raise KernelLinkError(f"tc in {self.name} exited: {self._tc_batch.stderr.read().strip()}") from None
-            self.rate_mbps = mbps
 
     def close(self) -> None:
         with self._lock:
@@ -127,7 +140,8 @@ class Namespace:
                         self._tc_batch.wait(5)
                     except subprocess.TimeoutExpired:
                         self._tc_batch.kill()
-                _ip("netns", "del", self.name, check=False)
+                if self.owned:
+                    _ip("netns", "del", self.name, check=False)
 
     def __enter__(self) -> Namespace:
         return self
@@ -147,31 +161,145 @@ def _tc(ns: str, verb: str, mbps: float) -> None:
         raise KernelLinkError(f"tc in {ns}: {out.stderr.strip() or out.stdout.strip()}")
 
 
-def create_namespace(rate_mbps: float) -> Namespace:
-    """A new shaped namespace (stale ones of dead processes are swept first). Raises KernelLinkError."""
+def create_namespace(rate_mbps: float | None) -> Namespace:
+    """A new namespace shaped at ``rate_mbps`` (None: not shaped yet); stale ones of dead processes are swept first.
+    Raises KernelLinkError."""
     why = unavailable()
     if why:
         raise KernelLinkError(why)
     sweep_stale()
     name = f"{PREFIX}{os.getpid()}-{next(_counter)}"
     _ip("netns", "add", name)
-    ns = Namespace(name, max(rate_mbps, FLOOR_MBPS))
+    ns = Namespace(name, float("inf") if rate_mbps is None else max(rate_mbps, FLOOR_MBPS))
     try:
         for args in (("link", "set", "lo", "mtu", str(MTU)), ("link", "set", "lo", "up")):
             _ip("netns", "exec", name, "ip", *args)
-        _tc(name, "add", ns.rate_mbps)
+        if rate_mbps is not None:
+            _tc(name, "add", ns.rate_mbps)
     except BaseException:
         ns.close()
         raise
     return ns
 
 
+_CLONE_NEWNET = 0x40000000
+
+
+def _setns(fd: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.setns(fd, _CLONE_NEWNET) != 0:
+        raise KernelLinkError(f"setns: {os.strerror(ctypes.get_errno())}")
+
+
+@contextlib.contextmanager
+def entered(ns: Namespace):
+    """The calling thread inside ``ns``'s network while in the block: the sockets it opens, the threads and the
+    processes it starts meanwhile (a template server, a device agent) live on the namespace's loopback, and keep
+    living there after the block. The thread's own network is restored on the way out."""
+    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    try:
+        target = os.open(f"/run/netns/{ns.name}", os.O_RDONLY)
+        try:
+            _setns(target)
+        finally:
+            os.close(target)
+        try:
+            yield ns
+        finally:
+            _setns(own)
+    finally:
+        os.close(own)
+
+
+@dataclass(frozen=True, eq=False)  # (one per namespace: compared and hashed by identity, as a Network holds it)
+class KernelLink:
+    """A kernel-shaped link for edits: the namespace whose loopback carries them. During an edit its rate follows
+    the edit's (scaled) trace from the edit's start; between edits the loopback is not shaped."""
+
+    ns: Namespace
+
+    @contextlib.contextmanager
+    def replaying(self, trace: Trace, start: float):
+        with TraceReplayer(self.ns, trace, start, verb="replace") as replay:
+            try:
+                yield replay
+            finally:
+                replay.stop()
+                self.ns.unshape()
+
+
+@contextlib.contextmanager
+def kernel_link():
+    """A new namespace for a command's edits (unshaped until an edit replays its trace), removed on the way out
+    — also on Ctrl-C and SIGTERM, which the caller turns into an exception (:func:`terminate_as_interrupt`)."""
+    ns = create_namespace(None)
+    try:
+        yield KernelLink(ns)
+    finally:
+        ns.close()
+
+
+@contextlib.contextmanager
+def terminate_as_interrupt():
+    """SIGTERM raises KeyboardInterrupt in the main thread while in the block, so ``finally`` clauses (removing
+    the namespace) run as on Ctrl-C. Outside the main thread: nothing changes."""
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_term(signum, frame):
+        raise KeyboardInterrupt
+
+    before = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+LINKS = ("paced", "kernel")  # what `--link` takes: the device paces what it reads, or tc shapes a namespace
+
+
+def check_link(link: str) -> None:
+    """A command's ``--link`` can run here (checked before anything slow starts); else KernelLinkError, one line."""
+    if link not in LINKS:
+        raise KernelLinkError(f"--link must be one of {', '.join(LINKS)}, not {link!r}")
+    why = unavailable() if link == "kernel" else None
+    if why:
+        raise KernelLinkError(f"--link kernel: {why}")
+
+
+@contextlib.contextmanager
+def link_for_command(link: str):
+    """A command's ``--link``: None for ``paced``; for ``kernel`` a :class:`KernelLink` on a namespace this
+    process creates and removes (also on Ctrl-C and SIGTERM). Raises KernelLinkError in one line."""
+    check_link(link)
+    if link == "paced":
+        yield None
+        return
+    with terminate_as_interrupt(), kernel_link() as kl:
+        yield kl
+
+
+def attach(name: str) -> KernelLink:
+    """The kernel link on namespace ``name``, made by another process of this command (which removes it): a device
+    agent started inside it shapes its edits there. Raises KernelLinkError."""
+    why = unavailable()
+    if why:
+        raise KernelLinkError(why)
+    if not name.startswith(PREFIX) or name not in namespaces():
+        raise KernelLinkError(f"no network namespace {name!r} made by sakura here")
+    return KernelLink(Namespace(name, float("inf"), owned=False))
+
+
 class TraceReplayer:
     """Sets a namespace's rate along ``trace`` from trace time ``start``, in wall time, on its own thread
     (each change lands at the trace's own edges: per-second traces change once a second)."""
 
-    def __init__(self, ns: Namespace, trace: Trace, start: float = 0.0) -> None:
-        self.ns, self.trace, self.start = ns, trace, float(start)
+    def __init__(self, ns: Namespace, trace: Trace, start: float = 0.0, verb: str = "change") -> None:
+        self.ns, self.trace, self.start, self._verb = ns, trace, float(start), verb
         self.changes: list[tuple[float, float]] = []  # (seconds since t0, Mbps set)
         self.t0 = 0.0  # time.monotonic() at trace time ``start`` (the same clock in every process)
         self._stop = threading.Event()
@@ -184,7 +312,8 @@ class TraceReplayer:
         return self
 
     def _apply(self, mbps: float) -> None:
-        self.ns.set_rate(mbps)
+        self.ns.set_rate(mbps, self._verb)
+        self._verb = "change"
         self.changes.append((time.monotonic() - self.t0, max(float(mbps), FLOOR_MBPS)))
 
     def _run(self) -> None:
@@ -202,6 +331,10 @@ class TraceReplayer:
                     return
                 raise
 
-    def __exit__(self, *exc: object) -> None:
+    def stop(self) -> None:
         self._stop.set()
-        self._thread.join(5)
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(5)
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -11,6 +11,7 @@ system uses is in the systems registry (``sakura.systems``).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from sakura.kvcache import shard_of_layers
 from sakura.model import DiTAdapter, EditRequest, LocalSwitch
 from sakura.net.paced import PacedLink
 from sakura.net.traces import Trace
+from sakura.net.unpaced import UnpacedLink
 from sakura.online.fallback import FallbackContext
 from sakura.online.policies import Policy
 from sakura.runtime.compute import ComputeProfile
@@ -42,6 +44,7 @@ class EditContext(Protocol):
     runtime: Any  # (its ``calibration`` keeps the round trips a real run measured)
     source: Any  # the template's byte source (fetch_timed)
     trace: Trace  # the link, scaled for this edit
+    network: Any  # (its ``kernel``: the kernel-shaped link, None: paced by the device)
     start: float  # where in the trace the edit starts
     initial_bps: float
     timeout_s: float
@@ -82,16 +85,26 @@ class StreamRunner(Runner):
     def run(self, session, req):
         tl = Timeline.for_shards(session.system.name, "real", session.compute.shards, session.on_event,
                                  trace_start_s=session.start)
-        link = PacedLink(session.source, session.trace, session.start)
+        kernel = session.network.kernel
+        # a kernel link: tc shapes the loopback along the trace from now, the device reads as fast as it can
+        link = UnpacedLink(session.source) if kernel is not None else PacedLink(session.source, session.trace,
+                                                                                  session.start)
         edit = StreamedEdit(session.model, session.encoding, session.policy, link, session.file_id, session.compute,
                             session.initial_bps, timeout_s=session.timeout_s, executor=session.executor,
                             estimator=session.estimator, fallback=session.fallback_context(),
                             prefetched=session.prefetched)
-        try:
-            result = edit.run(req, tl)
-        finally:
-            link.close()
-            session.runtime.calibration.record_round_trips(link.round_trips)
+        with contextlib.ExitStack() as shaped:
+            if kernel is not None:
+                replay = shaped.enter_context(kernel.replaying(session.trace, session.start))
+                tl.extras["link"] = "kernel"
+            try:
+                result = edit.run(req, tl)
+            finally:
+                link.close()
+                if kernel is None:  # (on a kernel link a first byte waits for tc too: not the device's round trip)
+                    session.runtime.calibration.record_round_trips(link.round_trips)
+            if kernel is not None:
+                tl.extras["kernel_rates"] = [[round(t, 4), round(r, 4)] for t, r in replay.changes]
         if link.outages:  # stretches no source answered (the fallbacks decided meanwhile)
             tl.extras["source_outages"] = link.outages
         return Outcome(result.image, tl)

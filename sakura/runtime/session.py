@@ -31,6 +31,7 @@ from sakura.formats import FORMATS, KV, StreamEncoding, encoding_from_header, fi
 from sakura.formats.fp16 import Fp16Info
 from sakura.model import DiTAdapter, EditRequest
 from sakura.net.client import FetchError
+from sakura.net.kernel import KernelLink
 from sakura.net.paced import DEFAULT_REQUEST_OVERHEAD_S
 from sakura.net.refs import resolving
 from sakura.net.traces import Trace, paper_regime_scale
@@ -62,6 +63,14 @@ class Network:
     start: float | None = None  # seconds into the trace; None = a random offset
     scale: float | None = None  # bandwidth multiplier; None = from the regime
     regime: str = "paper"  # paper: FP16 transfer at the median / local generation = 23 s / 13 s; none: scale 1
+    # None: the device paces what it reads along the trace (PacedLink); a KernelLink: tc shapes the loopback the
+    # server and device share along the same scaled trace, and the device does not pace
+    kernel: KernelLink | None = None
+
+    @property
+    def link(self) -> str:
+        """``paced`` (application pacing) or ``kernel`` (tc)."""
+        return "paced" if self.kernel is None else "kernel"
 
     def __post_init__(self) -> None:
         if self.regime not in REGIMES:
