@@ -36,11 +36,8 @@ PRESIGN_S = 900  # presigned URLs live 15 minutes: an edit takes seconds
 
 
 def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _object_name(path: Path, digest: str) -> str:

@@ -282,11 +282,8 @@ def _bare_time_embedding(adapter: DiTAdapter):
 
 
 def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _rel(path: Path, root: Path) -> str:
