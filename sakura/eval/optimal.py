@@ -64,8 +64,9 @@ from sakura.runtime.sim import LinkModel
 
 STREAM, REUSE, RECOMPUTE, LOCAL = "stream", "reuse", "recompute", "local"
 ERROR_SLACK = 1e-9  # an option "at least as good" as a bound may be this much worse (stored rounding)
-DEFAULT_MAX_FRONT = 4000
+DEFAULT_MAX_FRONT = 400  # states kept per shard; past it the front is thinned and the result bounded
 DEFAULT_BUDGET_S = 30.0
+PRE_THIN = 4  # at most this many × the front's limit go into the pairwise dominance check
 LATENCY_SLACK_S = 1e-9  # "within a latency" allows float rounding of the same schedule
 
 
@@ -389,6 +390,35 @@ def _pareto(vectors: np.ndarray) -> list[int]:
     return kept
 
 
+def _thin(entries: list, limit: int, objective: str) -> tuple[list, list]:
+    """Keep ``limit`` entries: first the 2-D front of (error, end) — or (end, link free) for latency —
+    spread evenly along it, then others spread along the objective. Returns (kept, dropped)."""
+    if objective == "latency":
+        key = lambda e: (e[0].end, e[0].link_free)  # noqa: E731
+    else:
+        key = lambda e: (e[0].error, e[0].end)  # noqa: E731
+    order = sorted(range(len(entries)), key=lambda i: key(entries[i]))
+    front, best = [], math.inf
+    for i in order:
+        if key(entries[i])[1] < best:
+            front.append(i)
+            best = key(entries[i])[1]
+
+    def spread(ids: list[int], k: int) -> list[int]:
+        if k <= 0 or not ids:
+            return []
+        if len(ids) <= k:
+            return ids
+        return [ids[int(x)] for x in np.unique(np.linspace(0, len(ids) - 1, k).round())]
+
+    picked = set(spread(front, limit))
+    rest = [i for i in order if i not in picked]
+    picked |= set(spread(rest, limit - len(picked)))
+    kept = [entries[i] for i in order if i in picked]
+    dropped = [entries[i] for i in order if i not in picked]
+    return kept, dropped
+
+
 def _remaining_min_error(p: PlanProblem) -> list[float]:
     """Per shard j: the least error units of shards ≥ j could have (a bound for dropped states)."""
     per_shard = []
@@ -438,17 +468,17 @@ def _solve(p: PlanProblem, objective: str, max_error: dict[int, float] | None, m
         entries = fronts.pop(j, [])
         if not entries:
             continue
+        limit = max(8, max_front // 10) if time.perf_counter() - t0 > budget_s else max_front
+        if len(entries) > PRE_THIN * limit:  # too many to compare pairwise: thin first (bounded below)
+            exact = False
+            entries, dropped = _thin(entries, PRE_THIN * limit, objective)
+            bound = min([bound] + [optimistic(e[0]) for e in dropped])
         vecs = np.array([e[0].vector(with_error, side_names) for e in entries], dtype=float)
         keep = [entries[i] for i in _pareto(vecs)]
-        limit = max(8, max_front // 10) if time.perf_counter() - t0 > budget_s else max_front
-        if len(keep) > limit:  # thin the front along the objective; bound what the dropped states could reach
+        if len(keep) > limit:  # thin the front; bound what the dropped states could reach
             exact = False
-            keep.sort(key=(lambda e: e[0].end) if objective == "latency" else (lambda e: e[0].error))
-            picks = set(np.linspace(0, len(keep) - 1, limit).round().astype(int).tolist())
-            for i, e in enumerate(keep):
-                if i not in picks:
-                    bound = min(bound, optimistic(e[0]))
-            keep = [e for i, e in enumerate(keep) if i in picks]
+            keep, dropped = _thin(keep, limit, objective)
+            bound = min([bound] + [optimistic(e[0]) for e in dropped])
         for entry in keep:
             for action, nxt in shard_actions(p, entry[0], max_error):
                 expanded += 1
