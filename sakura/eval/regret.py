@@ -270,6 +270,10 @@ class EditRegret:
     planner_s: float
     optimal_actions: list  # (a)'s schedule, per shard
     quality_source: str = "replayed"
+    exact_latency: bool = True  # (a) proven
+    exact_error: bool = True  # (b) proven
+    gap_latency: float = 0.0
+    gap_error: float = 0.0
 
     def to_dict(self) -> dict:
         return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in asdict(self).items()}
@@ -296,7 +300,8 @@ def edit_regret(session, req, request_key, timeline: Timeline, run_psnr_masked: 
     return EditRegret(timeline.latency_s, a.value, timeline.latency_s / a.value if a.value > 0 else math.nan,
                       err, b.value if b.schedule else math.nan, err - b.value if b.schedule else math.nan,
                       run_psnr_masked, b_psnr, b_psnr - run_psnr_masked, a_psnr, a.exact and b.exact,
-                      max(a.gap, b.gap), planner_s, a.schedule.to_dict()["actions"] if a.schedule else [])
+                      max(a.gap, b.gap), planner_s, a.schedule.to_dict()["actions"] if a.schedule else [],
+                      exact_latency=a.exact, exact_error=b.exact, gap_latency=a.gap, gap_error=b.gap)
 
 
 class _Seen:
@@ -344,6 +349,8 @@ def regret_stats(rows: list[dict]) -> dict:
     return {"n": len(regs), "latency_over_optimal": pct("latency_ratio"), "error_gap": pct("error_gap"),
             "psnr_gap_db": pct("psnr_gap_db"), "optimal_latency_s": pct("optimal_latency_s"),
             "exact_share": float(np.mean([bool(x["exact"]) for x in regs])),
+            "exact_latency_share": float(np.mean([bool(x.get("exact_latency", x["exact"])) for x in regs])),
+            "gap_latency_max": float(max(x.get("gap_latency", x["gap"]) for x in regs)),
             "gap_max": float(max(x["gap"] for x in regs)),
             "planner_s_mean": float(np.mean([x["planner_s"] for x in regs]))}
 
