@@ -438,6 +438,51 @@ def _remaining_min_error(p: PlanProblem) -> list[float]:
     return [sum(per_shard[j:]) for j in range(p.n)] + [0.0]
 
 
+REFINE_CAP = 1500  # dropped states whose error bound is refined (in order of their cheap bound)
+
+
+def _refined_error_bound(p: PlanProblem, dropped: list[_State], max_latency: float, cheap, incumbent: float) -> float:
+    """The least error any dropped state could still reach within ``max_latency``, bounded from below: each
+    remaining unit at its best option that could arrive, alone on the link from the state's link-free time,
+    before its shard must start for the edit to end in time (reuse, recompute and local where their own time
+    allows). States go in order of their cheap bound, which stops the search once it passes the refined one."""
+    suffix = [sum(p.shard_s[k:]) for k in range(p.n)] + [0.0]
+    first = p.shard_step[0]
+    best = math.inf
+    for n_done, s in enumerate(sorted(dropped, key=cheap)):
+        c = cheap(s)
+        if c >= min(best, incumbent) or n_done >= REFINE_CAP:
+            return min(best, c)
+        total, j = s.error, s.j
+        recompute_ok = p.allow_recompute and s.end + p.full_step_s + suffix[j] <= max_latency + LATENCY_SLACK_S
+        local_from = next((k for k in range(j, p.n) if p.allow_local and s.end + suffix[j] - suffix[k]
+                           + (p.num_steps - p.shard_step[k]) * p.full_step_s <= max_latency + LATENCY_SLACK_S), None)
+        for k in range(j, p.n):
+            start_by = max_latency + LATENCY_SLACK_S - suffix[k]
+            step_err = p.step_error[k] if k < len(p.step_error) else None
+            for u in p.shard_units(k):
+                least = math.inf
+                if recompute_ok and p.shard_step[k] == first:
+                    least = 0.0
+                if local_from is not None and k >= local_from:
+                    least = min(least, p.local_error)
+                if p.allow_reuse and step_err is not None and p.shard_step[k] != first:
+                    least = min(least, step_err)
+                for o in sorted(u.options, key=lambda o: o.error):
+                    if o.error >= least:
+                        break
+                    if p.link.arrival(o.nbytes, s.last_request, s.link_free) <= start_by:
+                        least = o.error
+                        break
+                total += least
+                if total >= best:
+                    break
+            if total >= best:
+                break
+        best = min(best, total)
+    return best
+
+
 def _optimistic_latency(p: PlanProblem, s: _State) -> float:
     if s.latency is not None:
         return s.latency
@@ -463,6 +508,7 @@ def _solve(p: PlanProblem, objective: str, max_error: dict[int, float] | None, m
     fronts: dict[int, list[tuple[_State, tuple | None]]] = {0: [(_initial(p), None)]}
     finished: list[tuple[_State, tuple]] = []
     bound = math.inf  # the best any dropped state could still reach
+    dropped_states: list[_State] = []
     exact, expanded = True, 0
     for j in range(p.n):
         entries = fronts.pop(j, [])
@@ -473,12 +519,14 @@ def _solve(p: PlanProblem, objective: str, max_error: dict[int, float] | None, m
             exact = False
             entries, dropped = _thin(entries, PRE_THIN * limit, objective)
             bound = min([bound] + [optimistic(e[0]) for e in dropped])
+            dropped_states += [e[0] for e in dropped]
         vecs = np.array([e[0].vector(with_error, side_names) for e in entries], dtype=float)
         keep = [entries[i] for i in _pareto(vecs)]
         if len(keep) > limit:  # thin the front; bound what the dropped states could reach
             exact = False
             keep, dropped = _thin(keep, limit, objective)
             bound = min([bound] + [optimistic(e[0]) for e in dropped])
+            dropped_states += [e[0] for e in dropped]
         for entry in keep:
             for action, nxt in shard_actions(p, entry[0], max_error):
                 expanded += 1
@@ -489,6 +537,9 @@ def _solve(p: PlanProblem, objective: str, max_error: dict[int, float] | None, m
                 else:
                     fronts.setdefault(nxt.j, []).append((nxt, (entry, action)))
     best = min(finished, key=lambda f: objective_of(f[0]), default=None)
+    if dropped_states and objective == "error" and max_latency is not None:
+        bound = _refined_error_bound(p, dropped_states, max_latency, optimistic,
+                                     objective_of(best[0]) if best else math.inf)
     seconds = time.perf_counter() - t0
     if best is None:
         return PlanResult(None, exact, bound, expanded, seconds, objective)
