@@ -335,22 +335,50 @@ def evaluate(p: PlanProblem, actions: list[ShardAction]) -> Schedule:
 
 # -- the options of one shard ---------------------------------------------------------------------------
 
-def _unit_choices(u: PlanUnit, max_error: float | None, prune: bool = True) -> list[UnitOption]:
+def _unit_choices(u: PlanUnit, max_error: float | None, prune: bool = True,
+                  thresholds: tuple[float, ...] | None = None) -> list[UnitOption]:
     """The unit's options within the error bound, less (``prune``) those another beats on bytes, rebuild,
-    error and side data at once (never needed by an optimum)."""
+    error and side data at once (never needed by an optimum). ``thresholds``: in problem (a), a lone unit's
+    error matters only through later reuses of it, each feasible below one threshold; then an option is
+    beaten by one as cheap that clears every threshold it clears."""
     opts = [o for o in u.options if max_error is None or o.error <= max_error + ERROR_SLACK]
     if not prune:
         return opts
-    keep = []
-    for o in opts:
-        beaten = any(q is not o and q.nbytes + q.side_bytes <= o.nbytes and q.rebuild_s <= o.rebuild_s
-                     and q.error <= o.error and q.side == o.side
-                     and (q.nbytes + q.side_bytes, q.rebuild_s, q.error) != (o.nbytes + o.side_bytes, o.rebuild_s,
-                                                                             o.error)
-                     for q in opts)
-        if not beaten:
-            keep.append(o)
+
+    def quality(o: UnitOption) -> tuple:
+        if thresholds is None:
+            return (-o.error,)
+        return tuple(o.error <= t + ERROR_SLACK for t in thresholds)
+
+    def cost(o: UnitOption) -> tuple:
+        return (o.nbytes + o.side_bytes, o.rebuild_s)
+
+    keep: list[UnitOption] = []
+    for o in sorted(opts, key=lambda o: (cost(o), o.error)):  # of equals, the lower error is kept
+        qo = quality(o)
+        if any(q.side == o.side and cost(q)[0] <= cost(o)[0] and cost(q)[1] <= cost(o)[1]
+               and all(a >= b for a, b in zip(quality(q), qo)) for q in keep):
+            continue
+        keep.append(o)
     return keep
+
+
+def _reuse_thresholds(p: PlanProblem, j: int, max_error: dict[int, float]) -> tuple[float, ...] | None:
+    """For a shard with one unit in problem (a): the errors below which a reuse chain from it stays within
+    the bounds of the same layers' later shards (one per hop; None where a shard has several units)."""
+    units = p.shard_units(j)
+    if len(units) != 1:
+        return None
+    out, added, k = [], 0.0, j + p.per_step
+    while k < p.n and k < len(p.step_error) and p.step_error[k] is not None:
+        later = p.shard_units(k)
+        if len(later) != 1:
+            return None
+        added += p.step_error[k]
+        bound = max_error.get(later[0].index)
+        out.append(math.inf if bound is None else bound - added)
+        k += p.per_step
+    return tuple(out)
 
 
 def shard_actions(p: PlanProblem, s: _State, max_error: dict[int, float] | None,
@@ -359,7 +387,10 @@ def shard_actions(p: PlanProblem, s: _State, max_error: dict[int, float] | None,
     j, units = s.j, p.shard_units(s.j)
     bound = (lambda u: max_error.get(u.index)) if max_error is not None else (lambda u: None)
     out = []
-    per_unit = [_unit_choices(u, bound(u), prune) for u in units]
+    thresholds = _reuse_thresholds(p, j, max_error) if max_error is not None and p.allow_reuse else None
+    if max_error is not None and not p.allow_reuse:
+        thresholds = ()  # (a) without reuse: a unit's error never matters past its bound
+    per_unit = [_unit_choices(u, bound(u), prune, thresholds) for u in units]
     if all(per_unit):
         for combo in itertools.product(*per_unit):
             out.append((ShardAction(STREAM, tuple(o.label for o in combo)), step_stream(p, s, combo)))
