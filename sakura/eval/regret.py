@@ -61,19 +61,25 @@ from sakura.runtime.timeline import Timeline
 LOCAL_ERROR = 1e-4
 PERFECT = "sakura+perfect"
 REBUILD_SAMPLE_UNITS = 4  # units timed per format for the rebuild fit
-REBUILD_SAMPLE_LEVELS = 6  # levels timed per such unit
+REBUILD_SAMPLE_LEVELS = 6  # levels timed per such unit (every level where a format has at most LABEL_LEVELS)
+LABEL_LEVELS = 8
 
 
 @dataclass(frozen=True)
 class RebuildFit:
-    """A level's rebuild seconds as ``base_s + per_s · x`` (x = its work, or its bytes where no level has work)."""
+    """A level's rebuild seconds: the mean timed decode of its label where a format has few labels (IntQ,
+    CacheGen, FP16: every unit has the same geometry, and decode time is not linear in bytes across bit
+    widths), else ``base_s + per_s · x`` (x = its work, or its bytes where no level has work)."""
 
     base_s: float
     per_s: float
-    basis: str  # "work" | "bytes"
+    basis: str  # "label" | "work" | "bytes"
     samples: int
+    by_label: tuple[tuple[str, float], ...] = ()
 
     def seconds(self, level: Level) -> float:
+        if self.basis == "label":
+            return dict(self.by_label).get(level.label, self.base_s)
         x = level.work if self.basis == "work" else level.nbytes
         return self.base_s + self.per_s * x
 
@@ -96,13 +102,15 @@ def fit_rebuild(encoding: StreamEncoding, read: Callable, timer: Callable[[], fl
     """Time the decode of a sample of levels and fit ``a + b·x`` (least squares, both ≥ 0)."""
     units = encoding.units
     picks = sorted(set(np.linspace(0, len(units) - 1, min(REBUILD_SAMPLE_UNITS, len(units))).round().astype(int)))
-    basis = "work" if any(lv.work > 0 for u in units for lv in u.levels) else "bytes"
-    xs, ys = [], []
+    labels = {lv.label for u in units for lv in u.levels}
+    per_label = len(labels) <= LABEL_LEVELS
+    basis = "label" if per_label else "work" if any(lv.work > 0 for u in units for lv in u.levels) else "bytes"
+    xs, ys, timed = [], [], {}
     for i in picks:
         unit = units[i]
         levels = unit.levels
-        for k in sorted(set(np.linspace(0, len(levels) - 1, min(REBUILD_SAMPLE_LEVELS, len(levels))).round()
-                            .astype(int))):
+        count = len(levels) if per_label else min(REBUILD_SAMPLE_LEVELS, len(levels))
+        for k in sorted(set(np.linspace(0, len(levels) - 1, count).round().astype(int))):
             enc = encoding.fresh()
             priced = enc.priced(unit)
             lv = priced.levels[k]
@@ -111,6 +119,10 @@ def fit_rebuild(encoding: StreamEncoding, read: Callable, timer: Callable[[], fl
             enc.decode(priced, lv, blobs)
             ys.append(timer() - t0)
             xs.append(levels[k].work if basis == "work" else levels[k].nbytes)
+            timed.setdefault(levels[k].label, []).append(ys[-1])
+    if per_label:
+        return RebuildFit(float(np.mean(ys)), 0.0, "label", len(ys),
+                          tuple((label, float(np.mean(v))) for label, v in sorted(timed.items())))
     x, y = np.array(xs, float), np.array(ys, float)
     if len(set(xs)) < 2:
         return RebuildFit(float(y.mean()), 0.0, basis, len(ys))
