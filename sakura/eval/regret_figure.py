@@ -31,8 +31,9 @@ def regret_cdfs(records: Path, out: Path, trace: str = "") -> Path:
             for system in sorted({r["system"] for r in mine}):
                 xs = np.sort([r["regret"][key] for r in mine if r["system"] == system and r["regret"][key] is not None])
                 if len(xs):
+                    variant = "+" in system  # (sakura+perfect: SAKURA's colour, dashed)
                     ax.step(xs, np.arange(1, len(xs) + 1) / len(xs), where="post", label=P.NAMES.get(system, system),
-                            color=P.COLORS.get(system))
+                            color=P.COLORS.get(system.split("+")[0]), linestyle="--" if variant else "-")
             ax.set_xlabel(label, fontsize=8)
             ax.set_ylabel("share of edits")
             ax.set_title(f"{w} on {Path(trace).name}" if trace else w, fontsize=9)
