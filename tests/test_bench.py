@@ -51,6 +51,29 @@ def test_bench_summary_contract_and_figures(fs_packs, tmp_path):
     assert proj["workloads"]["fs"]["systems"]["local"]["latency_p50_s"] == 13.0
 
 
+def test_bench_regret_against_each_systems_clairvoyant_optimum(fs_packs, tmp_path):
+    packs, template = fs_packs
+    # the builder measured the per-level errors of the formats whose stored ones only order their levels
+    assert all((packs / f"{template.id}.{fmt}.errors.json").is_file() for fmt in ("intq", "cachegen"))
+    cfg = bench.BenchConfig(workloads=("fs",), systems=("sakura", "intq", "cachegen"), starts=1, packs=packs,
+                            max_rank=32, calibration_file=tmp_path / "calibration.json", repeats=2, regret_budget_s=5.0)
+    written = figures.run(cfg, tmp_path, figure="regret", progress=None, say=lambda s: None)
+    fs = json.loads((tmp_path / "summary.json").read_text())["workloads"]["fs"]
+    rows = [json.loads(line) for line in (tmp_path / "records.jsonl").read_text().splitlines()]
+    assert {r["system"] for r in rows} == {"sakura", "intq", "cachegen", "sakura+perfect"}
+    for r in rows:
+        g = r["regret"]
+        assert g["optimal_latency_s"] > 0
+        assert g["latency_ratio"] == pytest.approx(r["latency_s"] / g["optimal_latency_s"])
+        assert g["exact"] or g["gap"] >= 0  # a solve that stopped early says how far from proven it is
+        assert g["quality_source"] == "replayed" and g["equal_quality_psnr_masked"] is not None
+    for system in ("sakura", "intq", "cachegen", "sakura+perfect"):
+        reg = fs[system]["regret"]
+        assert set(reg["latency_over_optimal"]) == {"p50", "p90"} and set(reg["psnr_gap_db"]) == {"p50", "p90"}
+    assert set(fs["regret_decomposition"]) >= {"estimator", "policy", "psnr_gain_db"}
+    assert (tmp_path / "fig_regret.png") in written and (tmp_path / "fig_regret.png").is_file()
+
+
 def test_pack_versions_pairs_each_edit_with_its_v1_twin():
     from sakura.eval.pack_versions import paired
 

@@ -288,7 +288,8 @@ def bench(
         None,
         "--figure",
         help="Regenerate one figure: 11,12,13,15,16,17,18,19,20,21,table2,estimators,tails,"
-        "packs (v2 vs v1 pack), rebuild-pricing, or all.",
+        "packs (v2 vs v1 pack), rebuild-pricing, regret (CDFs of each system's regret against its "
+        "clairvoyant optimum), or all.",
     ),
     project: Optional[str] = typer.Option(None, "--project", help="Paper-scale projection, e.g. flux2-klein-4b."),
     seed: int = typer.Option(0, "--seed"),
@@ -332,6 +333,12 @@ def bench(
     link: str = typer.Option("paced", "--link", help="Real-clock runs: paced (the device paces along the trace) or "
                              "kernel (server and device in a network namespace tc shapes; root). With --clock both, "
                              "kernel adds a third run and links.md."),
+    regret: bool = typer.Option(
+        False, "--regret", help="Measure every streamed edit against its system's clairvoyant optimum (latency / "
+        "optimal at equal quality, quality gap at equal latency; SAKURA rerun with the true future rates): "
+        "summary.json gets their p50 / p90. --figure regret implies it."),
+    regret_budget: float = typer.Option(20.0, "--regret-budget", help="The planner's seconds per solve; past "
+                                        "them it reports its optimality gap."),
     rebuild_clock: str = typer.Option(
         "cpu",
         "--rebuild-clock",
@@ -376,7 +383,8 @@ def bench(
                             calibration_file=calibration or default_path(), repeats=5, think_time=think_time,
                             fallbacks=fallbacks,
                             full_repeats=max(1, calibration_runs), quality_requests=quality_requests,
-                            executor=executor, reconstructor=reconstructor)
+                            executor=executor, reconstructor=reconstructor,
+                            regret=regret or figure == "regret", regret_budget_s=regret_budget)
     for sname in cfg.systems:
         if sname not in SYSTEMS:
             raise UserError(f"unknown system {sname!r}; choose from {', '.join(SYSTEMS)}")

@@ -173,7 +173,7 @@ REBUILD_CLOCK_NOTES = {"wall": "elapsed time: with other work on the machine the
                                "--rebuild-clock cpu does not",
                        "cpu": "the rebuilding thread's CPU time: load-independent",
                        "tick": "every rebuild 2 ms: runs repeat exactly, real decode cost is ignored"}
-rebuild_clock = "wall"
+rebuild_clock = "cpu"  # load-independent (issue #32: with "wall" the ranking moved with machine load)
 
 
 def use_rebuild_clock(name: str) -> None:
@@ -187,7 +187,8 @@ def use_rebuild_clock(name: str) -> None:
 def run_one(prepared: TemplateBench, req_index: int, system: str, trace: Trace, start: float, *, policy=None,
             encoding=None, timer: Callable[[], float] | None = None, estimator: str = DEFAULT_ESTIMATOR,
             name: str | None = None, fallbacks: bool = True, anytime: bool = True,
-            think_s: float | None = None) -> dict:
+            think_s: float | None = None, regret_budget_s: float | None = None,
+            say: Callable[[str], None] = print) -> dict:
     """One edit of one system at one offset of an (already scaled) trace on the simulated clock, with
     its quality: an edit session, as the device runs it.
 
@@ -195,7 +196,8 @@ def run_one(prepared: TemplateBench, req_index: int, system: str, trace: Trace, 
     the runtime's off (ablation variants, recorded as ``name``); ``timer`` is the clock the rebuilds
     are measured on (default: the process's rebuild clock, :func:`use_rebuild_clock`). ``think_s``: the
     template was picked that long before the edit, and the device prefetched its pack meanwhile
-    (``sakura+prefetch``)."""
+    (``sakura+prefetch``). ``regret_budget_s``: also measure the edit against its system's clairvoyant
+    optimum (:mod:`sakura.eval.regret`; the planner's time budget per solve), in the record's ``regret``."""
     session = prepared.session(system, Network(trace, trace.name, start, scale=1.0), policy=policy, encoding=encoding,
                                estimator=estimator, fallbacks=fallbacks)
     if think_s:
@@ -203,7 +205,14 @@ def run_one(prepared: TemplateBench, req_index: int, system: str, trace: Trace, 
     kw = {} if anytime else {"anytime": False}
     report = session.edit(edit_input(prepared, req_index), clock="sim", timer=timer or REBUILD_CLOCKS[rebuild_clock],
                           **kw)
-    return record(prepared, req_index, name or (policy.name if policy else system), start, report)
+    row = record(prepared, req_index, name or (policy.name if policy else system), start, report)
+    if regret_budget_s is not None and session.encoding is not None and not think_s:
+        from sakura.eval.regret import edit_regret, format_inputs  # (the planner: only when asked for)
+
+        inputs = format_inputs(prepared, SYSTEMS[system].format, say)
+        row["regret"] = edit_regret(session, report.request, req_index, report.timeline, report.quality["psnr_masked"],
+                                    inputs, fallbacks, regret_budget_s).to_dict()
+    return row
 
 
 def workload_benches(workload: str, cfg: "BenchConfig", cache: dict, say: Callable[[str], None]) -> list[TemplateBench]:
@@ -313,6 +322,8 @@ class BenchConfig:
     quality_requests: int = 2  # held-out requests per template in the static quality sweep (Fig. 15)
     executor: str = "eager"  # another stack than eager + torch: its rows run beside the eager ones (bench_backends)
     reconstructor: str = "torch"
+    regret: bool = False  # measure every streamed edit against its system's clairvoyant optimum (sim clock)
+    regret_budget_s: float = 20.0  # the planner's time per solve; past it, it reports its optimality gap
 
     @property
     def stack(self) -> BackendChoice | None:
@@ -334,8 +345,10 @@ EditRunner = Callable[[TemplateBench, int, str, Trace, float, float], dict]
 
 
 def simulated_edit(prepared: TemplateBench, req_index: int, system: str, trace: Trace, scale: float,
-                   start: float, fallbacks: bool = True) -> dict:
-    return run_one(prepared, req_index, system, trace.scaled(scale), start, fallbacks=fallbacks)
+                   start: float, fallbacks: bool = True, regret_budget_s: float | None = None,
+                   say: Callable[[str], None] = print) -> dict:
+    return run_one(prepared, req_index, system, trace.scaled(scale), start, fallbacks=fallbacks,
+                   regret_budget_s=regret_budget_s if system in STREAMING else None, say=say)
 
 
 def run_bench(cfg: BenchConfig, out: Path, progress=None, say: Callable[[str], None] = print,
@@ -344,8 +357,10 @@ def run_bench(cfg: BenchConfig, out: Path, progress=None, say: Callable[[str], N
     ``run_edit`` runs one edit (default: on the simulated clock; :mod:`sakura.eval.realclock` passes the
     real one); everything else — offsets, templates, requests, summaries — is the same on both clocks."""
     out.mkdir(parents=True, exist_ok=True)
+    regret = cfg.regret and clock == "sim"
     if run_edit is simulated_edit:
-        run_edit = functools.partial(simulated_edit, fallbacks=cfg.fallbacks)
+        run_edit = functools.partial(simulated_edit, fallbacks=cfg.fallbacks,
+                                     regret_budget_s=cfg.regret_budget_s if regret else None, say=say)
     base_trace = load_trace(cfg.trace)
     if base_trace.total_bytes <= 0:
         raise TraceError(f"trace {cfg.trace} is 0 Mbps throughout: no edit can stream on it and there is no rate "
@@ -354,6 +369,9 @@ def run_bench(cfg: BenchConfig, out: Path, progress=None, say: Callable[[str], N
     summary: dict = {"config": {**cfg.to_json(), "clock": clock, "rebuild_clock": rebuild_clock}, "workloads": {}}
     say(describe_calibration(cfg.calibration))
     say(f"rebuilds timed by the {rebuild_clock} clock ({REBUILD_CLOCK_NOTES[rebuild_clock]})")
+    if regret:
+        say("regret: every streamed edit is measured against its system's clairvoyant optimum, and SAKURA rerun "
+            f"with the true future rates ({PERFECT_NAME})")
     records_path = out / "records.jsonl"
     benches = {} if benches is None else benches
     mode = "w"
@@ -392,6 +410,9 @@ def run_bench(cfg: BenchConfig, out: Path, progress=None, say: Callable[[str], N
                                 fallbacks=cfg.fallbacks,
                             )
                         )
+                    if system == OURS and regret:  # the estimator's share of SAKURA's regret
+                        rows.append(perfect_prediction_edit(prepared, req_index, base_trace.scaled(
+                            scales[prepared.template.id]), start, cfg, say))
                     stack = stacks.get(prepared.template.id)
                     if stack is not None:  # the same edit on the asked stack, beside the eager/torch row
                         rows.append(run_one(stack, req_index, system, base_trace.scaled(scales[prepared.template.id]),
@@ -403,6 +424,14 @@ def run_bench(cfg: BenchConfig, out: Path, progress=None, say: Callable[[str], N
                     if progress:
                         progress.advance(task)
             ws = summarize(records, storage_of(prepared_all))
+            if regret:
+                from sakura.eval.regret import decomposition, regret_stats
+
+                for system in ws:
+                    stats = regret_stats([r for r in records if r["system"] == system])
+                    if stats:
+                        ws[system]["regret"] = stats
+                ws["regret_decomposition"] = decomposition(records, OURS)
             ws["regime"] = regime_block(prepared_all, scales, base_trace, cfg.trace)
             if stacks:
                 ws["backends"] = ratio_table(ws, cfg.systems, list(stacks.values()))
@@ -412,6 +441,20 @@ def run_bench(cfg: BenchConfig, out: Path, progress=None, say: Callable[[str], N
     summary["calibration"] = cfg.calibration.summary()
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
+
+
+PERFECT_NAME = "sakura+perfect"
+
+
+def perfect_prediction_edit(prepared: TemplateBench, req_index: int, trace: Trace, start: float, cfg: "BenchConfig",
+                            say: Callable[[str], None] = print) -> dict:
+    """SAKURA's policy with the true future rates (:class:`sakura.eval.regret.PerfectPrediction`), with its regret."""
+    from sakura.eval.regret import PerfectPrediction
+    from sakura.online.policies import get_policy
+
+    policy = PerfectPrediction(get_policy(OURS), trace, start, PERFECT_NAME)  # (the trace is scaled already)
+    return run_one(prepared, req_index, OURS, trace, start, policy=policy, fallbacks=cfg.fallbacks,
+                   regret_budget_s=cfg.regret_budget_s, say=say)
 
 
 def stack_benches(prepared_all: list[TemplateBench], cfg: BenchConfig, cache: dict,

@@ -323,6 +323,12 @@ def run(cfg: bench.BenchConfig, out: Path, *, figure: str | None = None, project
         return fig_rebuild_pricing(cfg, out, cache, progress, say)
     if figure == "tails":
         return fig_tails(cfg, out, cache, progress, say)
+    if figure == "regret":  # the sweep with the clairvoyant planner beside every streamed edit
+        from sakura.eval.regret_figure import regret_cdfs
+
+        cfg.regret = True
+        summary = bench.run_bench(cfg, out, progress=progress, say=say, benches=cache)
+        return P.write_all(summary, out) + [out / "summary.json", regret_cdfs(out / "records.jsonl", out, cfg.trace)]
     if figure not in FIGURES:
         raise KeyError(f"unknown figure {figure!r}; choose from {', '.join(sorted(MAIN | set(FIGURES)))}")
     return FIGURES[figure](cfg, out, cache, progress, say)

@@ -25,6 +25,7 @@ from sakura.kvcache import KVCache
 from sakura.model import DiTAdapter, EditRequest
 from sakura.offline.compress import SHARED_TOP_SHARE, compress_cache
 from sakura.offline.ladder import add_ladder
+from sakura.offline.level_errors import MEASURED, file_reader, measure_level_errors, write_level_errors
 from sakura.quality import psnr
 
 DEFAULT_SHARD_SIZE = 2
@@ -210,6 +211,16 @@ def build_template(template, out_dir: str | Path, *, q: float = 0.5, max_rank: i
         storage[fmt.name] = write(fmt).stat().st_size
         seconds[fmt.name] = time.perf_counter() - t0
 
+    for name in (n for n in MEASURED if n in encodings):  # their stored errors only order levels
+        t0 = time.perf_counter()
+        say(f"{name} level errors")
+        fmt = FORMATS[name]
+        path = out / f"{fmt.file_id(template.id)}.pack"
+        errors = measure_level_errors(fmt.encoding_cls(fmt.open(path)), file_reader(path),
+                                      lambda step, layer: (cache.unit(step, layer, "k"), cache.unit(step, layer, "v")),
+                                      importance)
+        write_level_errors(out, fmt.file_id(template.id), errors)
+        seconds[f"{name}_errors"] = time.perf_counter() - t0
     kept, tried, ladder_storage = (None, None, None), [], None
     if checked:
         t0 = time.perf_counter()

@@ -1,0 +1,618 @@
+"""The clairvoyant planner: the best schedule of one edit that knows the whole future trace (issue #32).
+
+Adaptive-bitrate video measures a controller against the offline optimum that knows the future; this
+module computes that optimum for one streamed edit, over the runtime's own options, so that every
+system's regret (its latency over the optimum's, its error over the optimum's) is measured one way.
+
+The model (the simulated clock's, :mod:`sakura.runtime.sim`, with every decision known in advance):
+
+* Shards ``j = 0 … n−1`` execute in order; shard ``j`` takes ``shard_s[j]`` (calibrated compute) and
+  starts at ``max(end of shard j−1, its cache ready)``; shard 0 may start after ``prelude_s``.
+* Each shard's fetch units are requested in consumption order over one FIFO link (``LinkModel``: the
+  scaled trace from the edit's start, request round trip ``request_overhead_s``, at most ``inflight``
+  requests outstanding). A unit of shard ``j`` is requested at ``max(start of shard j−ahead, the
+  ``inflight``-th previous request's last byte, the previous request)`` (the runtime's memory bound);
+  its bytes start at ``max(request + round trip, the link free)`` and take the trace's integral.
+  Rebuilds run one at a time in request order: ready = ``max(last byte, rebuilder free) + rebuild_s``.
+* Per shard one *action*:
+  - ``stream``: each of its units at one stored level (:class:`UnitOption`: bytes, estimated error,
+    calibrated rebuild seconds; an anytime prefix is one of the unit's stored levels, so choosing it
+    up front is never worse than cutting a larger one). A level's side data (CacheGen's entropy tables)
+    is paid with the first use of that level in the edit.
+  - ``reuse`` (step > 0, redecodable formats): the K/V of the same layers one step earlier, rebuilt
+    again from the kept bytes — ready at ``max(end of shard j−1 + that shard's rebuild, rebuilder
+    free)``; error = the step's change (``step_error``) + the kept level's error. Only from a shard that
+    streamed or reused (a recomputed one keeps no bytes).
+  - ``recompute`` (a step-0 shard): one full forward from the moment execution reaches it, exact K/V
+    for it and every later step-0 shard (error 0, no transfer), ready ``full_step_s`` later.
+  - ``local``: this step and every later one on every token from the moment execution reaches the
+    shard; the edit ends ``(num_steps − step) · full_step_s`` later; every remaining unit counts
+    ``local_error``.
+  The runtime's fallbacks fire at its first check, ``CHECK_EVERY_S`` after execution reaches the shard,
+  and only after its units were requested (their bytes are then wasted): the planner's are at the
+  moment itself with nothing requested, so the optimum is a floor for the runtime.
+* Quality: the sum over fetch units of their estimated error (the stored per-level error; a shard's
+  units share a fallback's error).
+
+Two problems (:func:`least_latency`, :func:`least_error`):
+
+(a) the least latency over schedules in which every unit's error is at most a bound (the system's own
+    choice for that unit in the run being judged: "at least as good as SAKURA's choice");
+(b) the least total error over schedules that end within a latency (the system's own).
+
+Solver: an exact dynamic program over shards. A state is the vector of everything the future depends on
+(end of the last shard, the starts the gate still reads, link free, the last requests' last bytes,
+rebuilder free, per shard of the last step its kept error and rebuild, which side data is on the device,
+and for (b) the error so far); a state whose every coordinate is ≤ another's is at least as good in every
+continuation (every time in the model is a non-decreasing function of earlier times), so only the Pareto
+front is kept, and the optimum over the final front is exact. When a front outgrows ``max_front`` or the
+time budget is spent, the front is thinned; each dropped state's optimistic completion (its end plus the
+remaining compute, or its error plus the remaining units' least errors) bounds what it could have reached,
+so the result carries a proven lower bound and its ``gap`` (0 when exact).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sakura.runtime.sim import LinkModel
+
+STREAM, REUSE, RECOMPUTE, LOCAL = "stream", "reuse", "recompute", "local"
+ERROR_SLACK = 1e-9  # an option "at least as good" as a bound may be this much worse (stored rounding)
+DEFAULT_MAX_FRONT = 400  # states kept per shard; past it the front is thinned and the result bounded
+DEFAULT_BUDGET_S = 30.0
+PRE_THIN = 4  # at most this many × the front's limit go into the pairwise dominance check
+LATENCY_SLACK_S = 1e-9  # "within a latency" allows float rounding of the same schedule
+
+
+@dataclass(frozen=True)
+class UnitOption:
+    """One stored level of a fetch unit as the planner prices it."""
+
+    label: str
+    nbytes: int
+    error: float
+    rebuild_s: float
+    side: str = ""  # side data this level needs once per edit (CacheGen's tables of its level)
+    side_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class PlanUnit:
+    index: int
+    shard: int
+    options: tuple[UnitOption, ...]
+
+
+@dataclass(frozen=True)
+class PlanProblem:
+    """One edit as the planner sees it: what the device computes, what it can fetch, the future link."""
+
+    units: tuple[PlanUnit, ...]  # consumption order
+    shard_s: tuple[float, ...]
+    shard_step: tuple[int, ...]
+    prelude_s: float
+    num_steps: int
+    full_step_s: float  # one denoising step on every token (local generation's time / steps)
+    link: LinkModel
+    ahead: int = 2
+    step_error: tuple[float | None, ...] = ()  # per shard: the reuse fallback's added error (None: no reuse)
+    allow_reuse: bool = True
+    allow_recompute: bool = True
+    allow_local: bool = True
+    local_error: float = 1.0  # per unit, what going local counts (see ``local_error`` in the bench)
+
+    @property
+    def n(self) -> int:
+        return len(self.shard_s)
+
+    @property
+    def per_step(self) -> int:
+        return sum(1 for s in self.shard_step if s == self.shard_step[0])
+
+    def shard_units(self, j: int) -> list[PlanUnit]:
+        return [u for u in self.units if u.shard == j]
+
+
+@dataclass(frozen=True)
+class ShardAction:
+    """What the schedule does for one shard; ``levels``: per unit of the shard (``stream`` only)."""
+
+    kind: str
+    levels: tuple[str, ...] = ()
+
+
+@dataclass
+class Schedule:
+    """A whole edit's actions (one per shard up to a ``local``; a ``recompute`` covers the rest of step 0
+    and is listed once per shard it covers), with what the model says it costs."""
+
+    actions: list[ShardAction]
+    latency_s: float
+    total_error: float
+    unit_error: dict[int, float] = field(default_factory=dict)  # per fetch unit index
+
+    def to_dict(self) -> dict:
+        return {"latency_s": self.latency_s, "total_error": self.total_error,
+                "actions": [a.kind if a.kind != STREAM else "/".join(a.levels) for a in self.actions]}
+
+
+@dataclass
+class PlanResult:
+    """The optimum found, whether it is proven (``exact``), and the proven bound on the true optimum."""
+
+    schedule: Schedule | None  # None: no schedule meets the constraint
+    exact: bool
+    lower_bound: float  # on the objective (latency for (a), total error for (b))
+    states: int  # states expanded
+    seconds: float
+
+    @property
+    def value(self) -> float:
+        if self.schedule is None:
+            return math.inf
+        return self.schedule.latency_s if self.objective == "latency" else self.schedule.total_error
+
+    objective: str = "latency"
+
+    @property
+    def gap(self) -> float:
+        """Relative gap between the schedule found and the proven bound (0 when exact)."""
+        if self.exact or self.schedule is None:
+            return 0.0
+        v = self.value
+        return (v - self.lower_bound) / v if v > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        return {"value": self.value, "exact": self.exact, "lower_bound": self.lower_bound, "gap": self.gap,
+                "states": self.states, "seconds": round(self.seconds, 3),
+                "schedule": self.schedule.to_dict() if self.schedule else None}
+
+
+# -- the state machine (shared by the DP, the brute force and schedule evaluation) -----------------------
+
+@dataclass(frozen=True)
+class _State:
+    j: int  # next shard
+    end: float  # end of shard j−1 (prelude for j = 0)
+    starts: tuple[float, ...]  # starts of the last ``ahead`` shards (the gate reads them)
+    link_free: float
+    last_request: float
+    arrivals: tuple[float, ...]  # last bytes of the last ``inflight`` requests
+    rebuild_free: float
+    kept: tuple[tuple[float, float] | None, ...]  # last ``per_step`` shards: (error, rebuild_s) a reuse reads
+    sides: frozenset
+    error: float
+    latency: float | None = None  # set once the edit is over (after the last shard, or local)
+
+    def vector(self, with_error: bool, side_names: tuple[str, ...]) -> tuple:
+        """Every coordinate lower-is-better (dominance = all ≤)."""
+        kept = []
+        for k in self.kept:
+            kept += [math.inf, math.inf] if k is None else [k[0], k[1]]
+        sides = [0.0 if s in self.sides else 1.0 for s in side_names]
+        done = [self.latency if self.latency is not None else -math.inf]
+        return (self.end, *self.starts, self.link_free, self.last_request, *self.arrivals, self.rebuild_free,
+                *kept, *sides, *done, *([self.error] if with_error else []))
+
+
+def _initial(p: PlanProblem) -> _State:
+    # (no request yet reads as a last byte at −inf: the slot is open, as the runtime's 0 s)
+    return _State(0, p.prelude_s, (), 0.0, 0.0, (-math.inf,) * p.link.inflight, 0.0, (None,) * p.per_step,
+                  frozenset(), 0.0)
+
+
+def _start_shard(p: PlanProblem, s: _State, ready: float, kept, error: float, **changes) -> _State:
+    j = s.j
+    start = max(s.end, ready)
+    end = start + p.shard_s[j]
+    starts = (s.starts + (start,))[-p.ahead:] if p.ahead > 0 else ()
+    kept_window = (s.kept + (kept,))[1:]
+    nxt = _State(j + 1, end, starts, changes.get("link_free", s.link_free),
+                 changes.get("last_request", s.last_request), changes.get("arrivals", s.arrivals),
+                 changes.get("rebuild_free", s.rebuild_free), kept_window, changes.get("sides", s.sides),
+                 s.error + error)
+    if j + 1 == p.n:
+        return _State(**{**nxt.__dict__, "latency": end})
+    return nxt
+
+
+def _gate_open(p: PlanProblem, s: _State, shard: int) -> float:
+    """When shard ``shard``'s units may be requested: the start of shard ``shard − ahead``."""
+    g = shard - p.ahead
+    if g < 0:
+        return 0.0
+    back = s.j - g  # starts holds the last ``ahead`` shards' starts, the newest last
+    return s.starts[-back]
+
+
+def step_stream(p: PlanProblem, s: _State, choice: tuple[UnitOption, ...]) -> _State:
+    """Stream shard ``s.j``'s units at ``choice`` (one option per unit, in order)."""
+    link = p.link
+    link_free, last_request, arrivals, rebuild_free = s.link_free, s.last_request, s.arrivals, s.rebuild_free
+    sides, ready, error, rebuild_total = s.sides, 0.0, 0.0, 0.0
+    opens = _gate_open(p, s, s.j)
+    for opt in choice:
+        slot = arrivals[-link.inflight]
+        t_req = last_request = max(opens, slot, last_request)
+        nbytes = opt.nbytes + (opt.side_bytes if opt.side and opt.side not in sides else 0)
+        if opt.side:
+            sides = sides | {opt.side}
+        t_arr = link_free = link.arrival(nbytes, t_req, link_free)
+        arrivals = (arrivals + (t_arr,))[-link.inflight:]
+        rebuild_free = max(t_arr, rebuild_free) + opt.rebuild_s
+        ready = max(ready, rebuild_free)
+        error += opt.error
+        rebuild_total += opt.rebuild_s
+    mean_error = error / len(choice) if choice else 0.0
+    return _start_shard(p, s, ready, (mean_error, rebuild_total), error, link_free=link_free,
+                        last_request=last_request, arrivals=arrivals, rebuild_free=rebuild_free, sides=sides)
+
+
+def reuse_error(p: PlanProblem, s: _State) -> float | None:
+    """The error each unit of shard ``s.j`` gets from a reuse (None: no reuse possible)."""
+    j = s.j
+    step_err = p.step_error[j] if j < len(p.step_error) else None
+    if not p.allow_reuse or p.shard_step[j] == p.shard_step[0] or step_err is None or s.kept[0] is None:
+        return None
+    return step_err + s.kept[0][0]
+
+
+def step_reuse(p: PlanProblem, s: _State) -> _State:
+    kept_error, kept_rebuild = s.kept[0]
+    err = reuse_error(p, s)
+    ready = max(s.end + kept_rebuild, s.rebuild_free)
+    return _start_shard(p, s, ready, (err, kept_rebuild), err * len(p.shard_units(s.j)), rebuild_free=ready)
+
+
+def recompute_shards(p: PlanProblem, j: int) -> list[int]:
+    """The shards a recompute at shard ``j`` covers (it and the rest of step 0)."""
+    first = p.shard_step[0]
+    return [k for k in range(j, p.n) if p.shard_step[k] == first] if p.shard_step[j] == first else []
+
+
+def step_recompute(p: PlanProblem, s: _State) -> _State:
+    ready = s.end + p.full_step_s
+    for _ in recompute_shards(p, s.j):
+        s = _start_shard(p, s, ready, None, 0.0)
+    return s
+
+
+def local_latency(p: PlanProblem, s: _State) -> float:
+    return s.end + (p.num_steps - p.shard_step[s.j]) * p.full_step_s
+
+
+def step_local(p: PlanProblem, s: _State) -> _State:
+    rest = sum(1 for u in p.units if u.shard >= s.j)
+    return _State(**{**s.__dict__, "j": p.n, "error": s.error + p.local_error * rest,
+                     "latency": local_latency(p, s)})
+
+
+def apply(p: PlanProblem, s: _State, action: ShardAction) -> _State:
+    if action.kind == STREAM:
+        by_label = [{o.label: o for o in u.options} for u in p.shard_units(s.j)]
+        return step_stream(p, s, tuple(opts[label] for opts, label in zip(by_label, action.levels)))
+    if action.kind == REUSE:
+        return step_reuse(p, s)
+    if action.kind == RECOMPUTE:
+        return step_recompute(p, s)
+    if action.kind == LOCAL:
+        return step_local(p, s)
+    raise ValueError(f"unknown action {action.kind!r}")
+
+
+def evaluate(p: PlanProblem, actions: list[ShardAction]) -> Schedule:
+    """What the model says a schedule costs (``recompute`` is given once, at the shard it starts)."""
+    s, listed, unit_error = _initial(p), [], {}
+    for action in actions:
+        if s.latency is not None:
+            break
+        j0 = s.j
+        s2 = apply(p, s, action)
+        covered = range(j0, s2.j) if action.kind != LOCAL else range(j0, p.n)
+        for k in covered:
+            listed.append(action)
+            for u in p.shard_units(k):
+                if action.kind == STREAM:
+                    unit_error[u.index] = next(o.error for o in u.options if o.label == action.levels[
+                        p.shard_units(k).index(u)])
+                elif action.kind == REUSE:
+                    unit_error[u.index] = reuse_error(p, s)
+                elif action.kind == RECOMPUTE:
+                    unit_error[u.index] = 0.0
+                else:
+                    unit_error[u.index] = p.local_error
+        s = s2
+    if s.latency is None:
+        raise ValueError("the schedule does not cover every shard")
+    return Schedule(listed, s.latency, s.error, unit_error)
+
+
+# -- the options of one shard ---------------------------------------------------------------------------
+
+def _unit_choices(u: PlanUnit, max_error: float | None, prune: bool = True,
+                  thresholds: tuple[float, ...] | None = None) -> list[UnitOption]:
+    """The unit's options within the error bound, less (``prune``) those another beats on bytes, rebuild,
+    error and side data at once (never needed by an optimum). ``thresholds``: in problem (a), a lone unit's
+    error matters only through later reuses of it, each feasible below one threshold; then an option is
+    beaten by one as cheap that clears every threshold it clears."""
+    opts = [o for o in u.options if max_error is None or o.error <= max_error + ERROR_SLACK]
+    if not prune:
+        return opts
+
+    def quality(o: UnitOption) -> tuple:
+        if thresholds is None:
+            return (-o.error,)
+        return tuple(o.error <= t + ERROR_SLACK for t in thresholds)
+
+    def cost(o: UnitOption) -> tuple:
+        return (o.nbytes + o.side_bytes, o.rebuild_s)
+
+    keep: list[UnitOption] = []
+    for o in sorted(opts, key=lambda o: (cost(o), o.error)):  # of equals, the lower error is kept
+        qo = quality(o)
+        if any(q.side == o.side and cost(q)[0] <= cost(o)[0] and cost(q)[1] <= cost(o)[1]
+               and all(a >= b for a, b in zip(quality(q), qo)) for q in keep):
+            continue
+        keep.append(o)
+    return keep
+
+
+def _reuse_thresholds(p: PlanProblem, j: int, max_error: dict[int, float]) -> tuple[float, ...] | None:
+    """For a shard with one unit in problem (a): the errors below which a reuse chain from it stays within
+    the bounds of the same layers' later shards (one per hop; None where a shard has several units)."""
+    units = p.shard_units(j)
+    if len(units) != 1:
+        return None
+    out, added, k = [], 0.0, j + p.per_step
+    while k < p.n and k < len(p.step_error) and p.step_error[k] is not None:
+        later = p.shard_units(k)
+        if len(later) != 1:
+            return None
+        added += p.step_error[k]
+        bound = max_error.get(later[0].index)
+        out.append(math.inf if bound is None else bound - added)
+        k += p.per_step
+    return tuple(out)
+
+
+def shard_actions(p: PlanProblem, s: _State, max_error: dict[int, float] | None,
+                  prune: bool = True) -> list[tuple[ShardAction, _State]]:
+    """Every action possible at shard ``s.j`` within the per-unit error bounds, with its next state."""
+    j, units = s.j, p.shard_units(s.j)
+    bound = (lambda u: max_error.get(u.index)) if max_error is not None else (lambda u: None)
+    out = []
+    thresholds = _reuse_thresholds(p, j, max_error) if max_error is not None and p.allow_reuse else None
+    if max_error is not None and not p.allow_reuse:
+        thresholds = ()  # (a) without reuse: a unit's error never matters past its bound
+    per_unit = [_unit_choices(u, bound(u), prune, thresholds) for u in units]
+    if all(per_unit):
+        for combo in itertools.product(*per_unit):
+            out.append((ShardAction(STREAM, tuple(o.label for o in combo)), step_stream(p, s, combo)))
+    err = reuse_error(p, s)
+    if err is not None and all(bound(u) is None or err <= bound(u) + ERROR_SLACK for u in units):
+        out.append((ShardAction(REUSE), step_reuse(p, s)))
+    covered = recompute_shards(p, j)
+    if p.allow_recompute and covered:
+        out.append((ShardAction(RECOMPUTE), step_recompute(p, s)))
+    rest = [u for u in p.units if u.shard >= j]
+    if p.allow_local and all(bound(u) is None or p.local_error <= bound(u) + ERROR_SLACK for u in rest):
+        out.append((ShardAction(LOCAL), step_local(p, s)))
+    return out
+
+
+# -- the dynamic program ------------------------------------------------------------------------------
+
+def _pareto(vectors: np.ndarray) -> list[int]:
+    """Indices of rows no other row is ≤ in every coordinate (of equal rows, the first)."""
+    order = np.lexsort(vectors.T[::-1])
+    kept: list[int] = []
+    for i in order:
+        if kept:
+            k = vectors[kept]
+            if np.any(np.all(k <= vectors[i], axis=1)):
+                continue
+        kept.append(int(i))
+    return kept
+
+
+def _thin(entries: list, limit: int, objective: str) -> tuple[list, list]:
+    """Keep ``limit`` entries: first the 2-D front of (error, end) — or (end, link free) for latency —
+    spread evenly along it, then others spread along the objective. Returns (kept, dropped)."""
+    if objective == "latency":
+        key = lambda e: (e[0].end, e[0].link_free)  # noqa: E731
+    else:
+        key = lambda e: (e[0].error, e[0].end)  # noqa: E731
+    order = sorted(range(len(entries)), key=lambda i: key(entries[i]))
+    front, best = [], math.inf
+    for i in order:
+        if key(entries[i])[1] < best:
+            front.append(i)
+            best = key(entries[i])[1]
+
+    def spread(ids: list[int], k: int) -> list[int]:
+        if k <= 0 or not ids:
+            return []
+        if len(ids) <= k:
+            return ids
+        return [ids[int(x)] for x in np.unique(np.linspace(0, len(ids) - 1, k).round())]
+
+    picked = set(spread(front, limit))
+    rest = [i for i in order if i not in picked]
+    picked |= set(spread(rest, limit - len(picked)))
+    kept = [entries[i] for i in order if i in picked]
+    dropped = [entries[i] for i in order if i not in picked]
+    return kept, dropped
+
+
+def _remaining_min_error(p: PlanProblem) -> list[float]:
+    """Per shard j: the least error units of shards ≥ j could have (a bound for dropped states)."""
+    per_shard = []
+    for j in range(p.n):
+        total = 0.0
+        for u in p.shard_units(j):
+            least = min((o.error for o in u.options), default=math.inf)
+            if p.allow_recompute and p.shard_step[j] == p.shard_step[0]:
+                least = 0.0
+            step_err = p.step_error[j] if j < len(p.step_error) else None
+            if p.allow_reuse and step_err is not None:
+                least = min(least, step_err)
+            if p.allow_local:
+                least = min(least, p.local_error)
+            total += least
+        per_shard.append(total)
+    return [sum(per_shard[j:]) for j in range(p.n)] + [0.0]
+
+
+REFINE_CAP = 1500  # dropped states whose error bound is refined (in order of their cheap bound)
+
+
+def _refined_error_bound(p: PlanProblem, dropped: list[_State], max_latency: float, cheap, incumbent: float) -> float:
+    """The least error any dropped state could still reach within ``max_latency``, bounded from below: each
+    remaining unit at its best option that could arrive, alone on the link from the state's link-free time,
+    before its shard must start for the edit to end in time (reuse, recompute and local where their own time
+    allows). States go in order of their cheap bound, which stops the search once it passes the refined one."""
+    suffix = [sum(p.shard_s[k:]) for k in range(p.n)] + [0.0]
+    first = p.shard_step[0]
+    best = math.inf
+    for n_done, s in enumerate(sorted(dropped, key=cheap)):
+        c = cheap(s)
+        if c >= min(best, incumbent) or n_done >= REFINE_CAP:
+            return min(best, c)
+        total, j = s.error, s.j
+        recompute_ok = p.allow_recompute and s.end + p.full_step_s + suffix[j] <= max_latency + LATENCY_SLACK_S
+        local_from = next((k for k in range(j, p.n) if p.allow_local and s.end + suffix[j] - suffix[k]
+                           + (p.num_steps - p.shard_step[k]) * p.full_step_s <= max_latency + LATENCY_SLACK_S), None)
+        for k in range(j, p.n):
+            start_by = max_latency + LATENCY_SLACK_S - suffix[k]
+            step_err = p.step_error[k] if k < len(p.step_error) else None
+            for u in p.shard_units(k):
+                least = math.inf
+                if recompute_ok and p.shard_step[k] == first:
+                    least = 0.0
+                if local_from is not None and k >= local_from:
+                    least = min(least, p.local_error)
+                if p.allow_reuse and step_err is not None and p.shard_step[k] != first:
+                    least = min(least, step_err)
+                for o in sorted(u.options, key=lambda o: o.error):
+                    if o.error >= least:
+                        break
+                    if p.link.arrival(o.nbytes, s.last_request, s.link_free) <= start_by:
+                        least = o.error
+                        break
+                total += least
+                if total >= best:
+                    break
+            if total >= best:
+                break
+        best = min(best, total)
+    return best
+
+
+def _optimistic_latency(p: PlanProblem, s: _State) -> float:
+    if s.latency is not None:
+        return s.latency
+    rest = sum(p.shard_s[s.j:])
+    return s.end + (min(rest, (p.num_steps - p.shard_step[s.j]) * p.full_step_s) if p.allow_local else rest)
+
+
+def _solve(p: PlanProblem, objective: str, max_error: dict[int, float] | None, max_latency: float | None,
+           max_front: int, budget_s: float) -> PlanResult:
+    t0 = time.perf_counter()
+    with_error = objective == "error"
+    side_names = tuple(sorted({o.side for u in p.units for o in u.options if o.side}))
+    rest_error = _remaining_min_error(p)
+
+    def objective_of(s: _State) -> float:
+        return s.latency if objective == "latency" else s.error
+
+    def optimistic(s: _State) -> float:
+        return _optimistic_latency(p, s) if objective == "latency" else s.error + rest_error[s.j]
+
+    # per shard index: entries (state, back-pointer (parent entry, action)); a recompute jumps ahead, so a
+    # shard's front is complete once every earlier shard's has been expanded
+    fronts: dict[int, list[tuple[_State, tuple | None]]] = {0: [(_initial(p), None)]}
+    finished: list[tuple[_State, tuple]] = []
+    bound = math.inf  # the best any dropped state could still reach
+    dropped_states: list[_State] = []
+    exact, expanded = True, 0
+    for j in range(p.n):
+        entries = fronts.pop(j, [])
+        if not entries:
+            continue
+        limit = max(8, max_front // 10) if time.perf_counter() - t0 > budget_s else max_front
+        if len(entries) > PRE_THIN * limit:  # too many to compare pairwise: thin first (bounded below)
+            exact = False
+            entries, dropped = _thin(entries, PRE_THIN * limit, objective)
+            bound = min([bound] + [optimistic(e[0]) for e in dropped])
+            dropped_states += [e[0] for e in dropped]
+        vecs = np.array([e[0].vector(with_error, side_names) for e in entries], dtype=float)
+        keep = [entries[i] for i in _pareto(vecs)]
+        if len(keep) > limit:  # thin the front; bound what the dropped states could reach
+            exact = False
+            keep, dropped = _thin(keep, limit, objective)
+            bound = min([bound] + [optimistic(e[0]) for e in dropped])
+            dropped_states += [e[0] for e in dropped]
+        for entry in keep:
+            for action, nxt in shard_actions(p, entry[0], max_error):
+                expanded += 1
+                if max_latency is not None and _optimistic_latency(p, nxt) > max_latency + LATENCY_SLACK_S:
+                    continue
+                if nxt.latency is not None:
+                    finished.append((nxt, (entry, action)))
+                else:
+                    fronts.setdefault(nxt.j, []).append((nxt, (entry, action)))
+    best = min(finished, key=lambda f: objective_of(f[0]), default=None)
+    if dropped_states and objective == "error" and max_latency is not None:
+        bound = _refined_error_bound(p, dropped_states, max_latency, optimistic,
+                                     objective_of(best[0]) if best else math.inf)
+    seconds = time.perf_counter() - t0
+    if best is None:
+        return PlanResult(None, exact, bound, expanded, seconds, objective)
+    actions: list[ShardAction] = []
+    node: tuple | None = best[1]
+    while node is not None:
+        parent, action = node
+        actions.append(action)
+        node = parent[1]
+    actions.reverse()
+    schedule = evaluate(p, actions)
+    value = objective_of(best[0])
+    return PlanResult(schedule, exact, min(value, bound), expanded, seconds, objective)
+
+
+
+def least_latency(p: PlanProblem, max_error: dict[int, float] | None = None, max_front: int = DEFAULT_MAX_FRONT,
+                  budget_s: float = DEFAULT_BUDGET_S) -> PlanResult:
+    """(a) The least latency of a schedule whose every unit's error is within ``max_error`` (by fetch unit
+    index; a unit not named is free)."""
+    return _solve(p, "latency", max_error or {}, None, max_front, budget_s)
+
+
+def least_error(p: PlanProblem, max_latency: float, max_front: int = DEFAULT_MAX_FRONT,
+                budget_s: float = DEFAULT_BUDGET_S) -> PlanResult:
+    """(b) The least total error of a schedule that ends within ``max_latency``."""
+    return _solve(p, "error", None, max_latency, max_front, budget_s)
+
+
+def brute_force(p: PlanProblem, objective: str, max_error: dict[int, float] | None = None,
+                max_latency: float | None = None) -> float:
+    """The optimum by enumerating every schedule (small problems only: the test of the DP)."""
+    best = math.inf
+
+    def walk(s: _State) -> None:
+        nonlocal best
+        if s.latency is not None:
+            if max_latency is None or s.latency <= max_latency + LATENCY_SLACK_S:
+                best = min(best, s.latency if objective == "latency" else s.error)
+            return
+        for _, nxt in shard_actions(p, s, max_error or ({} if objective == "latency" else None), prune=False):
+            walk(nxt)
+
+    walk(_initial(p))
+    return best
