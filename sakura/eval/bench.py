@@ -425,7 +425,7 @@ def run_bench(cfg: BenchConfig, out: Path, progress=None, say: Callable[[str], N
                         progress.advance(task)
             ws = summarize(records, storage_of(prepared_all))
             if regret:
-                from sakura.eval.regret import decomposition, regret_stats
+                from sakura.eval.regret import decomposition, regret_stats  # (the planner: only when asked for)
 
                 for system in ws:
                     stats = regret_stats([r for r in records if r["system"] == system])
@@ -449,8 +449,8 @@ PERFECT_NAME = "sakura+perfect"
 def perfect_prediction_edit(prepared: TemplateBench, req_index: int, trace: Trace, start: float, cfg: "BenchConfig",
                             say: Callable[[str], None] = print) -> dict:
     """SAKURA's policy with the true future rates (:class:`sakura.eval.regret.PerfectPrediction`), with its regret."""
-    from sakura.eval.regret import PerfectPrediction
-    from sakura.online.policies import get_policy
+    from sakura.eval.regret import PerfectPrediction  # (the planner: only when asked for)
+    from sakura.online.policies import get_policy  # (with it: SAKURA's policy rerun on the true rates)
 
     policy = PerfectPrediction(get_policy(OURS), trace, start, PERFECT_NAME)  # (the trace is scaled already)
     return run_one(prepared, req_index, OURS, trace, start, policy=policy, fallbacks=cfg.fallbacks,

@@ -324,7 +324,7 @@ def run(cfg: bench.BenchConfig, out: Path, *, figure: str | None = None, project
     if figure == "tails":
         return fig_tails(cfg, out, cache, progress, say)
     if figure == "regret":  # the sweep with the clairvoyant planner beside every streamed edit
-        from sakura.eval.regret_figure import regret_cdfs
+        from sakura.eval.regret_figure import regret_cdfs  # (the planner's figure: only when asked for)
 
         cfg.regret = True
         summary = bench.run_bench(cfg, out, progress=progress, say=say, benches=cache)

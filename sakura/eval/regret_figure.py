@@ -18,7 +18,7 @@ def regret_cdfs(records: Path, out: Path, trace: str = "") -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from sakura.eval import plots as P
+    from sakura.eval import plots as P  # (matplotlib: only when the figure is drawn)
 
     rows = [json.loads(line) for line in records.read_text().splitlines() if line.strip()]
     rows = [r for r in rows if r.get("regret")]
