@@ -34,7 +34,26 @@ def timings(monkeypatch, *runs: list[float]) -> list[int]:
 
     monkeypatch.setattr(cal, "measure_compute", measure)
     monkeypatch.setattr(cal, "zero_cache", lambda *a: None)
+    monkeypatch.setattr(cal, "load_per_core", lambda: 0.2)  # a quiet machine (the next test loads it)
     return calls
+
+
+def test_a_calibration_measured_under_load_is_reused_only_while_the_machine_is_busy(tmp_path, monkeypatch, model):
+    calls = timings(monkeypatch, [3.60, 3.62, 3.65])  # a steady load: a tight spread, every run slow
+    monkeypatch.setattr(cal, "load_per_core", lambda: 2.5)
+    tpl = load_catalog().get("fs-astronaut")
+    store = cal.CalibrationStore(tmp_path / "c.json", full_repeats=3)
+    store.measure(model, tpl, SHARDS)
+    assert store.get(model, tpl, SHARDS).local_full_s == 3.62  # the run that measured it keeps it …
+    assert store.busy_load(model, tpl) == 2.5
+    (entry,) = json.loads((tmp_path / "c.json").read_text())["machines"].popitem()[1]["profiles"].values()
+    assert entry["busy"] and entry["load_per_core"] == 2.5  # … stored flagged
+    assert cal.CalibrationStore(tmp_path / "c.json").get(model, tpl, SHARDS).local_full_s == 3.62  # still busy
+    monkeypatch.setattr(cal, "load_per_core", lambda: 0.3)
+    later = cal.CalibrationStore(tmp_path / "c.json", full_repeats=3)
+    assert later.get(model, tpl, SHARDS) is None  # quiet now: measure again …
+    later.measure(model, tpl, SHARDS)
+    assert calls[0] == 2 and later.busy_load(model, tpl) is None  # … and the quiet profile replaces it
 
 
 def test_a_tight_calibration_is_stored_with_its_load(tmp_path, monkeypatch, model):

@@ -511,6 +511,10 @@ def describe_regime(workload: str, prepared_all: list[TemplateBench], scales: di
         shown = f"spread {100 * s:.0f}%" if s is not None else "1 run"
         if s is not None and s > SPREAD_BOUND:
             shown += f", ABOVE THE {100 * SPREAD_BOUND:.0f}% BOUND: this run only, not stored"
+        load = p.runtime.calibration.busy_load(p.model, p.template)
+        if load is not None:
+            shown += (f", MEASURED UNDER LOAD {load:.2f} per core: its seconds are that load's (a quiet run "
+                      "measures again)")
         parts.append(f"{p.template.id} local {p.compute.local_full_s:.2f} s ({shown}, {len(xs)} runs) → "
                      f"scale {scales[p.template.id]:.4f}")
     return f"{workload}: " + "; ".join(parts)
