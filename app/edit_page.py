@@ -467,8 +467,9 @@ class EditPage:
             if floor is not None and (s.get("latency_s") or 0) < floor:
                 res["below_floor"] = floor
             if (s.get("compute_check") or {}).get("busy") or res.get("below_floor"):
-                yield (f"{SYSTEM_TITLES[name]}: its measured run left its calibration; running it on the simulated "
-                       "clock too…")
+                why = ("its compute left its calibration's spread" if (s.get("compute_check") or {}).get("busy")
+                       else "it came out below the oracle's floor")
+                yield f"{SYSTEM_TITLES[name]}: {why}; running it on the simulated clock too…"
                 sim = EditRun(self.bridge, replace(jobs[name], clock="sim", reference_output=False,
                                                    prefetch=False)).start()
                 for _ in sim.events():
