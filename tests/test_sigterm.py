@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
+
 from device_bridge.server import READY_PREFIX
 
 
@@ -19,6 +21,20 @@ def children(pid: int) -> list[int]:
     except OSError:
         return []
     return [int(c) for c in text.split()]
+
+
+def serving(url: str, timeout_s: float = 60.0) -> None:
+    """Wait until the agent answers /healthz: the ready line comes once its socket is bound, before uvicorn has
+    installed its own signal handlers (a loaded machine widens that window; the test is of the running agent)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/healthz", timeout=5).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"the agent at {url} never answered /healthz")
 
 
 def alive(pid: int) -> bool:
@@ -41,6 +57,7 @@ def test_sigterm_to_the_device_agent_stops_its_template_server(tmp_path):
         assert line.startswith(READY_PREFIX), (line, proc.poll(), proc.stderr.read() if proc.poll() else "")
         kids = children(proc.pid)
         assert kids and all(alive(k) for k in kids)  # the local template server
+        serving(line[len(READY_PREFIX):].strip().replace("ws://", "http://", 1))
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0, proc.stderr.read()
         deadline = time.monotonic() + 20
