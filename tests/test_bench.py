@@ -2,10 +2,12 @@
 
 import json
 
+import numpy as np
 import pytest
 
 from sakura.eval import bench, figures
 from sakura.eval.projection import project_paper
+from sakura.net.traces import load_trace
 
 
 def test_bench_summary_contract_and_figures(fs_packs, tmp_path):
@@ -90,3 +92,16 @@ def test_pack_versions_pairs_each_edit_with_its_v1_twin():
     assert p["latency_delta_max_s"] == pytest.approx(0.25) and p["latency_delta_min_s"] == pytest.approx(-0.1)
     assert p["psnr_masked_delta_median_db"] == 5
     assert p["edits"][2]["latency_s"] == [1.25, 1.0]
+
+
+def test_start_offsets_come_from_the_asked_part_of_the_trace():
+    trace = load_trace("5g")
+    parts = {}
+    for part in bench.TRACE_PARTS:
+        cfg = bench.BenchConfig(starts=200, trace_part=part)
+        parts[part] = bench.start_offsets(np.random.default_rng(0), trace, cfg)
+    half = trace.duration / 2
+    assert parts["first"].max() < half <= parts["second"].min()
+    assert parts["all"].min() < half <= parts["all"].max()
+    with pytest.raises(KeyError):
+        bench.start_offsets(np.random.default_rng(0), trace, bench.BenchConfig(trace_part="middle"))

@@ -3,6 +3,7 @@ in growing groups so a cut keeps what came, a drop stops at once, live progress,
 
 from __future__ import annotations
 
+import http.server
 import threading
 import time
 
@@ -10,6 +11,7 @@ import httpx
 import pytest
 
 from sakura.net.byteranges import Transfer, arrived
+from sakura.net.client import RangeClient
 from sakura.net.unpaced import UnpacedLink, groups
 
 
@@ -155,3 +157,67 @@ def test_a_dropped_request_stuck_on_the_wire_does_not_hold_the_next_ones():
     finally:
         gate.set()
         link.close()
+
+
+class TrickleServer:
+    """An HTTP server that answers any range request with ``size`` bytes in 4 KiB chunks every ``gap_s`` and
+    records how far each answer got before the client went away."""
+
+    def __init__(self, size: int = 1 << 20, gap_s: float = 0.005) -> None:
+        outer = self
+        self.sent: list[tuple[int, bool]] = []  # (bytes written, whether the client closed first)
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 - http.server's name
+                start = int(self.headers["Range"].split("=")[1].split("-")[0])
+                self.send_response(206)
+                self.send_header("Content-Range", f"bytes {start}-{start + size - 1}/{start + size}")
+                self.send_header("Content-Length", str(size))
+                self.end_headers()
+                written = 0
+                try:
+                    while written < size:
+                        self.wfile.write(b"x" * 4096)
+                        self.wfile.flush()
+                        written += 4096
+                        time.sleep(gap_s)
+                except OSError:
+                    outer.sent.append((written, True))
+                    return
+                outer.sent.append((written, False))
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_a_dropped_request_stops_its_server_sending():
+    """The bytes of a dropped request would share a shaped link with the requests after it (on a kernel link the
+    estimate then read every later transfer at a fraction of the rate): its connection is closed at its next bytes."""
+    size = 1 << 20  # 256 chunks, ≥ 1.3 s to send
+    server = TrickleServer(size)
+    client = RangeClient(server.url, pack_path="/{id}")
+    link = UnpacedLink(client)
+    try:
+        flight = link.send("f", [(0, size)])
+        deadline = time.monotonic() + 30
+        while link.progress(flight).delivered < 16 * 4096 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        drop = threading.Event()
+        drop.set()
+        assert link.receive(flight, drop=drop).parts == []
+        while not server.sent and time.monotonic() < deadline:
+            time.sleep(0.01)
+        written, closed_first = server.sent[0]
+        assert closed_first and written < size // 2, server.sent  # (without: all of it, to an abandoned reader)
+    finally:
+        link.close()
+        client.close()
+        server.close()

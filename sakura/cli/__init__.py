@@ -274,6 +274,8 @@ def bench(
     systems: str = typer.Option(",".join(SYSTEMS), "--systems"),
     trace: str = typer.Option("5g", "--trace", help="5g, 4g5g, wifi, fixed:MBPS or a trace file."),
     starts: int = typer.Option(100, "--starts", help="Random start offsets per workload."),
+    trace_part: str = typer.Option("all", "--trace-part", help="all | first | second: draw the offsets from that part "
+                                   "of the trace (tune on first halves, report held-out second halves)."),
     regime: str = typer.Option("paper", "--regime", help="paper | none"),
     trace_scale: Optional[float] = typer.Option(None, "--trace-scale"),
     clock: str = typer.Option(
@@ -378,13 +380,15 @@ def bench(
     packs = packs_or_default(packs)
     cfg = bench.BenchConfig(workloads=tuple(w.strip() for w in workloads.split(",")),
                             systems=tuple(x.strip() for x in systems.split(",")), trace=trace, starts=starts,
-                            regime=regime, trace_scale=trace_scale, seed=seed, append=append,
+                            trace_part=trace_part, regime=regime, trace_scale=trace_scale, seed=seed, append=append,
                             packs=packs if "://" in packs else Path(packs),
                             calibration_file=calibration or default_path(), repeats=5, think_time=think_time,
                             fallbacks=fallbacks,
                             full_repeats=max(1, calibration_runs), quality_requests=quality_requests,
                             executor=executor, reconstructor=reconstructor,
                             regret=regret or figure == "regret", regret_budget_s=regret_budget)
+    if trace_part not in bench.TRACE_PARTS:
+        raise UserError(f"--trace-part must be one of {', '.join(bench.TRACE_PARTS)}, not {trace_part!r}")
     for sname in cfg.systems:
         if sname not in SYSTEMS:
             raise UserError(f"unknown system {sname!r}; choose from {', '.join(SYSTEMS)}")

@@ -33,6 +33,11 @@ FIRST_GROUP_BYTES = 16 * 1024
 GROUP_BYTES = 256 * 1024
 
 
+class Abandoned(Exception):
+    """Raised in an abandoned request's read: leaving the response unread closes its connection, so the server
+    stops sending bytes nobody wants (they would share the shaped link with the requests after it)."""
+
+
 @dataclass
 class Flight:
     """One request on the unpaced link: its parts as they come through (monotonic seconds)."""
@@ -92,7 +97,8 @@ class UnpacedLink:
     def _abandon(self, flight: Flight) -> None:
         """``flight`` is no longer wanted (dropped, or cut at a prefix already through): if the worker is still on
         it, later requests go on at once on a new worker (a new connection) — as a device closes a connection
-        stuck in a trough rather than wait out TCP's retransmission backoff (under ``_cond``)."""
+        stuck in a trough rather than wait out TCP's retransmission backoff — and the old connection is closed at
+        its next bytes, so its unread rest does not share the link with them (under ``_cond``)."""
         flight.stop = True
         if self._active is flight and not flight.done:
             self._active = None
@@ -118,6 +124,8 @@ class UnpacedLink:
             try:
                 if not flight.stop:
                     self._fetch(flight)
+            except Abandoned:  # its receiver has returned; the connection is closed
+                pass
             except BaseException as e:  # noqa: BLE001 - handed to the receiver
                 flight.error = e
             with self._cond:
@@ -130,6 +138,8 @@ class UnpacedLink:
         flight.t_begin = time.monotonic()
 
         def seen(n: int) -> None:
+            if flight.stop:
+                raise Abandoned(flight.file_id)
             now = time.monotonic()
             with self._cond:
                 if flight.t_first is None:
