@@ -69,6 +69,9 @@ def test_bench_regret_against_each_systems_clairvoyant_optimum(fs_packs, tmp_pat
         assert g["latency_ratio"] == pytest.approx(r["latency_s"] / g["optimal_latency_s"])
         assert g["exact"] or g["gap"] >= 0  # a solve that stopped early says how far from proven it is
         assert g["quality_source"] == "replayed" and g["equal_quality_psnr_masked"] is not None
+        # with no bound on any unit the edit can only be as fast or faster; (b)'s schedule is kept per shard
+        assert 0 < g["fastest_latency_s"] <= g["optimal_latency_s"] + 1e-9
+        assert len(g["equal_latency_actions"]) == r["shards"]
     for system in ("sakura", "intq", "cachegen", "sakura+perfect"):
         reg = fs[system]["regret"]
         assert set(reg["latency_over_optimal"]) == {"p50", "p90"} and set(reg["psnr_gap_db"]) == {"p50", "p90"}

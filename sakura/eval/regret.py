@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -287,6 +287,9 @@ class EditRegret:
     gap_latency: float = 0.0
     gap_error: float = 0.0
     latency_budget_s: float = 0.0  # (b)'s: the run's latency, or (a)'s optimum where the model is slower
+    equal_latency_actions: list = field(default_factory=list)  # (b)'s schedule, per shard
+    fastest_latency_s: float = math.nan  # the least latency at any quality (no unit bound; local counts)
+    fastest_error: float = math.nan  # ... and that schedule's estimated error
 
     def to_dict(self) -> dict:
         return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in asdict(self).items()}
@@ -306,6 +309,7 @@ def edit_regret(session, req, request_key, timeline: Timeline, run_psnr_masked: 
     b: PlanResult = least_error(p, latency_budget, budget_s=budget_s)
     if a.schedule is not None and (b.schedule is None or a.schedule.total_error < b.schedule.total_error):
         b = PlanResult(a.schedule, False, min(b.lower_bound, a.schedule.total_error), b.states, b.seconds, "error")
+    fastest: PlanResult = least_latency(p, {}, budget_s=budget_s)  # no unit bound: how fast the edit could be
     planner_s = time.perf_counter() - t0
 
     def psnr(result: PlanResult) -> float:
@@ -321,7 +325,10 @@ def edit_regret(session, req, request_key, timeline: Timeline, run_psnr_masked: 
                       run_psnr_masked, b_psnr, b_psnr - run_psnr_masked, a_psnr, a.exact and b.exact,
                       max(a.gap, b.gap), planner_s, a.schedule.to_dict()["actions"] if a.schedule else [],
                       exact_latency=a.exact, exact_error=b.exact, gap_latency=a.gap, gap_error=b.gap,
-                      latency_budget_s=latency_budget)
+                      latency_budget_s=latency_budget,
+                      equal_latency_actions=b.schedule.to_dict()["actions"] if b.schedule else [],
+                      fastest_latency_s=fastest.value if fastest.schedule else math.nan,
+                      fastest_error=fastest.schedule.total_error if fastest.schedule else math.nan)
 
 
 class _Seen:
@@ -368,6 +375,7 @@ def regret_stats(rows: list[dict]) -> dict:
 
     return {"n": len(regs), "latency_over_optimal": pct("latency_ratio"), "error_gap": pct("error_gap"),
             "psnr_gap_db": pct("psnr_gap_db"), "optimal_latency_s": pct("optimal_latency_s"),
+            "fastest_latency_s": pct("fastest_latency_s"),
             "exact_share": float(np.mean([bool(x["exact"]) for x in regs])),
             "exact_latency_share": float(np.mean([bool(x.get("exact_latency", x["exact"])) for x in regs])),
             "gap_latency_max": float(max(x.get("gap_latency", x["gap"]) for x in regs)),
