@@ -93,7 +93,9 @@ def test_an_edit_in_the_demo_reads_the_store_and_matches_the_folder(demo_store, 
     # the template server saw catalog, header and URL requests only: no pack byte went through it
     records = [json.loads(line) for line in d.log.read_text().splitlines()]
     paths = {r["path"].split("?")[0] for r in records}
-    assert f"/packs/{FS}/url" in paths and f"/packs/{FS}.fp16/header" in paths
+    # (the FP16 edit read its file by URL; SAKURA's may too, when its ladder climbed to the exact rung everywhere)
+    assert f"/packs/{FS}.fp16/url" in paths and f"/packs/{FS}.fp16/header" in paths and f"/packs/{FS}/header" in paths
+    assert sakura["pack_bytes_from"] == "store"
     assert all(r["range"] is None for r in records)
     assert all(p in ("/healthz", "/templates") or p.endswith(("/url", "/header")) for p in paths), paths
 
