@@ -146,7 +146,7 @@ class ExplorerPage:
         return ("", None, *([None] * (2 * len(SYSTEMS_SHOWN))), "")
 
     def _reference(self, data: dict) -> Image.Image:
-        return Image.open(self.ex.folder(data["template_id"], data["request"]) / data["reference"]).convert("RGB")
+        return Image.open(self.ex.folder_of(data) / data["reference"]).convert("RGB")
 
     def show(self, data, slider, quality="masked region", gain="×4"):
         if not data:
@@ -154,7 +154,7 @@ class ExplorerPage:
         metric, k = QUALITY.get(quality, "psnr_masked"), AMPLIFY.get(gain, 4)
         b = budget_of(slider, data)
         best = at_budget(data, b, metric)
-        folder = self.ex.folder(data["template_id"], data["request"])
+        folder = self.ex.folder_of(data)
         reference = self._reference(data)
         images, diffs, rows = [], [], []
         for s in SYSTEMS_SHOWN:

@@ -141,7 +141,7 @@ class PoolPreparer:
     def add_unit(self, t: TemplateInfo, request: int) -> list[Candidate]:
         """One template + request into the pool: its test pairs and controls (one transaction)."""
         data = self.explorer.frontier(t.id, request)
-        folder = self.explorer.folder(t.id, request)
+        folder = self.explorer.folder_of(data)
         ref_png = (folder / data["reference"]).read_bytes()
         reference = self.store.add_image(ref_png)
         size = Image.open(io.BytesIO(ref_png)).size[0]

@@ -99,6 +99,13 @@ class Explorer:
     def folder(self, template_id: str, request: int) -> Path:
         return self.cache / f"{template_id}-{request}-{self._key(template_id, request)}"
 
+    def folder_of(self, data: dict) -> Path:
+        """The folder a frontier's images are in: the one it was computed in (a build publishing meanwhile changes
+        the packs' versions, so :meth:`folder`'s key)."""
+        if "folder" in data:
+            return self.cache / data["folder"]
+        return self.folder(data["template_id"], data["request"])
+
     def cached(self, template_id: str, request: int) -> dict | None:
         f = self.folder(template_id, request) / "frontier.json"
         if f.is_file():
@@ -190,6 +197,7 @@ class Explorer:
             points.append(Point(name, int(nbytes), _summarise(labels), q["psnr"], q["ssim"], q["psnr_masked"],
                                 q["ssim_masked"], fname))
         data = {"template_id": template_id, "request": request, "request_label": str(reqs[request].label),
+                "folder": out.name,  # (the packs' versions can change while it runs: the key then names another)
                 "fp16_bytes": int(fp16_bytes), "reference": "reference.png", "mask": "mask.png",
                 "zeroed": {"image": "zeroed.png", **quality(zeroed, ref, req.mask)},
                 "points": [asdict(p) for p in sorted(points, key=lambda p: (p.system, p.bytes))]}
