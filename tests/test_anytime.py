@@ -10,6 +10,7 @@ from sakura.net.traces import Trace
 from sakura.runtime.calibration import CalibrationStore
 from sakura.runtime.session import DeviceRuntime, Network
 
+STEADY = Trace(np.array([0.0, 30.0]), np.array([8.0]), "steady 8 Mbps")  # the budgets sit between levels
 # 40 Mbps for 10 ms (the policy's first estimate), then 2 Mbps: what was asked for cannot all arrive
 # (10 ms carry 50 kB; the first two shards' top levels are ~130 kB in a v2 pack, 300 kB in a v1 one).
 COLLAPSE = Trace(np.array([0.0, 0.01, 30.0]), np.array([40.0, 2.0]), "collapse")
@@ -78,3 +79,30 @@ def test_a_collapsing_link_cuts_shards_short_instead_of_stalling(folder, clock):
         waited = session.simulate(req, anytime=False).timeline
         assert not any(u.requested_level for u in waited.units)
         assert tl.latency_s < waited.latency_s
+
+
+def test_shard_0_gets_the_lead_of_every_later_unit_not_the_prelude(folder):
+    """Before execution starts nothing overlaps a transfer: shard 0's unit is chosen for the lead a later
+    unit gets from its gate (the compute of the ``ahead`` shards before it), so on a steady link its level is
+    not the edit's poorest (chosen for the prelude alone it was a third of the others' bytes)."""
+    tpl, runtime, req, raw = folder
+    session = runtime.session(tpl, "sakura", Network(STEADY, "steady", 0.0, 1.0), fallbacks=False)
+    tl = session.simulate(req).timeline
+    first, later = tl.units[0], [u.nbytes for u in tl.units if u.needed_by > 0]
+    lead = sum(session.compute.shard_s[:2])
+    assert first.deadline_t - first.request_t >= lead - 1e-9
+    assert not first.requested_level, "on a steady link what was chosen arrives by its deadline"
+    assert max(later) > first.nbytes >= 0.6 * float(np.median(later)), (first.nbytes, later)
+    assert tl.shards[0].stall_s > 0  # the start waits for it (and says so)
+    paper = session.simulate(req, anytime=False).timeline.units[0]  # the paper's runtime: the prelude's window
+    assert paper.deadline_t - paper.request_t < lead and paper.nbytes < first.nbytes
+
+
+@pytest.mark.parametrize("clock", ["sim", "real"])
+def test_shard_0_is_not_cut_before_the_deadline_it_was_chosen_for(folder, clock):
+    tpl, runtime, req, raw = folder
+    session = runtime.session(tpl, "sakura", Network(COLLAPSE, "collapse", 0.0, 1.0), fallbacks=False)
+    tl = (session.simulate(req) if clock == "sim" else session.run(req)).timeline
+    first = tl.units[0]
+    assert first.requested_level, "chosen at 40 Mbps, it cannot all arrive at 2 Mbps"
+    assert tl.shards[0].exec_start_t >= first.deadline_t - 1e-9

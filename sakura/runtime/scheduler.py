@@ -99,11 +99,22 @@ class StreamScheduler:
         self.replaced: set[int] = set()  # shards a fallback gave a cache: their units are not asked for
         self.asked: set[int] = set()  # fetch units answered with a request or the held bytes
         self.local_from_step: int | None = None
+        # (anytime) execution cuts shard 0 no earlier than this: the deadline its units were chosen for
+        self.startup_until = 0.0
         self._lock = threading.RLock()
 
     def begin(self) -> None:
         """Before the first request: policies that plan the whole edit (IntQ) do it here."""
         self.policy.begin(self.encoding.units, self.predicted.masked_s, self.monitor.initial_bps)
+
+    @property
+    def startup_lead_s(self) -> float:
+        """Shard 0's units are chosen for the lead every later unit gets from its gate (the compute of the
+        ``ahead`` shards before it), not for the prelude, and execution waits that long for them (a video
+        player's start-up buffer): before execution starts nothing overlaps a transfer, and a shard 0 chosen
+        for the prelude alone is the edit's poorest level, which the clairvoyant optimum never picks
+        (issue #32 item 3)."""
+        return sum(self.predicted.shard_s[:self.ahead])
 
     # -- requests ---------------------------------------------------------------------------------
     def gate(self, unit: FetchUnit) -> int | None:
@@ -123,6 +134,8 @@ class StreamScheduler:
             self.asked.add(unit.index)
             unit = self.encoding.priced(unit)
             deadline = predict_need(unit.needed_by, now, self.predicted, self.starts)
+            if self.anytime and unit.needed_by == 0:
+                deadline = self.startup_until = max(deadline, now + self.startup_lead_s, self.startup_until)
             d = self.policy.choose(unit, now, deadline, self.monitor)
             held = self.held.get(unit.index)
             if held is not None and d.level.error >= held.level.error:  # nothing better: no request

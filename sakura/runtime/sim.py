@@ -175,12 +175,13 @@ class _SimulatedEdit:
             if self.starts[k] is None:
                 prev_end = self.compute.prelude_s if k == 0 else self.ends[k - 1]
                 first = self.done
+                need = self._startup_need(prev_end) if k == 0 else prev_end
                 while self.done < len(self.booked) and self.booked[self.done].unit.needed_by == k:
                     if not self.booked[self.done].dropped:
-                        self.settle(self.booked[self.done], prev_end)
+                        self.settle(self.booked[self.done], need)
                     self.done += 1
                 mine = [b for b in self.booked[first:self.done] if not b.dropped]
-                if self.fallback is not None and not self._fall_back(k, prev_end, mine):
+                if self.fallback is not None and not self._fall_back(k, need, mine):
                     for b in mine:
                         self.finalize(b)
                 if self.local_at is not None:
@@ -190,6 +191,15 @@ class _SimulatedEdit:
                 self.tl.shard_started(k, self.starts[k], max(0.0, self.ready[k] - prev_end))
                 self.tl.shard_ended(k, self.ends[k])
                 self.held += [(a, self.ends[k], n) for a, n in self.rebuilt.pop(k, [])]
+
+    def _startup_need(self, prelude_end: float) -> float:
+        """When execution reaches shard 0 (cuts and fallbacks count from then): when its bytes are through,
+        at the prelude's end at the earliest and at the deadline they were chosen for at the latest."""
+        if not self.anytime:
+            return prelude_end
+        mine = [b for b in self.booked if b.unit.needed_by == 0 and not b.dropped]
+        through = max((b.t_arr for b in mine), default=prelude_end)
+        return max(prelude_end, min(self.sched.startup_until, through))
 
     def book(self, u: FetchUnit) -> None:
         """Send one request when the device would (a free slot of ``inflight``, its gate shard started)."""

@@ -178,6 +178,8 @@ class StreamedEdit:
             asked = state.now()
             if j > 0:
                 timeline.shard_ended(j - 1, asked)
+            if self.sched.anytime and j == 0:  # its bytes were chosen to come by then: wait for them
+                state.ready[0].wait(max(0.0, self.sched.startup_until - state.now()))
             if self.sched.anytime and not state.ready[j].is_set():
                 state.cut[j].set()  # use what has arrived (see _collect)
             if not self._wait_for(state, timeline, j, asked):
