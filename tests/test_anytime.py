@@ -106,3 +106,17 @@ def test_shard_0_is_not_cut_before_the_deadline_it_was_chosen_for(folder, clock)
     first = tl.units[0]
     assert first.requested_level, "chosen at 40 Mbps, it cannot all arrive at 2 Mbps"
     assert tl.shards[0].exec_start_t >= first.deadline_t - 1e-9
+
+
+def test_the_tcp_view_of_an_outage_holds_the_edit_past_the_links_return(folder):
+    """``sakura bench --sim-link tcp``: the simulated clock over the trace as TCP sees it. An outage in mid-edit
+    ends, for a transfer in flight, at the first retransmission after the link is back (0.25, 0.65 s here for
+    an outage at 0.05–0.35 s), so an edit that must wait through it ends that much later than on the fluid link."""
+    tpl, runtime, req, raw = folder
+    outage = Trace(np.array([0.0, 0.05, 0.35, 30.0]), np.array([8.0, 0.0, 8.0]), "outage")
+    ends = {}
+    for name, trace in (("fluid", outage), ("tcp", outage.with_retransmission_stalls(rto_s=0.2))):
+        session = runtime.session(tpl, "sakura", Network(trace, name, 0.0, 1.0), fallbacks=False)
+        ends[name] = session.simulate(req).timeline.latency_s
+    assert ends["fluid"] > 0.35  # it waited for the link
+    assert ends["tcp"] - ends["fluid"] > 0.2, ends

@@ -200,6 +200,13 @@ class Trace:
             raise TraceError(f"scale must be > 0, got {k}")
         return Trace(self.edges, self.mbps * k, f"{self.name}*{k:g}")
 
+    def dead_seconds(self, start: float, duration: float) -> float:
+        """Seconds of a dead link (rate 0) in ``[start, start + duration)`` (wraps)."""
+        if not duration > 0:
+            return 0.0
+        edges, mbps = self.steps(start, duration)
+        return float(np.sum(np.diff(edges)[mbps <= 0]))
+
     def with_retransmission_stalls(self, rto_s: float = 0.2, dead_mbps: float = 0.0) -> Trace:
         """The trace as a TCP transfer that is in flight through every outage sees it: a dead stretch (rate ≤
         ``dead_mbps``) lasts until the first retransmission after the link is back, the retransmission timer
