@@ -120,3 +120,21 @@ def test_the_tcp_view_of_an_outage_holds_the_edit_past_the_links_return(folder):
         ends[name] = session.simulate(req).timeline.latency_s
     assert ends["fluid"] > 0.35  # it waited for the link
     assert ends["tcp"] - ends["fluid"] > 0.2, ends
+
+
+@pytest.mark.parametrize("clock", ["sim", "real"])
+def test_the_start_up_hold_does_not_delay_a_fallback_out_of_a_dead_link(folder, clock):
+    """Shard 0 waits for its chosen bytes up to its deadline, but an outage at the start is escaped as early as
+    before: the executor's first look is one check after the prelude, not after the hold."""
+    from sakura.online.fallback import CHECK_EVERY_S
+
+    tpl, runtime, req, raw = folder
+    dead = Trace(np.array([0.0, 2.0, 30.0]), np.array([0.0, 8.0]), "dead at the start")
+    session = runtime.session(tpl, "sakura", Network(dead, "dead", 0.0, 1.0))
+    tl = (session.simulate(req) if clock == "sim" else session.run(req)).timeline
+    first = tl.fallbacks[0]
+    assert first["shard"] == 0 and first["kind"] in ("recompute", "local")
+    if clock == "sim":  # (the real clock's first look is as late as the machine's load makes it)
+        hold = tl.units[0].deadline_t
+        assert hold > session.compute.prelude_s + 2 * CHECK_EVERY_S  # (else the test could not tell)
+        assert first["t"] == pytest.approx(session.compute.prelude_s + CHECK_EVERY_S)
