@@ -106,3 +106,35 @@ def test_shard_0_is_not_cut_before_the_deadline_it_was_chosen_for(folder, clock)
     first = tl.units[0]
     assert first.requested_level, "chosen at 40 Mbps, it cannot all arrive at 2 Mbps"
     assert tl.shards[0].exec_start_t >= first.deadline_t - 1e-9
+
+
+def test_the_tcp_view_of_an_outage_holds_the_edit_past_the_links_return(folder):
+    """``sakura bench --sim-link tcp``: the simulated clock over the trace as TCP sees it. An outage in mid-edit
+    ends, for a transfer in flight, at the first retransmission after the link is back (0.25, 0.65 s here for
+    an outage at 0.05–0.35 s), so an edit that must wait through it ends that much later than on the fluid link."""
+    tpl, runtime, req, raw = folder
+    outage = Trace(np.array([0.0, 0.05, 0.35, 30.0]), np.array([8.0, 0.0, 8.0]), "outage")
+    ends = {}
+    for name, trace in (("fluid", outage), ("tcp", outage.with_retransmission_stalls(rto_s=0.2))):
+        session = runtime.session(tpl, "sakura", Network(trace, name, 0.0, 1.0), fallbacks=False)
+        ends[name] = session.simulate(req).timeline.latency_s
+    assert ends["fluid"] > 0.35  # it waited for the link
+    assert ends["tcp"] - ends["fluid"] > 0.2, ends
+
+
+@pytest.mark.parametrize("clock", ["sim", "real"])
+def test_the_start_up_hold_does_not_delay_a_fallback_out_of_a_dead_link(folder, clock):
+    """Shard 0 waits for its chosen bytes up to its deadline, but an outage at the start is escaped as early as
+    before: the executor's first look is one check after the prelude, not after the hold."""
+    from sakura.online.fallback import CHECK_EVERY_S
+
+    tpl, runtime, req, raw = folder
+    dead = Trace(np.array([0.0, 2.0, 30.0]), np.array([0.0, 8.0]), "dead at the start")
+    session = runtime.session(tpl, "sakura", Network(dead, "dead", 0.0, 1.0))
+    tl = (session.simulate(req) if clock == "sim" else session.run(req)).timeline
+    first = tl.fallbacks[0]
+    assert first["shard"] == 0 and first["kind"] in ("recompute", "local")
+    if clock == "sim":  # (the real clock's first look is as late as the machine's load makes it)
+        hold = tl.units[0].deadline_t
+        assert hold > session.compute.prelude_s + 2 * CHECK_EVERY_S  # (else the test could not tell)
+        assert first["t"] == pytest.approx(session.compute.prelude_s + CHECK_EVERY_S)

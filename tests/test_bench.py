@@ -108,3 +108,20 @@ def test_start_offsets_come_from_the_asked_part_of_the_trace():
     assert parts["all"].min() < half <= parts["all"].max()
     with pytest.raises(KeyError):
         bench.start_offsets(np.random.default_rng(0), trace, bench.BenchConfig(trace_part="middle"))
+
+
+def test_the_link_check_compares_every_run_with_the_kernel_link_on_the_edits_that_cross_an_outage():
+    from sakura.eval.realclock import link_check, link_table
+
+    def rec(start, latency, outage=0.0):
+        return {"workload": "fs", "template": "t", "request": 0, "system": "sakura", "start_s": start,
+                "latency_s": latency, "bytes": 1, "levels": ["a"], "outage_s": outage}
+
+    starts = [0.0, 1.0, 2.0, 3.0]
+    runs = {"sim": [rec(s, 1.0) for s in starts], "sim-tcp": [rec(s, 1.0 if s else 2.0) for s in starts],
+            "kernel": [rec(s, 1.0, 0.0) for s in starts[1:]] + [rec(0.0, 2.5, 0.4)]}
+    check = link_check(runs)["fs"]["sakura"]
+    assert check["kernel"]["trough_edits"] == 1 and check["sim"]["trough_ratio_to_kernel"] == pytest.approx(0.4)
+    assert check["sim-tcp"]["trough_ratio_to_kernel"] == pytest.approx(0.8)
+    assert check["sim"]["p90_ratio_to_kernel"] < check["sim-tcp"]["p90_ratio_to_kernel"] <= 1.0
+    assert "| fs | sakura | sim-tcp |" in link_table({"fs": {"sakura": check}})

@@ -73,7 +73,7 @@ def bundle(tmp_path_factory):
 
 
 def test_manifest_lists_every_file_with_its_hash(bundle):
-    from sakura.runtime.bundle import MANIFEST, load_manifest, verify_files
+    from sakura.runtime.bundle_manifest import MANIFEST, load_manifest, verify_files
 
     model, _, out, manifest, seen = bundle
     assert load_manifest(out) == manifest
@@ -102,7 +102,7 @@ def test_manifest_lists_every_file_with_its_hash(bundle):
 def test_a_tampered_file_is_caught(bundle, tmp_path):
     import shutil
 
-    from sakura.runtime.bundle import verify_files
+    from sakura.runtime.bundle_manifest import verify_files
 
     _, _, out, _, _ = bundle
     copy = tmp_path / "copy"

@@ -193,3 +193,17 @@ def test_a_trace_lasting_to_infinity_is_refused(tmp_path):
     path.write_text("time_s,mbps\n0,0\n1e308,0\n")
     with pytest.raises(TraceError, match="at most"):
         load_trace(str(path))
+
+
+def test_an_outage_lasts_until_the_first_retransmission_after_it() -> None:
+    """The TCP view of a trace: a dead stretch holds a transfer until the retransmission timer (0.2 s, doubling)
+    next fires after the link is back; the bytes outside the outages are the trace's own."""
+    t = Trace(np.array([0.0, 1.0, 1.8, 3.0, 4.0, 6.0, 7.0]), np.array([10.0, 0.0, 10.0, 0.0, 0.0, 10.0]))
+    s = t.with_retransmission_stalls(rto_s=0.2)
+    assert s.rate_at(1.9) == 0.0 and s.rate_at(2.39) == 0.0 and s.rate_at(2.41) == 10.0  # 0.8 s dead: back at 1.4 s
+    assert s.rate_at(5.99) == 0.0 and s.rate_at(6.01) == 10.0  # 3 s dead: the try at 3.0 s finds the link back
+    assert s.bytes_between(0.0, 1.0) == t.bytes_between(0.0, 1.0)
+    assert s.bytes_between(2.4, 3.0) == pytest.approx(t.bytes_between(2.4, 3.0))
+    assert s.time_to_send(1e5, 0.95) == pytest.approx(2.4 - 0.95 + (1e5 - 0.05 * 10 * 125_000) / (10 * 125_000))
+    steady = Trace.constant(5.0)
+    assert steady.with_retransmission_stalls() is steady  # no outage: the same link

@@ -6,18 +6,8 @@ import random
 import numpy as np
 import pytest
 
-from sakura.eval.optimal import (
-    LOCAL,
-    STREAM,
-    PlanProblem,
-    PlanUnit,
-    ShardAction,
-    UnitOption,
-    brute_force,
-    evaluate,
-    least_error,
-    least_latency,
-)
+from sakura.eval.optimal import brute_force, least_error, least_latency
+from sakura.eval.plan_model import LOCAL, STREAM, PlanProblem, PlanUnit, ShardAction, UnitOption, evaluate
 from sakura.formats import FetchUnit, Level, StreamEncoding
 from sakura.net.traces import Trace
 from sakura.online.policies import Decision, Policy

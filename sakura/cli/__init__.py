@@ -278,6 +278,9 @@ def bench(
                                    "of the trace (tune on first halves, report held-out second halves)."),
     regime: str = typer.Option("paper", "--regime", help="paper | none"),
     trace_scale: Optional[float] = typer.Option(None, "--trace-scale"),
+    sim_link: str = typer.Option("fluid", "--sim-link", help="The simulated clock's link: fluid (the trace as it is) "
+                                 "| tcp (an outage holds a transfer until TCP's next retransmission after it, as on "
+                                 "the kernel-shaped link). With --clock both --link kernel both run."),
     clock: str = typer.Option(
         "sim",
         "--clock",
@@ -386,9 +389,11 @@ def bench(
                             fallbacks=fallbacks,
                             full_repeats=max(1, calibration_runs), quality_requests=quality_requests,
                             executor=executor, reconstructor=reconstructor,
-                            regret=regret or figure == "regret", regret_budget_s=regret_budget)
+                            regret=regret or figure == "regret", regret_budget_s=regret_budget, sim_link=sim_link)
     if trace_part not in bench.TRACE_PARTS:
         raise UserError(f"--trace-part must be one of {', '.join(bench.TRACE_PARTS)}, not {trace_part!r}")
+    if sim_link not in bench.SIM_LINKS:
+        raise UserError(f"--sim-link must be one of {', '.join(bench.SIM_LINKS)}, not {sim_link!r}")
     for sname in cfg.systems:
         if sname not in SYSTEMS:
             raise UserError(f"unknown system {sname!r}; choose from {', '.join(SYSTEMS)}")

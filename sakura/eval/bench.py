@@ -206,6 +206,7 @@ def run_one(prepared: TemplateBench, req_index: int, system: str, trace: Trace, 
     report = session.edit(edit_input(prepared, req_index), clock="sim", timer=timer or REBUILD_CLOCKS[rebuild_clock],
                           **kw)
     row = record(prepared, req_index, name or (policy.name if policy else system), start, report)
+    row["outage_s"] = trace.dead_seconds(start, row["latency_s"])
     if regret_budget_s is not None and session.encoding is not None and not think_s:
         from sakura.eval.regret import edit_regret, format_inputs  # (the planner: only when asked for)
 
@@ -334,6 +335,7 @@ class BenchConfig:
     reconstructor: str = "torch"
     regret: bool = False  # measure every streamed edit against its system's clairvoyant optimum (sim clock)
     regret_budget_s: float = 20.0  # the planner's time per solve; past it, it reports its optimality gap
+    sim_link: str = "fluid"  # the simulated clock's link (SIM_LINKS): "tcp" holds a transfer past an outage
 
     @property
     def stack(self) -> BackendChoice | None:
@@ -354,10 +356,16 @@ class BenchConfig:
 EditRunner = Callable[[TemplateBench, int, str, Trace, float, float], dict]
 
 
+SIM_LINKS = ("fluid", "tcp")  # the simulated clock's link: the trace as it is, or as TCP sees it through outages
+
+
 def simulated_edit(prepared: TemplateBench, req_index: int, system: str, trace: Trace, scale: float,
                    start: float, fallbacks: bool = True, regret_budget_s: float | None = None,
-                   say: Callable[[str], None] = print) -> dict:
-    return run_one(prepared, req_index, system, trace.scaled(scale), start, fallbacks=fallbacks,
+                   say: Callable[[str], None] = print, sim_link: str = "fluid") -> dict:
+    scaled = trace.scaled(scale)
+    if sim_link == "tcp":  # an outage holds the transfer until TCP's next retransmission (issue #35 item 2)
+        scaled = scaled.with_retransmission_stalls()
+    return run_one(prepared, req_index, system, scaled, start, fallbacks=fallbacks,
                    regret_budget_s=regret_budget_s if system in STREAMING else None, say=say)
 
 
@@ -370,7 +378,8 @@ def run_bench(cfg: BenchConfig, out: Path, progress=None, say: Callable[[str], N
     regret = cfg.regret and clock == "sim"
     if run_edit is simulated_edit:
         run_edit = functools.partial(simulated_edit, fallbacks=cfg.fallbacks,
-                                     regret_budget_s=cfg.regret_budget_s if regret else None, say=say)
+                                     regret_budget_s=cfg.regret_budget_s if regret else None, say=say,
+                                     sim_link=cfg.sim_link)
     base_trace = load_trace(cfg.trace)
     if base_trace.total_bytes <= 0:
         raise TraceError(f"trace {cfg.trace} is 0 Mbps throughout: no edit can stream on it and there is no rate "

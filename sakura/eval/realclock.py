@@ -5,6 +5,7 @@ and the check of the simulated clock against the real one."""
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -27,8 +28,9 @@ def run_one_real(runtime: DeviceRuntime, prepared: TemplateBench, req_index: int
     with ``kernel``, shaped by tc along the same scaled trace."""
     session = runtime.session(prepared.template, system, Network(trace, trace.name, start, scale, kernel=kernel))
     report = session.edit(edit_input(prepared, req_index))
-    return {**record(prepared, req_index, system, start, report), "clock": "real",
-            "link": "paced" if kernel is None else "kernel"}
+    row = record(prepared, req_index, system, start, report)
+    return {**row, "clock": "real", "link": "paced" if kernel is None else "kernel",
+            "outage_s": session.trace.dead_seconds(start, row["latency_s"])}
 
 
 def run_bench_real(cfg: BenchConfig, out: Path, progress=None, say=print, benches: dict | None = None,
@@ -96,28 +98,35 @@ def run_both_clocks(cfg: BenchConfig, out: Path, progress=None, say=print, kerne
     summary["clock_check"] = clock_check(load_records(out), load_records(out / "real"))
     if kernel is not None:
         run_bench_real(cfg, out / "kernel", progress, say, benches=benches, kernel=kernel)
-        summary["link_check"] = link_check({"sim": load_records(out), "paced": load_records(out / "real"),
+        tcp = replace(cfg, sim_link="tcp", regret=False)  # the simulated clock with TCP's stall after an outage
+        run_bench(tcp, out / "sim-tcp", progress, say, benches=benches)
+        summary["link_check"] = link_check({"sim": load_records(out), "sim-tcp": load_records(out / "sim-tcp"),
+                                            "paced": load_records(out / "real"),
                                             "kernel": load_records(out / "kernel")})
         (out / "links.md").write_text(link_table(summary["link_check"]) + "\n")
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
 
 
-LINK_RUNS = ("sim", "paced", "kernel")  # the simulated clock, the device-paced link, the kernel-shaped link
+# the simulated clock (the trace as it is; as TCP sees it through outages), the device-paced link, the kernel-shaped one
+LINK_RUNS = ("sim", "sim-tcp", "paced", "kernel")
 
 
 def link_check(runs: dict[str, list[dict]]) -> dict:
     """Per workload and system, for each run (``LINK_RUNS``) over the same edits: p50 / p90 latency, mean bytes,
-    the share of fetch units at the simulated clock's level, and the most chosen levels."""
+    the share of fetch units at the simulated clock's level, the most chosen levels, and against the kernel-shaped
+    run: its p90 over the kernel's, and the median per-edit latency ratio on the edits whose span on the kernel
+    link held a dead stretch of the trace (``outage_s``)."""
     def key(r):
         return r["workload"], r["template"], r["request"], r["system"], round(r["start_s"], 6)
 
     sim = {key(r): r for r in runs.get("sim", [])}
+    kernel = {key(r): r for r in runs.get("kernel", [])}
     out: dict = {}
     for run, records in runs.items():
         for r in records:
             row = out.setdefault(r["workload"], {}).setdefault(r["system"], {}).setdefault(
-                run, {"latency": [], "bytes": [], "levels": {}, "same": 0, "units": 0})
+                run, {"latency": [], "bytes": [], "levels": {}, "same": 0, "units": 0, "trough": []})
             row["latency"].append(r["latency_s"])
             row["bytes"].append(r["bytes"])
             for lv in r.get("levels") or []:
@@ -126,6 +135,9 @@ def link_check(runs: dict[str, list[dict]]) -> dict:
             if other is not None:
                 row["same"] += sum(a == b for a, b in zip(r["levels"], other["levels"]))
                 row["units"] += len(r["levels"])
+            k = kernel.get(key(r))
+            if k is not None and k.get("outage_s", 0.0) > 0:
+                row["trough"].append(r["latency_s"] / k["latency_s"])
     for systems in out.values():
         for runs_of in systems.values():
             for run, row in runs_of.items():
@@ -134,14 +146,20 @@ def link_check(runs: dict[str, list[dict]]) -> dict:
                                 "p90_s": float(np.percentile(row["latency"], 90)),
                                 "bytes_mean": float(np.mean(row["bytes"])),
                                 "same_level_as_sim": row["same"] / row["units"] if row["units"] else None,
-                                "top_levels": [f"{lv} ×{n}" for lv, n in top]}
+                                "top_levels": [f"{lv} ×{n}" for lv, n in top],
+                                "trough_edits": len(row["trough"]),
+                                "trough_ratio_to_kernel": float(np.median(row["trough"])) if row["trough"] else None}
+            k90 = runs_of.get("kernel", {}).get("p90_s")
+            for c in runs_of.values():
+                c["p90_ratio_to_kernel"] = c["p90_s"] / k90 if k90 else None
     return out
 
 
 def link_table(check: dict) -> str:
     """The three-link check as one markdown table."""
-    lines = ["| workload | system | run | edits | p50 (s) | p90 (s) | MB | same level as sim | most chosen levels |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| workload | system | run | edits | p50 (s) | p90 (s) | p90 / kernel's | on trough edits / kernel "
+             "(edits) | MB | same level as sim | most chosen levels |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for workload, systems in check.items():
         for name, runs_of in systems.items():
             for run in LINK_RUNS:
@@ -149,8 +167,12 @@ def link_table(check: dict) -> str:
                 if c is None:
                     continue
                 same = "—" if c["same_level_as_sim"] is None else f"{100 * c['same_level_as_sim']:.0f}%"
+                p90k = "—" if c.get("p90_ratio_to_kernel") is None else f"{c['p90_ratio_to_kernel']:.2f}"
+                trough = ("—" if c.get("trough_ratio_to_kernel") is None
+                          else f"{c['trough_ratio_to_kernel']:.2f} ({c['trough_edits']})")
                 lines.append(f"| {workload} | {name} | {run} | {c['edits']} | {c['p50_s']:.3f} | {c['p90_s']:.3f} "
-                             f"| {c['bytes_mean'] / 1e6:.2f} | {same} | {', '.join(c['top_levels'])} |")
+                             f"| {p90k} | {trough} | {c['bytes_mean'] / 1e6:.2f} | {same} | "
+                             f"{', '.join(c['top_levels'])} |")
     return "\n".join(lines)
 
 

@@ -33,19 +33,8 @@ from typing import Callable
 
 import numpy as np
 
-from sakura.eval.optimal import (
-    LOCAL,
-    RECOMPUTE,
-    REUSE,
-    STREAM,
-    PlanProblem,
-    PlanResult,
-    PlanUnit,
-    Schedule,
-    UnitOption,
-    least_error,
-    least_latency,
-)
+from sakura.eval.optimal import PlanResult, least_error, least_latency
+from sakura.eval.plan_model import LOCAL, RECOMPUTE, REUSE, STREAM, PlanProblem, PlanUnit, Schedule, UnitOption
 from sakura.formats import KV, Level, StreamEncoding, file_id
 from sakura.model import LocalSwitch
 from sakura.net.refs import resolving

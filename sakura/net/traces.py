@@ -200,6 +200,47 @@ class Trace:
             raise TraceError(f"scale must be > 0, got {k}")
         return Trace(self.edges, self.mbps * k, f"{self.name}*{k:g}")
 
+    def dead_seconds(self, start: float, duration: float) -> float:
+        """Seconds of a dead link (rate 0) in ``[start, start + duration)`` (wraps)."""
+        if not duration > 0:
+            return 0.0
+        edges, mbps = self.steps(start, duration)
+        return float(np.sum(np.diff(edges)[mbps <= 0]))
+
+    def with_retransmission_stalls(self, rto_s: float = 0.2, dead_mbps: float = 0.0) -> Trace:
+        """The trace as a TCP transfer that is in flight through every outage sees it: a dead stretch (rate ≤
+        ``dead_mbps``) lasts until the first retransmission after the link is back, the retransmission timer
+        starting at ``rto_s`` when the stretch begins and doubling after each unanswered try (so a 0.8 s outage
+        holds the transfer 1.4 s, a 1.0 s one 1.4 s, a 2 s one 3.0 s). An application-paced link resumes the
+        moment the rate does; a kernel-shaped one does not (docs/results/issue35)."""
+        if not rto_s > 0:
+            raise TraceError(f"rto_s must be > 0, got {rto_s}")
+        dead = self.mbps <= dead_mbps
+        stalls = []  # (from, to) the rate is 0 in the result
+        i, n = 0, len(self.mbps)
+        while i < n:
+            if not dead[i]:
+                i += 1
+                continue
+            j = i
+            while j < n and dead[j]:
+                j += 1
+            z0, z1 = float(self.edges[i]), float(self.edges[j])
+            wait = rto_s
+            while wait < z1 - z0 - 1e-12:  # tries at z0 + rto, z0 + 3·rto, z0 + 7·rto, …
+                wait = 2 * wait + rto_s
+            stalls.append((z0, min(z0 + wait, self.duration)))
+            i = j
+        if not stalls:
+            return self
+        cuts = np.unique(np.concatenate([self.edges, [t for st in stalls for t in st]]))
+        cuts = cuts[cuts <= self.duration]
+        mids = (cuts[:-1] + cuts[1:]) / 2
+        rates = np.asarray(self.rate_at(mids), dtype=np.float64)
+        for a, b in stalls:
+            rates[(mids >= a) & (mids < b)] = 0.0
+        return Trace(cuts, rates, f"{self.name} with TCP stalls")
+
     def steps(self, start: float, duration: float) -> tuple[np.ndarray, np.ndarray]:
         """The rate seen from ``start`` for ``duration`` seconds (wraps), re-based to 0, as ``(edges,
         mbps)``: a step function that may be all zero (an outage), unlike a :class:`Trace`."""

@@ -20,274 +20,50 @@ modulations), the shards its ``run_shard`` (the same cached programs :mod:`sakur
 flow-matching update); ``text_encoder`` + ``text_conditioning`` and ``reference`` are its per-request setup,
 ``finish`` its image. Attention in every graph is the explicit ``softmax(QKᵀ)V`` (XNNPACK takes it whole).
 
-:class:`BundleRunner` runs a bundle from its manifest alone with the ExecuTorch runtime: the reference for an
-Android runner (docs/device-backends.md) and what the tests compare against the eager edit.
+The manifest's records and the file checks are :mod:`sakura.runtime.bundle_manifest`, the exported modules
+:mod:`sakura.runtime.bundle_programs`; this module writes a bundle. :class:`BundleRunner` runs a bundle from its
+manifest alone with the ExecuTorch runtime: the reference for an Android runner (docs/device-backends.md) and
+what the tests compare against the eager edit.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
-import time
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from sakura.model.base import DiTAdapter, EditRequest, attention, patchify, unpatchify
+from sakura.model.base import DiTAdapter, EditRequest
 from sakura.model.pixels import mask_bbox, resize_bilinear
-from sakura.model.text_encoder import BOS, PAD, TinyTextEncoder, tokenize
+from sakura.model.text_encoder import BOS, PAD, tokenize
 from sakura.runtime.bundle_folder import BundleError, prepare_folder, publish
+from sakura.runtime.bundle_manifest import (
+    HEADER_FORMATS,
+    MANIFEST,
+    BundleFile,
+    BundleManifest,
+    ChainCall,
+    TensorSpec,
+    load_manifest,
+    relative,
+    sha256_of,
+)
+from sakura.runtime.bundle_programs import (
+    AlignedReference,
+    Finish,
+    ReferenceTokens,
+    StepPost,
+    StepPre,
+    TextConditioning,
+    TextEncoderProgram,
+    bare_time_embedding,
+)
 
-MANIFEST = "manifest.json"
-BUNDLE_VERSION = 1
-HEADER_FORMATS = ("sakura", "fp16")  # the stream the device plans (sakura) and the shard plan / reference (fp16)
 Progress = Callable[[str, int, int], None]  # (what is being written, parts done, parts in all)
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    name: str
-    shape: tuple[int, ...]
-    dtype: str
-
-    @classmethod
-    def of(cls, name: str, t: torch.Tensor) -> "TensorSpec":
-        return cls(name, tuple(int(x) for x in t.shape), str(t.dtype).removeprefix("torch."))
-
-
-@dataclass(frozen=True)
-class BundleFile:
-    path: str  # relative to the bundle folder, '/'-separated
-    role: str  # program | tensor | header
-    bytes: int
-    sha256: str
-    inputs: tuple[TensorSpec, ...] = ()  # programs: positional inputs; tensors: the one stored tensor
-    outputs: tuple[TensorSpec, ...] = ()
-    note: str = ""
-    export_s: float | None = None
-    max_abs_vs_eager: float | None = None
-
-
-@dataclass(frozen=True)
-class ChainCall:
-    """One program call: ``outputs = program(*inputs)``; names are values of the run (see ``BundleManifest.values``)."""
-
-    program: str  # a file of role "program"
-    inputs: tuple[str, ...]
-    outputs: tuple[str, ...]
-    when: str  # request | step | finish
-    layers: tuple[int, int] | None = None  # shards: the cache layers [l0, l1) whose K/V it takes
-
-
-@dataclass
-class BundleManifest:
-    template_id: str
-    task: str
-    model_id: str
-    family: str
-    shard_size: int
-    num_steps: int
-    num_layers: int
-    executorch: str
-    torch: str
-    weights: dict[str, str]  # part -> sha1 of its weights
-    geometry: dict
-    tokenizer: dict
-    reference: dict  # how the runner prepares the user's reference image ({} for text edits)
-    stream: dict  # where the streamed K/V come from and how they enter
-    values: dict[str, str]  # every value name of the chain -> where it comes from
-    chain: list[ChainCall]
-    files: list[BundleFile]
-    total_bytes: int = 0
-    version: int = BUNDLE_VERSION
-    created_s: float = field(default_factory=time.time)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "BundleManifest":
-        d = dict(d)
-        spec = lambda xs: tuple(TensorSpec(x["name"], tuple(x["shape"]), x["dtype"]) for x in xs)  # noqa: E731
-        d["files"] = [BundleFile(**{**f, "inputs": spec(f["inputs"]), "outputs": spec(f["outputs"])})
-                      for f in d["files"]]
-        d["chain"] = [ChainCall(c["program"], tuple(c["inputs"]), tuple(c["outputs"]), c["when"],
-                                tuple(c["layers"]) if c.get("layers") else None) for c in d["chain"]]
-        return cls(**d)
-
-    def file(self, path: str) -> BundleFile:
-        for f in self.files:
-            if f.path == path:
-                return f
-        raise BundleError(f"the bundle's manifest lists no {path}")
-
-
-# ------------------------------------------------------------------------------------ programs
-
-
-class TextEncoderProgram(nn.Module):
-    """The text encoder (``TinyTextEncoder.forward``) with its attention written out as softmax(QKᵀ)V:
-    token ids (1, L) int64 → token states (1, L, dim), pooled vector (1, pooled)."""
-
-    def __init__(self, enc: TinyTextEncoder):
-        super().__init__()
-        self.enc = enc
-
-    def _attend(self, mha: nn.MultiheadAttention, x: torch.Tensor) -> torch.Tensor:
-        b, n, e = x.shape
-        h = mha.num_heads
-        q, k, v = F.linear(x, mha.in_proj_weight, mha.in_proj_bias).chunk(3, dim=-1)
-        q, k, v = (t.reshape(b, n, h, e // h).transpose(1, 2) for t in (q, k, v))
-        out = attention(q, k, v, explicit=True).transpose(1, 2).reshape(b, n, e)
-        return mha.out_proj(out)
-
-    def forward(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        enc = self.enc
-        words = enc.embed(ids)
-        x = words + enc.pos[: ids.shape[1]]
-        for layer in enc.encoder.layers:
-            x = x + self._attend(layer.self_attn, layer.norm1(x))
-            x = x + layer.linear2(layer.activation(layer.linear1(layer.norm2(x))))
-        h = enc.norm(x)
-        keep = (ids != PAD).unsqueeze(-1).to(h.dtype)
-        count = keep.sum(1).clamp(min=1)
-        pooled = (h * keep).sum(1) / count
-        if enc.instruction_proj is not None:
-            pooled = torch.cat([pooled, (words * keep).sum(1) / count], -1)
-        return h, pooled
-
-
-class TextConditioning(nn.Module):
-    """The transformer's text inputs: ``context_embedder`` of the token states and the instruction (the pooled
-    vector's projection, added to the time embedding every step)."""
-
-    def __init__(self, adapter: DiTAdapter):
-        super().__init__()
-        self.context_embedder = adapter.transformer.context_embedder
-        self.instruction_proj = adapter.text_encoder.instruction_proj
-
-    def forward(self, tokens: torch.Tensor, pooled: torch.Tensor):
-        txt = self.context_embedder(tokens)
-        if self.instruction_proj is None:
-            return (txt,)
-        return txt, self.instruction_proj(pooled)
-
-
-class AlignedReference(nn.Module):
-    """The user's reference, already resized to the mask's bounding box (``ref_bbox`` (h, w, 3) in [0, 1]), placed
-    on the template canvas, kept inside the mask and cut into the masked rows' tokens (``aligned_rows``)."""
-
-    def __init__(self, mask: np.ndarray, rows: torch.Tensor, patch: int):
-        super().__init__()
-        r = mask.shape[0]
-        self.box = mask_bbox(mask)
-        self.r, self.patch = r, patch
-        self.register_buffer("mask", torch.from_numpy(mask.astype(np.float32))[..., None])
-        self.register_buffer("rows", rows.clone())
-
-    def forward(self, ref_bbox: torch.Tensor) -> torch.Tensor:
-        y0, x0, y1, x1 = self.box
-        canvas = F.pad((ref_bbox * 2 - 1).permute(2, 0, 1), (x0, self.r - x1, y0, self.r - y1)).permute(1, 2, 0)
-        return patchify(canvas * self.mask, self.patch).index_select(0, self.rows)
-
-
-class ReferenceTokens(nn.Module):
-    """A reference of its own tokens (codecs with ``ref_mode`` tokens): (ref_size, ref_size, 3) in [0, 1] →
-    its tokens padded to the image tokens' feature width."""
-
-    def __init__(self, patch: int, width: int):
-        super().__init__()
-        self.patch, self.width = patch, width
-
-    def forward(self, ref: torch.Tensor) -> torch.Tensor:
-        tokens = patchify(ref * 2 - 1, self.patch)
-        return torch.cat([tokens, tokens.new_zeros(tokens.shape[0], self.width - tokens.shape[1])], -1)
-
-
-class StepPre(nn.Module):
-    """``Flux2Run.begin_step`` on the masked rows: image features → ``x_embedder``; the time embedding (+ the
-    instruction) → the three modulations. ``t`` (1,) is the step's sigma."""
-
-    def __init__(self, adapter: DiTAdapter, aligned: bool, ref_tokens: bool, instruction: bool):
-        super().__init__()
-        t = adapter.transformer
-        self.adapter = [adapter]  # out of the module tree: its image_features is plain arithmetic
-        self.x_embedder, self.time_guidance_embed = t.x_embedder, t.time_guidance_embed
-        self.mod_img, self.mod_txt = t.double_stream_modulation_img, t.double_stream_modulation_txt
-        self.mod_single = t.single_stream_modulation
-        self.aligned, self.ref_tokens, self.instruction = aligned, ref_tokens, instruction
-        self.input_names = (["x_rows", "cond_rows", "mask_rows"] + (["aligned_rows"] if aligned else [])
-                            + (["ref_feats"] if ref_tokens else []) + ["t"] + (["instruction"] if instruction else []))
-
-    def forward(self, *inputs: torch.Tensor):
-        x = dict(zip(self.input_names, inputs))
-        # (a codec that aligns references and a request without one: image_features fills zeros)
-        feats = self.adapter[0].image_features(x["x_rows"], x["cond_rows"], x["mask_rows"], x.get("aligned_rows"))
-        if self.ref_tokens:
-            feats = torch.cat([feats, x["ref_feats"]], 0)
-        temb = self.time_guidance_embed(x["t"] * 1000, None)
-        if self.instruction:
-            temb = temb + x["instruction"]
-        return self.x_embedder(feats[None]), temb, self.mod_img(temb), self.mod_txt(temb), self.mod_single(temb)
-
-
-class StepPost(nn.Module):
-    """``Flux2Run.end_step``: output norm and projection on the image stream, the masked rows' velocity and the
-    flow-matching update ``x_rows + dt · v`` (``dt`` (1,) = next sigma − this sigma)."""
-
-    def __init__(self, adapter: DiTAdapter, num_rows: int):
-        super().__init__()
-        t = adapter.transformer
-        self.norm_out, self.proj_out, self.num_rows = t.norm_out, t.proj_out, num_rows
-
-    def forward(self, img: torch.Tensor, temb: torch.Tensor, x_rows: torch.Tensor, dt: torch.Tensor) -> torch.Tensor:
-        v = self.proj_out(self.norm_out(img, temb))[0, : self.num_rows].float()
-        return x_rows + dt * v
-
-
-class Finish(nn.Module):
-    """The edited image: the masked rows' pixels inside the mask, the template everywhere else ((H, W, 3) in [0, 1])."""
-
-    def __init__(self, rows: torch.Tensor, patch: int, resolution: int):
-        super().__init__()
-        self.register_buffer("rows", rows.clone())
-        self.patch, self.r = patch, resolution
-
-    def forward(self, x_rows: torch.Tensor, template: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        tokens = patchify(template, self.patch).index_copy(0, self.rows, (x_rows.clamp(-1, 1) + 1) / 2)
-        img = unpatchify(tokens, self.patch, self.r, self.r)
-        return torch.where(mask > 0.5, img, template)
-
-
-@contextmanager
-def _bare_time_embedding(adapter: DiTAdapter):
-    """The time embedding without the per-request instruction hook's addend (the programs take it as an input)."""
-    embed = adapter.transformer.time_guidance_embed
-    saved = getattr(embed, "sakura_instruction", None)
-    embed.sakura_instruction = None
-    try:
-        yield
-    finally:
-        embed.sakura_instruction = saved
-
-
-# -------------------------------------------------------------------------------------- writing
-
-
-def _sha256(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
-def _rel(path: Path, root: Path) -> str:
-    return path.relative_to(root).as_posix()
 
 
 def _save_tensor(root: Path, name: str, t: torch.Tensor, note: str) -> BundleFile:
@@ -295,8 +71,8 @@ def _save_tensor(root: Path, name: str, t: torch.Tensor, note: str) -> BundleFil
     path.parent.mkdir(parents=True, exist_ok=True)
     arr = t.detach().contiguous().numpy()
     path.write_bytes(arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes())
-    return BundleFile(_rel(path, root), "tensor", path.stat().st_size, _sha256(path), (TensorSpec.of(name, t),), (),
-                      note)
+    return BundleFile(relative(path, root), "tensor", path.stat().st_size, sha256_of(path),
+                      (TensorSpec.of(name, t),), (), note)
 
 
 def _tensor_note(name: str) -> str:
@@ -393,7 +169,7 @@ def _write(adapter, template, req, root: Path, shard_size: int, headers: dict[st
             outs = module(*inputs)
         outs = outs if isinstance(outs, tuple) else (outs,)
         meta = export_module(module, inputs, path, what=name)
-        files.append(BundleFile(_rel(path, root), "program", meta["bytes"], _sha256(path),
+        files.append(BundleFile(relative(path, root), "program", meta["bytes"], sha256_of(path),
                                 tuple(TensorSpec.of(n, t) for n, t in zip(in_names, inputs)),
                                 tuple(TensorSpec.of(n, t) for n, t in zip(out_names, outs)), note,
                                 meta["export_s"], meta["max_abs_vs_eager"]))
@@ -417,7 +193,7 @@ def _write(adapter, template, req, root: Path, shard_size: int, headers: dict[st
         path = root / "header" / f"{fid}.header"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
-        files.append(BundleFile(_rel(path, root), "header", len(data), _sha256(path), note=(
+        files.append(BundleFile(relative(path, root), "header", len(data), sha256_of(path), note=(
             f"the header of {fid}.pack (8-byte little-endian length + header): levels, shards, byte ranges")))
     done += 1
 
@@ -469,7 +245,7 @@ def _write(adapter, template, req, root: Path, shard_size: int, headers: dict[st
         with torch.no_grad():
             pre_inputs["instruction"] = TextConditioning(adapter)(tokens, pooled)[1]
     pre_out = ["img", "temb", "mod_img", "mod_txt", "mod_single"]
-    with _bare_time_embedding(adapter):
+    with bare_time_embedding(adapter):
         program("step_pre", pre, tuple(pre_inputs[n] for n in pre.input_names), pre.input_names, pre_out, "step",
                 "begin_step: image features → x_embedder; time (+ instruction) embedding → modulations")
         with torch.no_grad():
@@ -483,14 +259,14 @@ def _write(adapter, template, req, root: Path, shard_size: int, headers: dict[st
         example = run.example_inputs(l0, l1)
         with torch.no_grad(), run.masked_context(True):
             outs = run.shard_module(l0, l1)(*example)
-        files.append(BundleFile(_rel(path, root), "program", path.stat().st_size, _sha256(path),
+        files.append(BundleFile(relative(path, root), "program", path.stat().st_size, sha256_of(path),
                                 tuple(TensorSpec.of(n, t) for n, t in zip(names, example)),
                                 tuple(TensorSpec.of(n, t) for n, t in zip(("img", "txt"), outs)),
                                 f"cache shard: blocks [{l0}, {l1}) on the streamed K/V of their layers "
                                 f"({'cached' if meta.get('cached') else 'exported'} in {shard_cache})",
                                 meta.get("export_s"), meta.get("max_abs_vs_eager")))
         ins = tuple("txt0" if (n == "txt" and i == 0) else n for n in names)
-        chain.append(ChainCall(_rel(path, root), ins, ("img", "txt"), "step", (l0, l1)))
+        chain.append(ChainCall(relative(path, root), ins, ("img", "txt"), "step", (l0, l1)))
         done += 1
     for layer in range(adapter.num_layers):
         values[f"k{layer}"] = f"stream: K of (step, layer {layer}) from the rebuilt cache shard, (n, heads·head_dim)"
@@ -530,36 +306,6 @@ def _write(adapter, template, req, root: Path, shard_size: int, headers: dict[st
     done = parts
     tick("done")
     return manifest
-
-
-# -------------------------------------------------------------------------------------- reading
-
-
-def load_manifest(folder: Path) -> BundleManifest:
-    path = Path(folder) / MANIFEST
-    if not path.is_file():
-        raise BundleError(f"{folder} is not a bundle (no {MANIFEST})")
-    return BundleManifest.from_dict(json.loads(path.read_text()))
-
-
-def verify_files(folder: Path, manifest: BundleManifest | None = None) -> list[str]:
-    """Problems with the files against the manifest (size, sha256, unlisted files); empty when it all matches."""
-    folder = Path(folder)
-    manifest = manifest or load_manifest(folder)
-    problems = []
-    listed = {f.path for f in manifest.files}
-    for f in manifest.files:
-        p = folder / f.path
-        if not p.is_file():
-            problems.append(f"{f.path}: missing")
-        elif p.stat().st_size != f.bytes:
-            problems.append(f"{f.path}: {p.stat().st_size} bytes, the manifest says {f.bytes}")
-        elif _sha256(p) != f.sha256:
-            problems.append(f"{f.path}: sha256 differs from the manifest")
-    for p in folder.rglob("*"):
-        if p.is_file() and p.name != MANIFEST and _rel(p, folder) not in listed:
-            problems.append(f"{_rel(p, folder)}: not in the manifest")
-    return problems
 
 
 class BundleRunner:

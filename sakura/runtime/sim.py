@@ -181,7 +181,8 @@ class _SimulatedEdit:
                         self.settle(self.booked[self.done], need)
                     self.done += 1
                 mine = [b for b in self.booked[first:self.done] if not b.dropped]
-                if self.fallback is not None and not self._fall_back(k, need, mine):
+                # (fallbacks look from the prelude's end: the start-up hold waits for better bytes, not out an outage)
+                if self.fallback is not None and not self._fall_back(k, prev_end, mine):
                     for b in mine:
                         self.finalize(b)
                 if self.local_at is not None:

@@ -178,11 +178,11 @@ class StreamedEdit:
             asked = state.now()
             if j > 0:
                 timeline.shard_ended(j - 1, asked)
-            if self.sched.anytime and j == 0:  # its bytes were chosen to come by then: wait for them
-                state.ready[0].wait(max(0.0, self.sched.startup_until - state.now()))
-            if self.sched.anytime and not state.ready[j].is_set():
+            # shard 0's bytes were chosen to come by the start-up deadline: it is cut no earlier (fallbacks still look)
+            cut_at = self.sched.startup_until if j == 0 else asked
+            if self.sched.anytime and not state.ready[j].is_set() and cut_at <= asked:
                 state.cut[j].set()  # use what has arrived (see _collect)
-            if not self._wait_for(state, timeline, j, asked):
+            if not self._wait_for(state, timeline, j, asked, cut_at if self.sched.anytime else None):
                 state.fail(StreamError(f"cache shard {j} did not arrive within {self.timeout_s:.0f} s"))
             if not self.sched.ready(j):  # woken by a failure, not by the shard
                 raise StreamError(str(state.error))
@@ -195,13 +195,22 @@ class StreamedEdit:
         state.hold(-(k.nbytes + v.nbytes))
         return k, v
 
-    def _wait_for(self, state: StreamState, timeline: Timeline, j: int, asked: float) -> bool:
-        """Wait for shard ``j``'s cache, asking the scheduler every ``CHECK_EVERY_S`` whether to fall back;
-        False on timeout."""
+    def _wait_for(self, state: StreamState, timeline: Timeline, j: int, asked: float,
+                  cut_at: float | None = None) -> bool:
+        """Wait for shard ``j``'s cache, asking the scheduler every ``CHECK_EVERY_S`` whether to fall back, and
+        cutting its transfers at ``cut_at`` if they are still going (None: never); False on timeout."""
+        def cut_due() -> bool:
+            return cut_at is not None and not state.cut[j].is_set()
+
         if self.fallback is None:
+            if cut_due() and not state.ready[j].wait(max(0.0, cut_at - state.now())):
+                state.cut[j].set()
             return state.ready[j].wait(self.timeout_s)
-        while not state.ready[j].wait(CHECK_EVERY_S):
+        while not state.ready[j].wait(min(CHECK_EVERY_S, max(0.0, cut_at - state.now())) if cut_due()
+                                      else CHECK_EVERY_S):
             now = state.now()
+            if cut_due() and now >= cut_at:
+                state.cut[j].set()
             if state.error is not None or now - asked > self.timeout_s:
                 return state.ready[j].is_set()
             flights = [self.link.progress(p, need) for p, need in state.flights.get(j, [])]
