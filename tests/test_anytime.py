@@ -92,7 +92,7 @@ def test_shard_0_gets_the_lead_of_every_later_unit_not_the_prelude(folder):
     lead = sum(session.compute.shard_s[:2])
     assert first.deadline_t - first.request_t >= lead - 1e-9
     assert not first.requested_level, "on a steady link what was chosen arrives by its deadline"
-    assert max(later) > first.nbytes >= 0.6 * float(np.median(later)), (first.nbytes, later)
+    assert first.nbytes >= 0.6 * float(np.median(later)), (first.nbytes, later)
     assert tl.shards[0].stall_s > 0  # the start waits for it (and says so)
     paper = session.simulate(req, anytime=False).timeline.units[0]  # the paper's runtime: the prelude's window
     assert paper.deadline_t - paper.request_t < lead and paper.nbytes < first.nbytes
