@@ -194,8 +194,8 @@ class _SimulatedEdit:
                 self.held += [(a, self.ends[k], n) for a, n in self.rebuilt.pop(k, [])]
 
     def _startup_need(self, prelude_end: float) -> float:
-        """When execution reaches shard 0 (cuts and fallbacks count from then): when its bytes are through,
-        at the prelude's end at the earliest and at the deadline they were chosen for at the latest."""
+        """When execution takes shard 0 as it is (an anytime cut): when its bytes are through, at the prelude's
+        end at the earliest and at the deadline they were chosen for at the latest."""
         if not self.anytime:
             return prelude_end
         mine = [b for b in self.booked if b.unit.needed_by == 0 and not b.dropped]
