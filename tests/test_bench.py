@@ -7,7 +7,7 @@ import pytest
 
 from sakura.eval import bench, figures
 from sakura.eval.projection import project_paper
-from sakura.net.traces import load_trace
+from sakura.net.traces import Trace, TraceError, load_trace
 
 
 def test_bench_summary_contract_and_figures(fs_packs, tmp_path):
@@ -100,7 +100,7 @@ def test_pack_versions_pairs_each_edit_with_its_v1_twin():
 def test_start_offsets_come_from_the_asked_part_of_the_trace():
     trace = load_trace("5g")
     parts = {}
-    for part in bench.TRACE_PARTS:
+    for part in ("all", "first", "second"):
         cfg = bench.BenchConfig(starts=200, trace_part=part)
         parts[part] = bench.start_offsets(np.random.default_rng(0), trace, cfg)
     half = trace.duration / 2
@@ -108,6 +108,16 @@ def test_start_offsets_come_from_the_asked_part_of_the_trace():
     assert parts["all"].min() < half <= parts["all"].max()
     with pytest.raises(KeyError):
         bench.start_offsets(np.random.default_rng(0), trace, bench.BenchConfig(trace_part="middle"))
+
+
+def test_outage_offsets_start_each_edit_just_before_a_dead_stretch():
+    trace = Trace(np.array([0.0, 10.0, 11.0, 50.0, 52.0, 100.0]), np.array([20.0, 0.0, 20.0, 0.0, 20.0]))
+    assert trace.dead_stretches() == [(10.0, 11.0), (50.0, 52.0)]
+    starts = bench.start_offsets(np.random.default_rng(0), trace, bench.BenchConfig(starts=40, trace_part="outages"))
+    before = np.array([10.0, 50.0] * 20) - starts
+    assert ((before > 0) & (before <= bench.OUTAGE_LEAD_S)).all()
+    with pytest.raises(TraceError, match="no dead stretch"):
+        bench.start_offsets(np.random.default_rng(0), Trace.constant(5.0), bench.BenchConfig(trace_part="outages"))
 
 
 def test_the_link_check_compares_every_run_with_the_kernel_link_on_the_edits_that_cross_an_outage():

@@ -157,3 +157,27 @@ def test_without_fallbacks_execution_always_waits():
     stalled = [InFlight(action.least_bytes, 0.0, 5.0, 0.0, 0.1)]  # nothing through for 5 s
     assert sched.waiting(0, 5.0, stalled).kind == WAIT
     assert not sched.ready(0)
+
+
+@pytest.mark.parametrize("asked_at, expected", [(0.0, WAIT), (0.12, "reuse")])
+def test_a_wait_is_worth_what_was_asked_for(asked_at, expected):
+    """Step 1's shard waits on bytes still coming; a reuse of step 0's K/V (0.05) adds 0.1. Asked for early,
+    its units are the top level (0.05): the wait is worth its stall. Asked for at the last moment, they are
+    the smallest level (0.5), no better than the reuse, which ends sooner."""
+    compute = _compute()
+    n = len(compute.shards)
+    ctx = FallbackContext.for_edit(compute, STEPS, least_bytes=[2 * LEVELS[0].nbytes] * n, least_error=[0.5] * n,
+                                   step_error=[None] * PER_STEP + [0.1] * (n - PER_STEP))
+    sched = StreamScheduler(_TwoPerShard(n), SakuraPolicy(), compute, RuntimeMonitor(initial_bps=8e6), ahead=2,
+                            fallback=ctx)
+    sched.begin()
+    units = sched.encoding.units
+    for u in units[:4]:  # step 0 at the top level, rebuilt
+        assert sched.request(u, 0.0).level.label == "top"
+        sched.rebuilt(u.needed_by, LEVELS[1], 0.001)
+    sched.shard_started(0, 0.02)
+    sched.shard_started(1, 0.07)
+    asked = [sched.request(u, asked_at) for u in units[4:6]]
+    assert {a.level.label for a in asked} == {"top" if expected == WAIT else "small"}
+    coming = [InFlight(a.least_bytes, 0.4 * a.least_bytes, 0.03, 0.2 * a.least_bytes, 0.03) for a in asked]
+    assert sched.waiting(2, 0.15, coming).kind == expected

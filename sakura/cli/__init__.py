@@ -275,7 +275,8 @@ def bench(
     trace: str = typer.Option("5g", "--trace", help="5g, 4g5g, wifi, fixed:MBPS or a trace file."),
     starts: int = typer.Option(100, "--starts", help="Random start offsets per workload."),
     trace_part: str = typer.Option("all", "--trace-part", help="all | first | second: draw the offsets from that part "
-                                   "of the trace (tune on first halves, report held-out second halves)."),
+                                   "of the trace (tune on first halves, report held-out second halves); outages: "
+                                   "start each edit up to 1 s before one of the trace's dead stretches."),
     regime: str = typer.Option("paper", "--regime", help="paper | none"),
     trace_scale: Optional[float] = typer.Option(None, "--trace-scale"),
     sim_link: str = typer.Option("fluid", "--sim-link", help="The simulated clock's link: fluid (the trace as it is) "

@@ -233,12 +233,21 @@ def offset_plan(prepared_all: list[TemplateBench], starts) -> Iterator[tuple[Tem
         yield prepared, (k // len(prepared_all)) % len(prepared.template.eval_requests), float(start)
 
 
-TRACE_PARTS = ("all", "first", "second")
+TRACE_PARTS = ("all", "first", "second", "outages")
+OUTAGE_LEAD_S = 1.0  # (outages) an edit starts up to this long before a dead stretch, so it runs into it
 
 
 def start_offsets(rng: np.random.Generator, trace: Trace, cfg: "BenchConfig") -> np.ndarray:
     """``cfg.starts`` uniform start offsets in the trace's part ``cfg.trace_part``: a policy is tuned on first
-    halves and reported on second halves (an edit that starts near the end runs on into the trace's repeat)."""
+    halves and reported on second halves (an edit that starts near the end runs on into the trace's repeat).
+    ``outages``: each offset up to ``OUTAGE_LEAD_S`` before one of the trace's dead stretches, round robin
+    over them — the edits a link model is judged on (issue #35)."""
+    if cfg.trace_part == "outages":
+        begins = [z0 for z0, _ in trace.dead_stretches()]
+        if not begins:
+            raise TraceError(f"trace {trace.name} has no dead stretch to start edits before")
+        lead = rng.uniform(0.0, OUTAGE_LEAD_S, size=cfg.starts)
+        return np.array([(begins[k % len(begins)] - lead[k]) % trace.duration for k in range(cfg.starts)])
     lo, hi = {"all": (0.0, 1.0), "first": (0.0, 0.5), "second": (0.5, 1.0)}[cfg.trace_part]
     return rng.uniform(lo * trace.duration, hi * trace.duration, size=cfg.starts)
 
@@ -318,7 +327,7 @@ class BenchConfig:
     systems: tuple[str, ...] = tuple(SYSTEMS)
     trace: str = "5g"
     starts: int = 100
-    trace_part: str = "all"  # which part of the trace the offsets come from: all | first | second (held out)
+    trace_part: str = "all"  # where the offsets come from: all | first | second (held out) | outages
     regime: str = "paper"
     trace_scale: float | None = None
     packs: Path = field(default_factory=default_packs)

@@ -207,6 +207,21 @@ class Trace:
         edges, mbps = self.steps(start, duration)
         return float(np.sum(np.diff(edges)[mbps <= 0]))
 
+    def dead_stretches(self, dead_mbps: float = 0.0) -> list[tuple[float, float]]:
+        """``(begin, end)`` of every stretch whose rate is at most ``dead_mbps``, in order."""
+        dead = self.mbps <= dead_mbps
+        out, i, n = [], 0, len(self.mbps)
+        while i < n:
+            if not dead[i]:
+                i += 1
+                continue
+            j = i
+            while j < n and dead[j]:
+                j += 1
+            out.append((float(self.edges[i]), float(self.edges[j])))
+            i = j
+        return out
+
     def with_retransmission_stalls(self, rto_s: float = 0.2, dead_mbps: float = 0.0) -> Trace:
         """The trace as a TCP transfer that is in flight through every outage sees it: a dead stretch (rate ≤
         ``dead_mbps``) lasts until the first retransmission after the link is back, the retransmission timer
@@ -215,22 +230,12 @@ class Trace:
         moment the rate does; a kernel-shaped one does not (docs/results/issue35)."""
         if not rto_s > 0:
             raise TraceError(f"rto_s must be > 0, got {rto_s}")
-        dead = self.mbps <= dead_mbps
         stalls = []  # (from, to) the rate is 0 in the result
-        i, n = 0, len(self.mbps)
-        while i < n:
-            if not dead[i]:
-                i += 1
-                continue
-            j = i
-            while j < n and dead[j]:
-                j += 1
-            z0, z1 = float(self.edges[i]), float(self.edges[j])
+        for z0, z1 in self.dead_stretches(dead_mbps):
             wait = rto_s
             while wait < z1 - z0 - 1e-12:  # tries at z0 + rto, z0 + 3·rto, z0 + 7·rto, …
                 wait = 2 * wait + rto_s
             stalls.append((z0, min(z0 + wait, self.duration)))
-            i = j
         if not stalls:
             return self
         cuts = np.unique(np.concatenate([self.edges, [t for st in stalls for t in st]]))

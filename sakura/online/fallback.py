@@ -25,12 +25,16 @@ waiting escapes one check from now; ``recompute`` at step 1 (step 0 kept no comp
 locally, after one full step and the rest of step 0's masked shards); ``reuse`` at the next shard. A
 streaming option stays open while its worst case ends within ``hard_s`` (``HARD_SHARE`` × local
 generation) or its expected end is within ``bound_s`` (a share of local generation's time); the device
-goes local only when none is. So an edit whose link dies ends within ``HARD_SHARE`` of local
-generation (up to compute-time prediction error), an edit whose link still moves is not thrown to local
-for a short stall, and a link that comes back within the slack is still used (going local is final,
-and dead links in the traces often come back within a second). Among the open options, those without a
-quality cost (``recompute``: exact K/V; ``wait``) win when they are expected to end within ``bound_s``;
-past it, the earliest expected end wins (the better worst case on a tie: a dead link expects nothing).
+goes local only when none is. ``recompute``'s worst case may pass ``hard_s`` by the rest of step 0's
+masked shards: they run on exact K/V rather than wait, and step 0 exact then local from step 1 is closer
+to the FP16-cache output than local from step 0 (what the clairvoyant optimum picks on a dead link,
+issue #32). So an edit whose link dies ends within ``HARD_SHARE`` of local generation, plus step 0's
+masked shards where it recomputed (up to compute-time prediction error), an edit whose link still
+moves is not thrown to local for a short stall, and a link that comes back within the slack is still
+used (going local is final, and dead links in the traces often come back within a second). Among the
+open options, those without a quality cost (``recompute``: exact K/V; ``wait``) win when they are
+expected to end within ``bound_s``; past it, the earliest expected end wins (the better worst case on a
+tie: a dead link expects nothing).
 A wait is only as good as the prefix it waits for: where the pack says how good that is and how far
 the previous step's K/V are from this step's (``step_error``, recorded at build in the levels' metric),
 a wait for a prefix not ``WAIT_GAIN`` × better than the reuse has no claim to be quality-free and is
@@ -133,11 +137,14 @@ class FallbackContext:
         step = self.step_error[shard] if shard < len(self.step_error) else None
         return None if step is None or kept_error is None else step + kept_error
 
-    def wait_is_free(self, shard: int, kept_error: float | None) -> bool:
-        """A wait counts as quality-free when what it waits for (the smallest prefix) is known to be
-        ``WAIT_GAIN`` × better than a reuse, or nothing is known; otherwise it is one more option, taken
-        by its expected end (a stall for a prefix no better than the previous step's K/V buys nothing)."""
-        least = self.least_error[shard] if shard < len(self.least_error) else None
+    def wait_is_free(self, shard: int, kept_error: float | None, wait_error: float | None = None) -> bool:
+        """A wait counts as quality-free when what it waits for is known to be ``WAIT_GAIN`` × better than
+        a reuse, or nothing is known; otherwise it is one more option, taken by its expected end (a stall
+        for a prefix no better than the previous step's K/V buys nothing). ``wait_error``: the error of the
+        smallest usable prefix of what was asked for (a wait on a nearly complete top level is not a wait
+        for the shard's smallest level); default: the shard's smallest level's."""
+        least = wait_error if wait_error is not None else (
+            self.least_error[shard] if shard < len(self.least_error) else None)
         reuse = self.reuse_error(shard, kept_error)
         return least is None or reuse is None or WAIT_GAIN * least <= reuse
 
@@ -151,12 +158,14 @@ class FallbackContext:
 
 
 def choose_fallback(ctx: FallbackContext, shard: int, now: float, ready_s: float, reuse_s: float | None,
-                    rate_bps: float = float("inf"), kept_error: float | None = None) -> tuple[str, dict[str, float]]:
+                    rate_bps: float = float("inf"), kept_error: float | None = None,
+                    wait_error: float | None = None) -> tuple[str, dict[str, float]]:
     """``wait``, ``reuse``, ``recompute`` or ``local`` for ``shard`` waited on at ``now``, and each
     option's expected end of the edit. ``ready_s``: predicted time its cache is rebuilt; ``reuse_s``:
     the rebuild time of the previous step's kept bytes for the same layers (None: the device holds none);
     ``rate_bps``: the rate the link shows now (what later shards' bytes are expected to take);
-    ``kept_error``: the error those kept K/V were rebuilt at (None: not known)."""
+    ``kept_error``: the error those kept K/V were rebuilt at (None: not known); ``wait_error``: the error of
+    what the wait gets (:meth:`FallbackContext.wait_is_free`)."""
     rest, step, n_rest = sum(ctx.shard_s[shard:]), ctx.shard_step[shard], len(ctx.shard_s) - shard
     last = ctx.shard_s[-1]
 
@@ -169,22 +178,25 @@ def choose_fallback(ctx: FallbackContext, shard: int, now: float, ready_s: float
     later = ctx.later_bytes(shard)
     ends = {"wait": max(ready_s + rest, streamed(ready_s, later))}
     worst = {"wait": escape(now + CHECK_EVERY_S) if ready_s > now + CHECK_EVERY_S else now}
+    slack: dict[str, float] = {}  # past the hard bound: work in an option's worst case that is not a stall
     if ctx.allow_recompute and step == 0:  # then step 0's masked shards run on exact K/V, and step 1 streams
         step0_rest = sum(s for s, st in zip(ctx.shard_s[shard:], ctx.shard_step[shard:]) if st == 0)
         ends["recompute"] = max(now + ctx.full_step_s + rest, streamed(now, ctx.later_bytes(shard, 1)))
         worst["recompute"] = ctx.local_end(now + ctx.full_step_s + step0_rest, 1)
+        slack["recompute"] = step0_rest  # step 0 run exactly, then local: better than local from now
     if reuse_s is not None:  # (later shards can reuse too: no floor from the link)
         ends["reuse"] = now + reuse_s + rest
         worst["reuse"] = escape(now)
     if ctx.allow_local:
         ends["local"] = ctx.local_end(now, step)
-        open_ = [k for k in ends if k != "local" and (worst[k] <= ctx.hard_s or ends[k] <= ctx.bound_s)]
+        open_ = [k for k in ends if k != "local" and (worst[k] <= ctx.hard_s + slack.get(k, 0.0)
+                                                        or ends[k] <= ctx.bound_s)]
     else:  # nothing to escape to: the bound cannot be kept, only the expected end
         open_ = list(ends)
     if not open_:
         return "local", ends
     free = [k for k in ("wait", "recompute") if k in open_
-            and (k != "wait" or reuse_s is None or ctx.wait_is_free(shard, kept_error))]
+            and (k != "wait" or reuse_s is None or ctx.wait_is_free(shard, kept_error, wait_error))]
     if free and min(ends[k] for k in free) <= ctx.bound_s:
         return min(free, key=ends.get), ends
     return min(open_, key=lambda k: (ends[k], worst.get(k, ends[k]))), ends

@@ -311,6 +311,8 @@ class _SimulatedEdit:
             self.tl.dropped(b.rec, b.nbytes, t, used_level)
             if b in self.unseen:
                 self.unseen.remove(b)
+                if b.nbytes:  # what came through tells the monitor the link's rate, as on the real clock
+                    self.sched.transferred(b.nbytes, b.t_req, b.t_arr)
         self._rebook(self.done, t)
 
     def _rebook(self, first: int, free: float) -> None:

@@ -1,0 +1,29 @@
+"""The three-link table (links.md) from four bench runs of the same offsets: simulated (fluid), simulated (TCP's
+view of outages), device-paced, kernel-shaped — e.g. the simulated runs redone after a change to the simulated
+clock, beside the real-clock runs of the sweep (`links_sweep.sh`).
+
+    python docs/results/issue35/relink.py --sim DIR --sim-tcp DIR --paced DIR --kernel DIR [--out links.md]
+"""
+
+import argparse
+from pathlib import Path
+
+from sakura.eval.plots import load_records
+from sakura.eval.realclock import link_check, link_table
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    for run in ("sim", "sim-tcp", "paced", "kernel"):
+        ap.add_argument(f"--{run}", type=Path, required=True)
+    ap.add_argument("--out", type=Path)
+    a = vars(ap.parse_args())
+    table = link_table(link_check({run: load_records(a[run.replace("-", "_")])
+                                   for run in ("sim", "sim-tcp", "paced", "kernel")}))
+    print(table)
+    if a["out"]:
+        a["out"].write_text(table + "\n")
+
+
+if __name__ == "__main__":
+    main()
