@@ -209,8 +209,8 @@ def test_a_dropped_transfer_teaches_the_monitor_the_links_rate(folder):
     assert dropped, tl.fallbacks
     first = min(dropped, key=lambda u: u.arrival_t)
     later = [u for u in tl.units if u.request_t > first.arrival_t]
-    assert later and all(u.rate_mbps < 0.5 * first.rate_mbps for u in later), [(u.request_t, u.rate_mbps)
-                                                                               for u in later]
+    # (without it, R̂ stays at what the transfers completed before the slump showed: ≈ 19 Mbit/s here)
+    assert later and all(u.rate_mbps < 10 * 0.5 for u in later), [(u.request_t, u.rate_mbps) for u in later]
 
 
 def test_without_fallbacks_a_dying_link_waits(folder):
