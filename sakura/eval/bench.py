@@ -373,7 +373,7 @@ def simulated_edit(prepared: TemplateBench, req_index: int, system: str, trace: 
                    say: Callable[[str], None] = print, sim_link: str = "fluid") -> dict:
     scaled = trace.scaled(scale)
     if sim_link == "tcp":  # an outage holds the transfer until TCP's next retransmission (issue #35 item 2)
-        scaled = scaled.with_retransmission_stalls()
+        scaled = scaled.with_retransmission_stalls(since=start)
     return run_one(prepared, req_index, system, scaled, start, fallbacks=fallbacks,
                    regret_budget_s=regret_budget_s if system in STREAMING else None, say=say)
 
