@@ -1,25 +1,32 @@
 """The three-link table (links.md) from four bench runs of the same offsets: simulated (fluid), simulated (TCP's
 view of outages), device-paced, kernel-shaped — e.g. the simulated runs redone after a change to the simulated
-clock, beside the real-clock runs of the sweep (`links_sweep.sh`).
+clock, beside the real-clock runs of the sweep (`links_sweep.sh`). Each run: a bench output folder or a records
+file (.jsonl or .jsonl.gz).
 
-    python docs/results/issue35/relink.py --sim DIR --sim-tcp DIR --paced DIR --kernel DIR [--out links.md]
+    python docs/results/issue35/relink.py --sim RUN --sim-tcp RUN --paced RUN --kernel RUN [--out links.md]
 """
 
 import argparse
+import gzip
+import json
 from pathlib import Path
 
-from sakura.eval.plots import load_records
-from sakura.eval.realclock import link_check, link_table
+from sakura.eval.realclock import LINK_RUNS, link_check, link_table
+
+
+def records(run: Path) -> list[dict]:
+    path = run / "records.jsonl" if run.is_dir() else run
+    text = gzip.open(path, "rt").read() if path.suffix == ".gz" else path.read_text()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    for run in ("sim", "sim-tcp", "paced", "kernel"):
+    for run in LINK_RUNS:
         ap.add_argument(f"--{run}", type=Path, required=True)
     ap.add_argument("--out", type=Path)
     a = vars(ap.parse_args())
-    table = link_table(link_check({run: load_records(a[run.replace("-", "_")])
-                                   for run in ("sim", "sim-tcp", "paced", "kernel")}))
+    table = link_table(link_check({run: records(a[run.replace("-", "_")]) for run in LINK_RUNS}))
     print(table)
     if a["out"]:
         a["out"].write_text(table + "\n")
