@@ -1,7 +1,7 @@
 """Paired A/B of two bench runs of the same offsets (same seed, trace, --trace-part): per workload and system,
 latency p50/p90, masked PSNR mean/p10, edits with a reuse / a local fallback, and the paired differences.
 
-    python docs/results/issue32/policy2/ab.py BEFORE_DIR AFTER_DIR [--system sakura]
+    python docs/results/issue32/policy2/ab.py BEFORE AFTER [--system sakura]      (folders or records files)
 """
 
 import argparse
@@ -13,10 +13,11 @@ from pathlib import Path
 import numpy as np
 
 
-def records(folder: Path) -> list[dict]:
-    path = folder / "records.jsonl"
-    lines = gzip.open(path.with_suffix(".jsonl.gz"), "rt") if not path.exists() else path.open()
-    return [json.loads(line) for line in lines if line.strip()]
+def records(run: Path) -> list[dict]:
+    """A bench output folder's records, or a records file (.jsonl or .jsonl.gz)."""
+    path = run / "records.jsonl" if run.is_dir() else run
+    text = gzip.open(path, "rt").read() if path.suffix == ".gz" else path.read_text()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def key(r: dict) -> tuple:
