@@ -205,9 +205,9 @@ def test_an_outage_lasts_until_the_first_retransmission_after_it() -> None:
     assert s.bytes_between(0.0, 1.0) == t.bytes_between(0.0, 1.0)
     assert s.bytes_between(2.4, 3.0) == pytest.approx(t.bytes_between(2.4, 3.0))
     assert s.time_to_send(1e5, 0.95) == pytest.approx(2.4 - 0.95 + (1e5 - 0.05 * 10 * 125_000) / (10 * 125_000))
-    # from an edit's start: an outage over by then holds nothing; the timer of one under way starts then
-    assert t.with_retransmission_stalls(rto_s=0.2, since=1.9).rate_at(1.95) == 10.0
-    late = t.with_retransmission_stalls(rto_s=0.2, since=3.5)  # tries at 3.7, 4.1, 4.9, 6.5: back at 6.5 s
-    assert late.rate_at(6.49) == 0.0 and late.rate_at(6.51) == 10.0
+    # from an edit's start: only an outage that begins later catches a transfer in flight
+    late = t.with_retransmission_stalls(rto_s=0.2, since=1.5)
+    assert late.rate_at(1.85) == 10.0 and late.rate_at(5.99) == 0.0 and late.rate_at(6.01) == 10.0
+    assert t.with_retransmission_stalls(rto_s=0.2, since=3.5).rate_at(6.01) == 10.0  # under way: as it is
     steady = Trace.constant(5.0)
     assert steady.with_retransmission_stalls() is steady  # no outage: the same link

@@ -228,18 +228,19 @@ class Trace:
         starting at ``rto_s`` when the stretch begins and doubling after each unanswered try (so a 0.8 s outage
         holds the transfer 1.4 s, a 1.0 s one 1.4 s, a 2 s one 3.0 s). An application-paced link resumes the
         moment the rate does; a kernel-shaped one does not (docs/results/issue35). ``since``: when the first
-        transfer starts (an edit's start) — an outage over by then held nothing, and the timer of one under way
-        starts then."""
+        transfer starts (an edit's start) — only an outage that begins later catches a transfer in flight; one
+        under way by then is the trace as it is (on the kernel link a request sent into it trickles through at
+        the floor rate and resumes with the link: no loss, no timer)."""
         if not rto_s > 0:
             raise TraceError(f"rto_s must be > 0, got {rto_s}")
         stalls = []  # (from, to) the rate is 0 in the result
         for z0, z1 in self.dead_stretches(dead_mbps):
-            if z1 <= since:
+            if z0 < since:
                 continue
-            t0, wait = max(z0, since), rto_s
-            while wait < z1 - t0 - 1e-12:  # tries at t0 + rto, t0 + 3·rto, t0 + 7·rto, …
+            wait = rto_s
+            while wait < z1 - z0 - 1e-12:  # tries at z0 + rto, z0 + 3·rto, z0 + 7·rto, …
                 wait = 2 * wait + rto_s
-            stalls.append((z0, min(t0 + wait, self.duration)))
+            stalls.append((z0, min(z0 + wait, self.duration)))
         if not stalls:
             return self
         cuts = np.unique(np.concatenate([self.edges, [t for st in stalls for t in st]]))
