@@ -27,6 +27,13 @@ def folder(fs_packs):
     return tpl, runtime, req, raw
 
 
+def quiet_compute(runtime, tpl) -> ComputeProfile:
+    """The template's shards at a fixed speed (25 ms a shard), for tests whose margins are in compute time: the
+    fixture's measured compute moves with the machine (fast shards left the start-up hold under two checks)."""
+    shards = runtime.session(tpl, "oracle", Network(STEADY, "probe", 0.0, 1.0)).compute.shards
+    return ComputeProfile(shards, [0.025] * len(shards), 0.01, 1.3)
+
+
 def test_every_prefix_of_a_level_decodes_to_that_configuration(folder):
     tpl, runtime, req, raw = folder
     enc = encoding_from_header("sakura", raw)
@@ -115,10 +122,8 @@ def test_the_tcp_view_of_an_outage_holds_the_edit_past_the_links_return(folder):
     an outage at 0.05–0.35 s), so an edit that must wait through it ends that much later than on the fluid link."""
     tpl, runtime, req, raw = folder
     outage = Trace(np.array([0.0, 0.05, 0.35, 30.0]), np.array([8.0, 0.0, 8.0]), "outage")
-    # compute of a quiet machine, not the fixture's measured one: on a loaded machine slow shards leave the
-    # link time to catch up after the outage, and the edit would not show the stall it is about
-    shards = runtime.session(tpl, "sakura", Network(outage, "probe", 0.0, 1.0)).compute.shards
-    quiet = ComputeProfile(shards, [0.015] * len(shards), 0.01, 1.3)
+    # (on a loaded machine the fixture's slow shards would leave the link time to catch up after the outage)
+    quiet = quiet_compute(runtime, tpl)
     ends = {}
     for name, trace in (("fluid", outage), ("tcp", outage.with_retransmission_stalls(rto_s=0.2))):
         session = runtime.session(tpl, "sakura", Network(trace, name, 0.0, 1.0), fallbacks=False, compute=quiet)
@@ -135,7 +140,7 @@ def test_the_start_up_hold_does_not_delay_a_fallback_out_of_a_dead_link(folder, 
 
     tpl, runtime, req, raw = folder
     dead = Trace(np.array([0.0, 2.0, 30.0]), np.array([0.0, 8.0]), "dead at the start")
-    session = runtime.session(tpl, "sakura", Network(dead, "dead", 0.0, 1.0))
+    session = runtime.session(tpl, "sakura", Network(dead, "dead", 0.0, 1.0), compute=quiet_compute(runtime, tpl))
     tl = (session.simulate(req) if clock == "sim" else session.run(req)).timeline
     first = tl.fallbacks[0]
     assert first["shard"] == 0 and first["kind"] in ("recompute", "local")
