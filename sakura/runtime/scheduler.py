@@ -94,10 +94,9 @@ class StreamScheduler:
         self.per_step = sum(1 for s, _, _ in predicted.shards if s == predicted.shards[0][0])
         self.starts: list[float | None] = [None] * n  # per shard: when execution started it
         self.pending = [sum(1 for u in encoding.units if u.needed_by == j) for j in range(n)]  # units not rebuilt
-        self.unit_shard = {u.index: u.needed_by for u in encoding.units}
         self.rebuild_s: dict[int, float] = {}  # per shard with data: its rebuild time (what a reuse of it costs)
         self.kv_error: dict[int, list[float]] = {}  # per shard: its units' level errors (what a reuse keeps)
-        self.wait_error: dict[int, float] = {}  # per fetch unit asked for: its smallest usable prefix's error
+        self.wait_error: dict[int, list[float]] = {}  # per shard: its asked-for units' smallest usable prefix errors
         self.replaced: set[int] = set()  # shards a fallback gave a cache: their units are not asked for
         self.asked: set[int] = set()  # fetch units answered with a request or the held bytes
         self.local_from_step: int | None = None
@@ -146,7 +145,7 @@ class StreamScheduler:
                                                       deadline_t=deadline, prefetched=True, rung=held.level.rung))
             ranges = self.encoding.ranges(unit, d.level)
             prefixes = self.encoding.prefixes(unit, d.level, ranges) if self.anytime else [(d.level, len(ranges))]
-            self.wait_error[unit.index] = prefixes[0][0].error
+            self.wait_error.setdefault(unit.needed_by, []).append(prefixes[0][0].error)
             rec = UnitRecord(unit.index, unit.needed_by, unit.label, d.level.label, sum(n for _, n in ranges),
                              d.budget_bytes, d.window_s, d.rate_bps / 1e6, d.fits, now, deadline_t=deadline,
                              ranges=len(ranges), rung=d.level.rung)
@@ -206,7 +205,7 @@ class StreamScheduler:
             ready = predict_ready(now, flights, self.monitor.rate_bps, sum(times) / max(1, len(times)))
             reuse_s = self.reuse_s(shard)
             kept_error = mean_or_none(self.kv_error.get(prev))
-            wait_error = mean_or_none([e for u, e in self.wait_error.items() if self.unit_shard[u] == shard])
+            wait_error = mean_or_none(self.wait_error.get(shard))
             kind, ends = choose_fallback(fb, shard, now, ready, reuse_s,
                                          observed_rate_bps(self.monitor.rate_bps, flights), kept_error, wait_error)
             if kind == WAIT:
