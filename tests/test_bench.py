@@ -1,11 +1,13 @@
 """`sakura bench` end to end on a tiny sweep: the summary contract, figures, and the projection."""
 
+import gzip
 import json
 
 import numpy as np
 import pytest
 
 from sakura.eval import bench, figures
+from sakura.eval.plots import load_records
 from sakura.eval.projection import project_paper
 from sakura.net.traces import Trace, TraceError, load_trace
 
@@ -135,3 +137,11 @@ def test_the_link_check_compares_every_run_with_the_kernel_link_on_the_edits_tha
     assert check["sim-tcp"]["trough_ratio_to_kernel"] == pytest.approx(0.8)
     assert check["sim"]["p90_ratio_to_kernel"] < check["sim-tcp"]["p90_ratio_to_kernel"] <= 1.0
     assert "| fs | sakura | sim-tcp |" in link_table({"fs": {"sakura": check}})
+
+
+def test_records_load_from_a_run_folder_or_a_kept_records_file(tmp_path):
+    rows = [{"system": "sakura", "latency_s": 0.3}, {"system": "fp16", "latency_s": 1.4}]
+    text = "".join(json.dumps(r) + "\n" for r in rows)
+    (tmp_path / "records.jsonl").write_text(text)
+    (tmp_path / "kept.jsonl.gz").write_bytes(gzip.compress(text.encode()))
+    assert load_records(tmp_path) == load_records(tmp_path / "kept.jsonl.gz") == rows

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -19,7 +20,11 @@ NAMES = {name: label(name) for name in [*SYSTEMS, *VARIANTS]}
 
 
 def load_records(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines() if line.strip()]
+    """A bench run's records: its output folder, or a records file (``.jsonl``, or ``.jsonl.gz`` as kept in
+    docs/results)."""
+    path = out / "records.jsonl" if out.is_dir() else out
+    text = gzip.open(path, "rt").read() if path.suffix == ".gz" else path.read_text()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def _systems(ws: dict) -> list[str]:

@@ -9,8 +9,8 @@ import argparse
 from pathlib import Path
 
 import numpy as np
-from relink import records
 
+from sakura.eval.plots import load_records
 from sakura.eval.realclock import LINK_RUNS
 
 
@@ -20,7 +20,7 @@ def main() -> None:
         ap.add_argument(f"--{run}", type=Path, required=True)
     a = vars(ap.parse_args())
     runs = {run: {(r["workload"], r["template"], r["request"], r["system"], round(r["start_s"], 6)): r
-                  for r in records(a[run.replace("-", "_")])} for run in LINK_RUNS}
+                  for r in load_records(a[run.replace("-", "_")])} for run in LINK_RUNS}
     print("| workload | system | edits | latency − stall, median (s): " + " / ".join(LINK_RUNS)
           + " | stall p90 (s): " + " / ".join(LINK_RUNS) + " |")
     print("|---|---|---|---|---|")

@@ -7,17 +7,10 @@ file (.jsonl or .jsonl.gz).
 """
 
 import argparse
-import gzip
-import json
 from pathlib import Path
 
+from sakura.eval.plots import load_records
 from sakura.eval.realclock import LINK_RUNS, link_check, link_table
-
-
-def records(run: Path) -> list[dict]:
-    path = run / "records.jsonl" if run.is_dir() else run
-    text = gzip.open(path, "rt").read() if path.suffix == ".gz" else path.read_text()
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def main() -> None:
@@ -26,7 +19,7 @@ def main() -> None:
         ap.add_argument(f"--{run}", type=Path, required=True)
     ap.add_argument("--out", type=Path)
     a = vars(ap.parse_args())
-    table = link_table(link_check({run: records(a[run.replace("-", "_")]) for run in LINK_RUNS}))
+    table = link_table(link_check({run: load_records(a[run.replace("-", "_")]) for run in LINK_RUNS}))
     print(table)
     if a["out"]:
         a["out"].write_text(table + "\n")

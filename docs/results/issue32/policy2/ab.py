@@ -5,19 +5,12 @@ latency p50/p90, masked PSNR mean/p10, edits with a reuse / a local fallback, an
 """
 
 import argparse
-import gzip
-import json
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 
-
-def records(run: Path) -> list[dict]:
-    """A bench output folder's records, or a records file (.jsonl or .jsonl.gz)."""
-    path = run / "records.jsonl" if run.is_dir() else run
-    text = gzip.open(path, "rt").read() if path.suffix == ".gz" else path.read_text()
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+from sakura.eval.plots import load_records
 
 
 def key(r: dict) -> tuple:
@@ -30,7 +23,7 @@ def main() -> None:
     ap.add_argument("after", type=Path)
     ap.add_argument("--system", default="sakura")
     a = ap.parse_args()
-    runs = [{key(r): r for r in records(d) if r["system"] == a.system} for d in (a.before, a.after)]
+    runs = [{key(r): r for r in load_records(d) if r["system"] == a.system} for d in (a.before, a.after)]
     common = sorted(set(runs[0]) & set(runs[1]))
     by = defaultdict(list)
     for k in common:
