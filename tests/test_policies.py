@@ -97,3 +97,29 @@ def test_the_simulated_device_knows_a_rebuild_time_only_once_that_rebuild_is_don
     assert seen[:2] == [0.0, 0.0]
     assert seen[2] == pytest.approx(1e-10)
     assert seen[3] > 1e-10  # by then shard 1's rebuild is done
+
+
+def _edit_with_rebuilds(overlap: float, mbps: float, shards: int = 8):
+    """``shards`` shards of 50 ms, each unit's rebuild 30 ms, at the top level on a ``mbps`` link."""
+    compute = ComputeProfile([(0, 2 * i, 2 * i + 2) for i in range(shards)], [0.05] * shards, 0.02, 1.0)
+    link = LinkModel(Trace.constant(mbps), 0.0, request_overhead_s=0.0)
+    tl, _ = simulate(_Synthetic(shards), SakuraPolicy(price_rebuild=False), compute, link, None, keep=False,
+                     rebuild_model=lambda unit, level: 0.03, fallback=None, rebuild_overlap=overlap)
+    return tl
+
+
+def test_a_rebuild_on_the_executors_core_delays_execution_by_its_time():
+    # Fast link: every unit (9 kB) is through in 0.9 ms. With a core to spare each rebuild hides behind the shard
+    # before (only shard 0 waits for its own, done at 30.9 ms); on the executor's core every shard waits for its
+    # unit's 30 ms rebuild after the prelude or the shard before; sharing half of it, for 15 ms of it.
+    spare, shared, half = (_edit_with_rebuilds(h, 80.0) for h in (1.0, 0.0, 0.5))
+    assert [u.level for u in spare.units] == [u.level for u in shared.units] == ["top"] * 8
+    assert spare.latency_s == pytest.approx(0.0309 + 8 * 0.05, abs=1e-6)
+    assert shared.latency_s == pytest.approx(0.02 + 8 * (0.03 + 0.05), abs=1e-6)
+    assert half.latency_s == pytest.approx(0.02 + 0.015 + 8 * 0.05 + 7 * 0.015, abs=1e-6)
+    # A slow link: the executor is idle when each unit comes through, so the rebuild costs the same on either device.
+    slow_spare, slow_shared = _edit_with_rebuilds(1.0, 0.04), _edit_with_rebuilds(0.0, 0.04)
+    assert [u.level for u in slow_spare.units] == [u.level for u in slow_shared.units]
+    assert slow_shared.latency_s == pytest.approx(slow_spare.latency_s, rel=1e-9)
+    with pytest.raises(ValueError, match="share"):
+        _edit_with_rebuilds(1.5, 80.0)

@@ -282,6 +282,10 @@ def bench(
     sim_link: str = typer.Option("fluid", "--sim-link", help="The simulated clock's link: fluid (the trace as it is) "
                                  "| tcp (an outage holds a transfer until TCP's next retransmission after it, as on "
                                  "the kernel-shaped link). With --clock both --link kernel both run."),
+    rebuild_overlap: float = typer.Option(1.0, "--rebuild-overlap", help="The simulated device's share of a rebuild "
+                                          "hidden beside execution: 1, a core to spare (a phone); 0, rebuilds take the "
+                                          "executor's core (this 2-core host). With --clock both --link kernel, 0 runs "
+                                          "as sim-host."),
     clock: str = typer.Option(
         "sim",
         "--clock",
@@ -390,9 +394,12 @@ def bench(
                             fallbacks=fallbacks,
                             full_repeats=max(1, calibration_runs), quality_requests=quality_requests,
                             executor=executor, reconstructor=reconstructor,
-                            regret=regret or figure == "regret", regret_budget_s=regret_budget, sim_link=sim_link)
+                            regret=regret or figure == "regret", regret_budget_s=regret_budget, sim_link=sim_link,
+                            rebuild_overlap=rebuild_overlap)
     if trace_part not in bench.TRACE_PARTS:
         raise UserError(f"--trace-part must be one of {', '.join(bench.TRACE_PARTS)}, not {trace_part!r}")
+    if not 0.0 <= rebuild_overlap <= 1.0:
+        raise UserError(f"--rebuild-overlap is a share in [0, 1], not {rebuild_overlap}")
     if sim_link not in bench.SIM_LINKS:
         raise UserError(f"--sim-link must be one of {', '.join(bench.SIM_LINKS)}, not {sim_link!r}")
     for sname in cfg.systems:

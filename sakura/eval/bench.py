@@ -188,7 +188,7 @@ def run_one(prepared: TemplateBench, req_index: int, system: str, trace: Trace, 
             encoding=None, timer: Callable[[], float] | None = None, estimator: str = DEFAULT_ESTIMATOR,
             name: str | None = None, fallbacks: bool = True, anytime: bool = True,
             think_s: float | None = None, regret_budget_s: float | None = None,
-            say: Callable[[str], None] = print) -> dict:
+            say: Callable[[str], None] = print, rebuild_overlap: float = 1.0) -> dict:
     """One edit of one system at one offset of an (already scaled) trace on the simulated clock, with
     its quality: an edit session, as the device runs it.
 
@@ -197,12 +197,13 @@ def run_one(prepared: TemplateBench, req_index: int, system: str, trace: Trace, 
     are measured on (default: the process's rebuild clock, :func:`use_rebuild_clock`). ``think_s``: the
     template was picked that long before the edit, and the device prefetched its pack meanwhile
     (``sakura+prefetch``). ``regret_budget_s``: also measure the edit against its system's clairvoyant
-    optimum (:mod:`sakura.eval.regret`; the planner's time budget per solve), in the record's ``regret``."""
+    optimum (:mod:`sakura.eval.regret`; the planner's time budget per solve), in the record's ``regret``.
+    ``rebuild_overlap``: the share of a rebuild's time the device hides beside execution (:func:`simulate`)."""
     session = prepared.session(system, Network(trace, trace.name, start, scale=1.0), policy=policy, encoding=encoding,
                                estimator=estimator, fallbacks=fallbacks)
     if think_s:
         session.prefetch_simulated(think_s)
-    kw = {} if anytime else {"anytime": False}
+    kw = {"rebuild_overlap": rebuild_overlap} if anytime else {"anytime": False, "rebuild_overlap": rebuild_overlap}
     report = session.edit(edit_input(prepared, req_index), clock="sim", timer=timer or REBUILD_CLOCKS[rebuild_clock],
                           **kw)
     row = record(prepared, req_index, name or (policy.name if policy else system), start, report)
@@ -345,6 +346,9 @@ class BenchConfig:
     regret: bool = False  # measure every streamed edit against its system's clairvoyant optimum (sim clock)
     regret_budget_s: float = 20.0  # the planner's time per solve; past it, it reports its optimality gap
     sim_link: str = "fluid"  # the simulated clock's link (SIM_LINKS): "tcp" holds a transfer past an outage
+    # the share of a rebuild's time the simulated device hides beside execution: 1, a core to spare (a phone); 0, the
+    # executor's core (the 2-core host testbed, whose second core serves the template server and the link)
+    rebuild_overlap: float = 1.0
 
     @property
     def stack(self) -> BackendChoice | None:
@@ -370,12 +374,13 @@ SIM_LINKS = ("fluid", "tcp")  # the simulated clock's link: the trace as it is, 
 
 def simulated_edit(prepared: TemplateBench, req_index: int, system: str, trace: Trace, scale: float,
                    start: float, fallbacks: bool = True, regret_budget_s: float | None = None,
-                   say: Callable[[str], None] = print, sim_link: str = "fluid") -> dict:
+                   say: Callable[[str], None] = print, sim_link: str = "fluid", rebuild_overlap: float = 1.0) -> dict:
     scaled = trace.scaled(scale)
     if sim_link == "tcp":  # an outage holds the transfer until TCP's next retransmission (issue #35 item 2)
         scaled = scaled.with_retransmission_stalls(since=start)
     return run_one(prepared, req_index, system, scaled, start, fallbacks=fallbacks,
-                   regret_budget_s=regret_budget_s if system in STREAMING else None, say=say)
+                   regret_budget_s=regret_budget_s if system in STREAMING else None, say=say,
+                   rebuild_overlap=rebuild_overlap)
 
 
 def run_bench(cfg: BenchConfig, out: Path, progress=None, say: Callable[[str], None] = print,
@@ -388,7 +393,7 @@ def run_bench(cfg: BenchConfig, out: Path, progress=None, say: Callable[[str], N
     if run_edit is simulated_edit:
         run_edit = functools.partial(simulated_edit, fallbacks=cfg.fallbacks,
                                      regret_budget_s=cfg.regret_budget_s if regret else None, say=say,
-                                     sim_link=cfg.sim_link)
+                                     sim_link=cfg.sim_link, rebuild_overlap=cfg.rebuild_overlap)
     base_trace = load_trace(cfg.trace)
     if base_trace.total_bytes <= 0:
         raise TraceError(f"trace {cfg.trace} is 0 Mbps throughout: no edit can stream on it and there is no rate "

@@ -105,7 +105,7 @@ def simulate(encoding: StreamEncoding, policy: Policy, compute: ComputeProfile, 
              timer: Callable[[], float] = time.perf_counter,
              estimator: str = DEFAULT_ESTIMATOR, anytime: bool = True,
              fallback: FallbackContext | None = None, prefetched: Prefetched | None = None,
-             recompute: Callable[[], KV] | None = None) -> tuple[Timeline, KV]:
+             recompute: Callable[[], KV] | None = None, rebuild_overlap: float = 1.0) -> tuple[Timeline, KV]:
     """Run one edit on the simulated clock. Returns its timeline and the rebuilt cache (for quality).
 
     Rebuild times are measured by decoding the chosen bytes for real; with ``rebuild_model`` (and no
@@ -119,15 +119,22 @@ def simulate(encoding: StreamEncoding, policy: Policy, compute: ComputeProfile, 
     step's K/V and going local (:mod:`sakura.online.fallback`); None: always wait (the paper's runtime).
     A local fallback ends the stream: ``timeline.extras["local_from_step"]`` says from which step.
     ``prefetched``: units already on the device (:mod:`sakura.runtime.prefetch`); ``recompute``: the
-    template's step-0 K/V as the device would compute them (the recompute fallback's output)."""
+    template's step-0 K/V as the device would compute them (the recompute fallback's output).
+    ``rebuild_overlap``: the share of a rebuild's time that runs beside execution — 1, a device with a core to
+    spare for the reconstructor (a phone); 0, rebuilds take the executor's core, so a rebuild done while a shard
+    executes delays the next shard by its time (the 2-core host testbed, where the template server and the
+    link's threads take the second core)."""
+    if not 0.0 <= rebuild_overlap <= 1.0:
+        raise ValueError(f"rebuild_overlap is a share in [0, 1], not {rebuild_overlap}")
     return _SimulatedEdit(encoding.fresh(), policy, compute, link, fetch, ahead, keep, rebuild_model,
-                          predicted or compute, timer, estimator, anytime, fallback, prefetched, recompute).run()
+                          predicted or compute, timer, estimator, anytime, fallback, prefetched, recompute,
+                          rebuild_overlap).run()
 
 
 class _SimulatedEdit:
     def __init__(self, encoding, policy, compute, link, fetch, ahead, keep, rebuild_model, predicted, timer,
-                 estimator, anytime, fallback=None, prefetched=None, recompute=None):
-        self.fallback, self.recompute = fallback, recompute
+                 estimator, anytime, fallback=None, prefetched=None, recompute=None, rebuild_overlap=1.0):
+        self.fallback, self.recompute, self.rebuild_overlap = fallback, recompute, rebuild_overlap
         self.encoding, self.compute, self.link, self.fetch = encoding, compute, link, fetch
         self.keep, self.rebuild_model, self.timer, self.anytime = keep, rebuild_model, timer, anytime
         monitor = RuntimeMonitor(initial_bps=link.rate_bps_at(0.0), estimator=estimator)
@@ -146,6 +153,7 @@ class _SimulatedEdit:
         self.unseen_rebuilds: list[tuple[float, float, float]] = []  # (done at, work, seconds), not seen yet
         self.done = 0  # requests finalized (consumed by execution), in order
         self.link_free = self.rebuild_free = self.last_request = 0.0
+        self.core_free = 0.0  # the executor's core is free for rebuild work (rebuild_overlap < 1)
         self.held: list[tuple[float, float, int]] = []  # (from, to, bytes) of received / rebuilt cache
         self.rebuilt: dict[int, list[tuple[float, int]]] = {}  # per shard: (ready at, K/V bytes), held until it ends
         self.kv_bytes: dict[int, int] = {}  # per shard: rebuilt K/V bytes
@@ -175,6 +183,7 @@ class _SimulatedEdit:
             if self.starts[k] is None:
                 prev_end = self.compute.prelude_s if k == 0 else self.ends[k - 1]
                 first = self.done
+                self.core_free = max(self.core_free, prev_end)
                 need = self._startup_need(prev_end) if k == 0 else prev_end
                 while self.done < len(self.booked) and self.booked[self.done].unit.needed_by == k:
                     if not self.booked[self.done].dropped:
@@ -253,7 +262,7 @@ class _SimulatedEdit:
             kv = (self.encoding.decode(b.unit, level, blobs) if b.from_device or k == len(b.ranges)
                   else self.encoding.decode_prefix(b.unit, level, ranges, blobs))
             rebuild_s = self.timer() - t0
-        t_ready = self.rebuild_free = max(b.t_arr, self.rebuild_free) + rebuild_s
+        t_ready = self._rebuild_done(b.t_arr, rebuild_s)
         self.unseen_rebuilds.append((t_ready, level.work, rebuild_s))
         shard = b.unit.needed_by
         self.sched.rebuilt(shard, level, rebuild_s)
@@ -266,6 +275,16 @@ class _SimulatedEdit:
         kv_bytes = sum(x.nbytes + y.nbytes for x, y in kv.values())
         self.kv_bytes[shard] = self.kv_bytes.get(shard, 0) + kv_bytes
         self.rebuilt.setdefault(shard, []).append((t_ready, kv_bytes))
+
+    def _rebuild_done(self, t_arr: float, rebuild_s: float) -> float:
+        """When a rebuild of ``rebuild_s`` whose bytes are through at ``t_arr`` is done: the reconstructor
+        works in order; the part that does not overlap execution also waits for the executor's core."""
+        done = max(t_arr, self.rebuild_free) + rebuild_s
+        if self.rebuild_overlap < 1.0:
+            self.core_free = max(t_arr, self.core_free) + (1.0 - self.rebuild_overlap) * rebuild_s
+            done = max(done, self.core_free)
+        self.rebuild_free = done
+        return done
 
     def _fall_back(self, k: int, need: float, mine: list[_Booked]) -> bool:
         """While shard ``k`` would wait (from ``need`` until its last transfer is through), ask the scheduler
