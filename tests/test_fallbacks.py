@@ -78,6 +78,10 @@ def test_the_choice_waits_within_the_bound_and_then_takes_the_cheapest_way():
     back = [InFlight(10_000, 1000.0, 2.0, 1000.0, 0.1)]  # silent for most of 2 s, flowing again lately
     assert observed_rate_bps(8e6, back) == pytest.approx(80e3)
     assert predict_ready(0.0, [InFlight(10_000, 0.0, 0.001)], 8e6, 0.0) == pytest.approx(0.01)  # too early to tell
+    # before its first byte a request waits for the server and the queue ahead of it: 40 ms of nothing is no
+    # evidence of a dead link; a trickle after the first byte is
+    assert observed_rate_bps(8e6, [InFlight(10_000, 0.0, 0.04, 0.0, 0.04)]) == 8e6
+    assert observed_rate_bps(8e6, [InFlight(10_000, 100.0, 0.04, 100.0, 0.04)]) == pytest.approx(20e3)
 
 
 def test_a_wait_for_a_prefix_no_better_than_a_reuse_is_not_free():

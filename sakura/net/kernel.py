@@ -28,7 +28,11 @@ from sakura.net.traces import Trace
 PREFIX = "sakura-"
 FLOOR_MBPS = 0.01  # a 0-Mbps second of the trace (tbf needs a rate > 0)
 MTU = 1500  # the loopback's 64 KiB MTU would let one packet carry a whole shard
-BURST = "32kb"
+# The bucket holds at most BURST_S of the rate (one packet at least: tbf drops a packet larger than its bucket).
+# A trace-driven link has no credit beyond the trace's own delivery: a large bucket lets a small transfer after idle
+# read many times the shaped rate, and the rate estimate then chooses levels the link cannot carry.
+MIN_BURST_BYTES = 1600
+BURST_S = 0.0005
 LATENCY = "200ms"  # how long a packet may wait in the bucket's queue before it is dropped
 _counter = itertools.count()
 
@@ -150,9 +154,14 @@ class Namespace:
         self.close()
 
 
+def burst_bytes(mbps: float) -> int:
+    """The token bucket's size at ``mbps``."""
+    return max(MIN_BURST_BYTES, int(mbps * 1e6 / 8 * BURST_S))
+
+
 def _tbf(verb: str, mbps: float) -> list[str]:
-    return ["tc", "qdisc", verb, "dev", "lo", "root", "tbf", "rate", f"{mbps * 1000:.0f}kbit", "burst", BURST,
-            "latency", LATENCY]
+    return ["tc", "qdisc", verb, "dev", "lo", "root", "tbf", "rate", f"{mbps * 1000:.0f}kbit", "burst",
+            str(burst_bytes(mbps)), "latency", LATENCY]
 
 
 def _tc(ns: str, verb: str, mbps: float) -> None:

@@ -43,7 +43,9 @@ K/V buys nothing (it made one fs edit on the 5G trace 1.1 s slower than the reus
 The wait is predicted from what the device sees: the bytes of the transfer delivered so far and the
 monitor's rate, capped by the rate this transfer itself has shown over its last ``OBSERVE_WINDOW_S``
 once it has run for ``MIN_OBSERVED_S`` (a link that has gone silent reads as silent, not as its past
-average; one that came back reads as back).
+average; one that came back reads as back) — or, before its first byte, for ``FIRST_BYTE_S``: on a real link a
+request's first byte waits for the server and for what is queued ahead of it (on the kernel-shaped link, a
+new connection after a cut, behind the cut transfer's queued bytes), which is no evidence of a dead link.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from dataclasses import dataclass
 FALLBACKS = ("reuse", "recompute", "local")  # what can fire (``wait`` is the absence of a fallback)
 CHECK_EVERY_S = 0.01  # a waiting executor re-decides this often
 MIN_OBSERVED_S = 0.02  # a transfer's own rate counts once it has been on the link this long
+FIRST_BYTE_S = 0.1  # ... or, while none of its bytes has come, this long
 OBSERVE_WINDOW_S = 0.1  # ... measured over its last this-many seconds
 BOUND_SHARE = 0.9  # wait while the edit is predicted to end within this share of local generation's time
 HARD_SHARE = 1.1  # no option whose worst case ends later than this share of local generation's time
@@ -87,7 +90,7 @@ def observed_rate_bps(monitor_bps: float, transfers: list[InFlight]) -> float:
     ``OBSERVE_WINDOW_S``: a link that has gone silent reads as silent, one that came back as back)."""
     rate = max(monitor_bps, MIN_RATE_BPS)
     for tr in transfers:
-        if tr.active_s >= MIN_OBSERVED_S and tr.recent_s > 0:
+        if tr.active_s >= (MIN_OBSERVED_S if tr.delivered > 0 else FIRST_BYTE_S) and tr.recent_s > 0:
             rate = min(rate, max(8 * tr.recent_bytes / tr.recent_s, MIN_RATE_BPS))
     return rate
 
