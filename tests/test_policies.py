@@ -123,3 +123,14 @@ def test_a_rebuild_on_the_executors_core_delays_execution_by_its_time():
     assert slow_shared.latency_s == pytest.approx(slow_spare.latency_s, rel=1e-9)
     with pytest.raises(ValueError, match="share"):
         _edit_with_rebuilds(1.5, 80.0)
+
+
+def test_the_unpaced_link_pays_each_sub_requests_round_trip_once_the_link_is_free():
+    # 100 kB in ranges of 10 kB: sub-requests of 16 kB, 32 kB, then the rest (unpaced.groups: 20, 40, 40 kB here)
+    ranges = [(i * 10_000, 10_000) for i in range(10)]
+    paced = LinkModel(Trace.constant(8.0), 0.0, request_overhead_s=0.002)  # 1 MB/s
+    unpaced = LinkModel(Trace.constant(8.0), 0.0, request_overhead_s=0.002, unpaced=True)
+    # sent at 0 with the link busy until 0.05 s: the paced link's round trip hid behind the transfer before it
+    assert paced.arrival(100_000, 0.0, 0.05, ranges) == pytest.approx(0.05 + 0.1)
+    assert unpaced.arrival(100_000, 0.0, 0.05, ranges) == pytest.approx(0.05 + 3 * 0.002 + 0.1)
+    assert unpaced.arrival(10_000, 0.0, 0.0, ranges[:1]) == pytest.approx(0.002 + 0.01)  # one range: one round trip

@@ -281,11 +281,13 @@ def bench(
     trace_scale: Optional[float] = typer.Option(None, "--trace-scale"),
     sim_link: str = typer.Option("fluid", "--sim-link", help="The simulated clock's link: fluid (the trace as it is) "
                                  "| tcp (an outage holds a transfer until TCP's next retransmission after it, as on "
-                                 "the kernel-shaped link). With --clock both --link kernel both run."),
+                                 "the kernel-shaped link) | kernel (tcp, and each request and sub-request pays its "
+                                 "round trip once the link is free, as the device reads a kernel-shaped link). With "
+                                 "--clock both --link kernel all run."),
     rebuild_overlap: float = typer.Option(1.0, "--rebuild-overlap", help="The simulated device's share of a rebuild "
                                           "hidden beside execution: 1, a core to spare (a phone); 0, rebuilds take the "
                                           "executor's core (this 2-core host). With --clock both --link kernel, 0 runs "
-                                          "as sim-host."),
+                                          "as sim-host and sim-kernel."),
     clock: str = typer.Option(
         "sim",
         "--clock",

@@ -101,11 +101,14 @@ def run_both_clocks(cfg: BenchConfig, out: Path, progress=None, say=print, kerne
         tcp = replace(cfg, sim_link="tcp", regret=False)  # the simulated clock with TCP's stall after an outage
         run_bench(tcp, out / "sim-tcp", progress, say, benches=benches)
         # the simulated clock with the testbed's compute: rebuilds take the executor's core (the second one serves
-        # the template server, tc's replayer and the link's threads)
-        host = replace(cfg, rebuild_overlap=0.0, regret=False)
-        run_bench(host, out / "sim-host", progress, say, benches=benches)
+        # the template server, tc's replayer and the link's threads); on the paced link, and as the device reads
+        # the kernel-shaped one
+        for run, link in (("sim-host", "fluid"), ("sim-kernel", "kernel")):
+            run_bench(replace(cfg, rebuild_overlap=0.0, sim_link=link, regret=False), out / run, progress, say,
+                      benches=benches)
         summary["link_check"] = link_check({"sim": load_records(out), "sim-tcp": load_records(out / "sim-tcp"),
                                             "sim-host": load_records(out / "sim-host"),
+                                            "sim-kernel": load_records(out / "sim-kernel"),
                                             "paced": load_records(out / "real"),
                                             "kernel": load_records(out / "kernel")})
         (out / "links.md").write_text(link_table(summary["link_check"]) + "\n")
@@ -113,9 +116,9 @@ def run_both_clocks(cfg: BenchConfig, out: Path, progress=None, say=print, kerne
     return summary
 
 
-# the simulated clock (the trace as it is; as TCP sees it through outages; with the host testbed's compute), the
-# device-paced link, the kernel-shaped one
-LINK_RUNS = ("sim", "sim-tcp", "sim-host", "paced", "kernel")
+# the simulated clock (the trace as it is; as TCP sees it through outages; with the host testbed's compute, on the
+# paced link and as the device reads the kernel-shaped one), the device-paced link, the kernel-shaped one
+LINK_RUNS = ("sim", "sim-tcp", "sim-host", "sim-kernel", "paced", "kernel")
 
 
 def link_check(runs: dict[str, list[dict]]) -> dict:

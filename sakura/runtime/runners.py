@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Protocol
 
 import numpy as np
@@ -109,8 +109,10 @@ class StreamRunner(Runner):
             tl.extras["source_outages"] = link.outages
         return Outcome(result.image, tl)
 
-    def simulate(self, session, req, *, request_key=None, timer: Callable[[], float] = time.perf_counter, **kw):
-        """``timer`` measures the real decodes; it must be the clock compute was measured on."""
+    def simulate(self, session, req, *, request_key=None, timer: Callable[[], float] = time.perf_counter,
+                 unpaced: bool = False, **kw):
+        """``timer`` measures the real decodes; it must be the clock compute was measured on. ``unpaced``: the
+        link as the device reads a kernel-shaped one (:class:`sakura.runtime.sim.LinkModel`)."""
         def fetch(ranges):
             return session.source.fetch_timed(session.file_id, ranges).parts
 
@@ -118,7 +120,7 @@ class StreamRunner(Runner):
             session.encoding,
             session.policy,
             session.compute,
-            session.link_model(),
+            replace(session.link_model(), unpaced=unpaced),
             fetch,
             timer=timer,
             estimator=session.estimator,

@@ -20,6 +20,7 @@ import numpy as np
 from sakura.formats import KV, FetchUnit, Level, StreamEncoding
 from sakura.net.paced import DEFAULT_INFLIGHT, DEFAULT_REQUEST_OVERHEAD_S, cut_point
 from sakura.net.traces import MAX_MBPS, Trace
+from sakura.net.unpaced import groups
 from sakura.online.fallback import CHECK_EVERY_S, FallbackContext, in_flight
 from sakura.online.monitor import DEFAULT_ESTIMATOR, RuntimeMonitor
 from sakura.online.policies import Policy
@@ -36,16 +37,26 @@ class LinkModel:
     """The link as the simulated clock sees it: a FIFO pipe following the trace. A request's bytes start
     ``request_overhead_s`` after it is sent (its round trip, measured on the real clock and kept with
     the calibration) or when the previous request's bytes are through, whichever is later; up to
-    ``inflight`` requests may be outstanding, so with ≥ 2 the round trips hide behind transfers."""
+    ``inflight`` requests may be outstanding, so with ≥ 2 the round trips hide behind transfers.
+    ``unpaced``: the device's link on a kernel-shaped network (:class:`sakura.net.unpaced.UnpacedLink`): one
+    worker sends a request when the one before it is through, in sub-requests of growing size, so each
+    sub-request's round trip is paid after the link is free."""
 
     trace: Trace
     start_s: float  # offset into the trace where the edit starts
     request_overhead_s: float = DEFAULT_REQUEST_OVERHEAD_S
     inflight: int = DEFAULT_INFLIGHT
+    unpaced: bool = False
 
-    def arrival(self, nbytes: int, t_request: float, link_free: float) -> float:
+    def begin(self, t_request: float, link_free: float, ranges=()) -> float:
+        """When the link starts on the bytes of a request sent at ``t_request``."""
+        if self.unpaced:
+            return max(t_request, link_free) + self.request_overhead_s * max(1, len(groups(ranges)))
+        return max(t_request + self.request_overhead_s, link_free)
+
+    def arrival(self, nbytes: int, t_request: float, link_free: float, ranges=()) -> float:
         """When the last byte of a request sent at ``t_request`` arrives."""
-        begin = max(t_request + self.request_overhead_s, link_free)
+        begin = self.begin(t_request, link_free, ranges)
         return begin + self.trace.time_to_send(nbytes, self.start_s + begin)
 
     def rate_bps_at(self, at: float) -> float:
@@ -229,8 +240,8 @@ class _SimulatedEdit:
                                        on_device=held, from_device=True))
             return
         nbytes = action.nbytes
-        begin = max(t_req + link.request_overhead_s, self.link_free)
-        t_arr = self.link_free = link.arrival(nbytes, t_req, self.link_free)
+        begin = link.begin(t_req, self.link_free, action.ranges)
+        t_arr = self.link_free = link.arrival(nbytes, t_req, self.link_free, action.ranges)
         b = _Booked(action.unit, action.level, action.ranges, action.record, t_req, begin, t_arr, nbytes,
                     on_device=action.held)
         self.booked.append(b)
@@ -339,8 +350,8 @@ class _SimulatedEdit:
         for later in self.booked[first:]:
             if later.from_device or later.dropped:
                 continue
-            later.begin = max(later.t_req + self.link.request_overhead_s, free)
-            later.t_arr = free = self.link.arrival(later.nbytes, later.t_req, free)
+            later.begin = self.link.begin(later.t_req, free, later.ranges)
+            later.t_arr = free = self.link.arrival(later.nbytes, later.t_req, free, later.ranges)
         self.link_free = free
 
     def _reuse(self, k: int, prev: int, ready: float) -> None:
