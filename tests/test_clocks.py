@@ -120,3 +120,17 @@ def test_simulated_clock_matches_real_clock(served, system):
     # boundary lying between them: a choice that fitted both budgets and still differs is a disagreement).
     if compared >= 5:
         assert agree >= 0.75 * compared
+
+
+def test_a_real_runs_compute_is_what_it_executed_and_the_calibration_where_it_did_not_run():
+    from sakura.runtime.timeline import Timeline  # (only this test builds a timeline by hand)
+
+    planned = ComputeProfile([(0, 0, 2), (0, 2, 4), (1, 0, 2)], [0.05, 0.05, 0.05], 0.02, 1.5)
+    tl = Timeline.for_shards("sakura", "real", planned.shards)
+    tl.shard_started(0, 0.04, 0.01)  # the prelude ended at 0.03, then 10 ms waiting for the cache
+    tl.shard_ended(0, 0.10)
+    tl.shard_started(1, 0.10, 0.0)
+    tl.shard_ended(1, 0.17)  # then a local fallback: shard 2 never ran
+    ran = planned.as_run(tl)
+    assert ran.prelude_s == pytest.approx(0.03)
+    assert ran.shard_s == pytest.approx([0.06, 0.07, 0.05]) and ran.local_full_s == 1.5

@@ -14,7 +14,7 @@ import json
 import resource
 import statistics
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Callable, Iterator
@@ -188,7 +188,8 @@ def run_one(prepared: TemplateBench, req_index: int, system: str, trace: Trace, 
             encoding=None, timer: Callable[[], float] | None = None, estimator: str = DEFAULT_ESTIMATOR,
             name: str | None = None, fallbacks: bool = True, anytime: bool = True,
             think_s: float | None = None, regret_budget_s: float | None = None,
-            say: Callable[[str], None] = print, rebuild_overlap: float = 1.0, unpaced: bool = False) -> dict:
+            say: Callable[[str], None] = print, rebuild_overlap: float = 1.0, unpaced: bool = False,
+            measured_compute: dict | None = None) -> dict:
     """One edit of one system at one offset of an (already scaled) trace on the simulated clock, with
     its quality: an edit session, as the device runs it.
 
@@ -199,12 +200,16 @@ def run_one(prepared: TemplateBench, req_index: int, system: str, trace: Trace, 
     (``sakura+prefetch``). ``regret_budget_s``: also measure the edit against its system's clairvoyant
     optimum (:mod:`sakura.eval.regret`; the planner's time budget per solve), in the record's ``regret``.
     ``rebuild_overlap``: the share of a rebuild's time the device hides beside execution (:func:`simulate`);
-    ``unpaced``: the link as the device reads a kernel-shaped one (:class:`~sakura.runtime.sim.LinkModel`)."""
+    ``unpaced``: the link as the device reads a kernel-shaped one (:class:`~sakura.runtime.sim.LinkModel`);
+    ``measured_compute``: a real run's ``compute`` (its record's): executed in place of the calibrated compute."""
     session = prepared.session(system, Network(trace, trace.name, start, scale=1.0), policy=policy, encoding=encoding,
                                estimator=estimator, fallbacks=fallbacks)
     if think_s:
         session.prefetch_simulated(think_s)
     kw = {"rebuild_overlap": rebuild_overlap, "unpaced": unpaced, **({} if anytime else {"anytime": False})}
+    if measured_compute is not None:
+        kw["replay"] = replace(session.compute, prelude_s=measured_compute["prelude_s"],
+                               shard_s=measured_compute["shard_s"])
     report = session.edit(edit_input(prepared, req_index), clock="sim", timer=timer or REBUILD_CLOCKS[rebuild_clock],
                           **kw)
     row = record(prepared, req_index, name or (policy.name if policy else system), start, report)
@@ -377,13 +382,14 @@ SIM_LINKS = ("fluid", "tcp", "kernel")
 
 def simulated_edit(prepared: TemplateBench, req_index: int, system: str, trace: Trace, scale: float,
                    start: float, fallbacks: bool = True, regret_budget_s: float | None = None,
-                   say: Callable[[str], None] = print, sim_link: str = "fluid", rebuild_overlap: float = 1.0) -> dict:
+                   say: Callable[[str], None] = print, sim_link: str = "fluid", rebuild_overlap: float = 1.0,
+                   measured_compute: dict | None = None) -> dict:
     scaled = trace.scaled(scale)
     if sim_link in ("tcp", "kernel"):  # an outage holds the transfer until TCP's next retransmission (issue #35)
         scaled = scaled.with_retransmission_stalls(since=start)
     return run_one(prepared, req_index, system, scaled, start, fallbacks=fallbacks,
                    regret_budget_s=regret_budget_s if system in STREAMING else None, say=say,
-                   rebuild_overlap=rebuild_overlap, unpaced=sim_link == "kernel")
+                   rebuild_overlap=rebuild_overlap, unpaced=sim_link == "kernel", measured_compute=measured_compute)
 
 
 def run_bench(cfg: BenchConfig, out: Path, progress=None, say: Callable[[str], None] = print,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sakura.eval.bench import BenchConfig, TemplateBench, edit_input, record, run_bench
+from sakura.eval.bench import BenchConfig, TemplateBench, edit_input, record, run_bench, simulated_edit
 from sakura.eval.plots import load_records
 from sakura.eval.round_trips import warm
 from sakura.net.kernel import KernelLink, entered
@@ -29,8 +29,12 @@ def run_one_real(runtime: DeviceRuntime, prepared: TemplateBench, req_index: int
     session = runtime.session(prepared.template, system, Network(trace, trace.name, start, scale, kernel=kernel))
     report = session.edit(edit_input(prepared, req_index))
     row = record(prepared, req_index, system, start, report)
-    return {**row, "clock": "real", "link": "paced" if kernel is None else "kernel",
-            "outage_s": session.trace.dead_seconds(start, row["latency_s"])}
+    row = {**row, "clock": "real", "link": "paced" if kernel is None else "kernel",
+           "outage_s": session.trace.dead_seconds(start, row["latency_s"])}
+    if report.timeline.shards:  # what it executed, to replay the edit on the simulated clock at equal compute
+        ran = session.compute.as_run(report.timeline)
+        row["compute"] = {"prelude_s": ran.prelude_s, "shard_s": ran.shard_s}
+    return row
 
 
 def run_bench_real(cfg: BenchConfig, out: Path, progress=None, say=print, benches: dict | None = None,
@@ -106,9 +110,11 @@ def run_both_clocks(cfg: BenchConfig, out: Path, progress=None, say=print, kerne
         for run, link in (("sim-host", "fluid"), ("sim-kernel", "kernel")):
             run_bench(replace(cfg, rebuild_overlap=0.0, sim_link=link, regret=False), out / run, progress, say,
                       benches=benches)
+        replay_kernel_runs(cfg, out / "kernel", out / "sim-replay", progress, say, benches)
         summary["link_check"] = link_check({"sim": load_records(out), "sim-tcp": load_records(out / "sim-tcp"),
                                             "sim-host": load_records(out / "sim-host"),
                                             "sim-kernel": load_records(out / "sim-kernel"),
+                                            "sim-replay": load_records(out / "sim-replay"),
                                             "paced": load_records(out / "real"),
                                             "kernel": load_records(out / "kernel")})
         (out / "links.md").write_text(link_table(summary["link_check"]) + "\n")
@@ -116,9 +122,29 @@ def run_both_clocks(cfg: BenchConfig, out: Path, progress=None, say=print, kerne
     return summary
 
 
+def replay_kernel_runs(cfg: BenchConfig, kernel_run: Path, out: Path, progress=None, say=print,
+                       benches: dict | None = None) -> dict:
+    """Every edit of a kernel-link run replayed on the simulated clock with the compute that edit really did (its
+    record's ``compute``) over the link as the device reads a kernel-shaped one: the two then differ by the link
+    model alone."""
+    measured = {_edit_key(r): r.get("compute") for r in load_records(kernel_run)}
+
+    def replayed(prepared: TemplateBench, req_index: int, system: str, trace: Trace, scale: float, start: float):
+        return simulated_edit(prepared, req_index, system, trace, scale, start, fallbacks=cfg.fallbacks, say=say,
+                              sim_link="kernel",
+                              measured_compute=measured.get((prepared.template.id, req_index, system, round(start, 6))))
+
+    return run_bench(replace(cfg, regret=False), out, progress, say, benches=benches, run_edit=replayed)
+
+
+def _edit_key(r: dict) -> tuple:
+    return r["template"], r["request"], r["system"], round(r["start_s"], 6)
+
+
 # the simulated clock (the trace as it is; as TCP sees it through outages; with the host testbed's compute, on the
-# paced link and as the device reads the kernel-shaped one), the device-paced link, the kernel-shaped one
-LINK_RUNS = ("sim", "sim-tcp", "sim-host", "sim-kernel", "paced", "kernel")
+# paced link and as the device reads the kernel-shaped one; each kernel edit's own compute over that link), the
+# device-paced link, the kernel-shaped one
+LINK_RUNS = ("sim", "sim-tcp", "sim-host", "sim-kernel", "sim-replay", "paced", "kernel")
 
 
 def link_check(runs: dict[str, list[dict]]) -> dict:

@@ -41,6 +41,16 @@ class ComputeProfile:
         return cls(shards, [r.exec_end_t - r.exec_start_t for r in tl.shards], first.exec_start_t - first.stall_s,
                    local_full_s)
 
+    def as_run(self, tl) -> "ComputeProfile":
+        """The compute a real run of this profile's edit did (stalls removed), this profile's where it did not run
+        (the shards after a local fallback): what replaying that run on the simulated clock executes."""
+        ran = {r.shard: r.exec_end_t - r.exec_start_t for r in tl.shards
+               if r.exec_start_t is not None and r.exec_end_t is not None}
+        first = tl.shards[0] if tl.shards else None
+        prelude = (first.exec_start_t - first.stall_s if first is not None and first.exec_start_t is not None
+                   else self.prelude_s)
+        return replace(self, shard_s=[ran.get(j, s) for j, s in enumerate(self.shard_s)], prelude_s=prelude)
+
     def scaled(self, factor: float) -> "ComputeProfile":
         """The same edit on a device ``factor`` times slower (paper-scale projections)."""
         return ComputeProfile(self.shards, [s * factor for s in self.shard_s], self.prelude_s * factor,

@@ -110,16 +110,18 @@ class StreamRunner(Runner):
         return Outcome(result.image, tl)
 
     def simulate(self, session, req, *, request_key=None, timer: Callable[[], float] = time.perf_counter,
-                 unpaced: bool = False, **kw):
+                 unpaced: bool = False, replay: ComputeProfile | None = None, **kw):
         """``timer`` measures the real decodes; it must be the clock compute was measured on. ``unpaced``: the
-        link as the device reads a kernel-shaped one (:class:`sakura.runtime.sim.LinkModel`)."""
+        link as the device reads a kernel-shaped one (:class:`sakura.runtime.sim.LinkModel`). ``replay``: the
+        compute a real run of this edit did (:meth:`ComputeProfile.as_run`), executed while the device still
+        plans with its calibrated one."""
         def fetch(ranges):
             return session.source.fetch_timed(session.file_id, ranges).parts
 
         tl, kv = simulate(
             session.encoding,
             session.policy,
-            session.compute,
+            replay or session.compute,
             replace(session.link_model(), unpaced=unpaced),
             fetch,
             timer=timer,
@@ -127,6 +129,7 @@ class StreamRunner(Runner):
             fallback=session.fallback_context(),
             prefetched=session.prefetched,
             recompute=lambda: session.model.recompute_first_step(req),
+            predicted=session.compute,
             **kw,
         )
         local_from = tl.extras.get("local_from_step")
