@@ -2,7 +2,7 @@
 ``compute``) over the link as the device reads a kernel-shaped one (``--sim-link kernel``): what is left between the
 two is the link model. The run's own config (its summary.json) gives the offsets, templates and calibration.
 
-    sakura bench --clock real --link kernel … --out RUN          # (root) or the kernel/ folder of --clock both
+    sakura bench --clock real --link kernel … --out RUN          # (root)
     python docs/results/issue35/replay.py RUN OUT
 """
 
