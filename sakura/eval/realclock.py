@@ -68,7 +68,7 @@ def clock_check(sim_records: list[dict], real_records: list[dict]) -> dict:
     """Per workload and streaming system: p50 latency on each clock, their difference, and how often
     the two clocks chose the same level for the same fetch unit of the same edit."""
     def key(r):
-        return r["workload"], r["template"], r["request"], r["system"], round(r["start_s"], 6)
+        return r["workload"], *_edit_key(r)
 
     real = {key(r): r for r in real_records}
     out: dict = {}
@@ -130,9 +130,9 @@ def replay_kernel_runs(cfg: BenchConfig, kernel_run: Path, out: Path, progress=N
     measured = {_edit_key(r): r.get("compute") for r in load_records(kernel_run)}
 
     def replayed(prepared: TemplateBench, req_index: int, system: str, trace: Trace, scale: float, start: float):
+        edit = {"template": prepared.template.id, "request": req_index, "system": system, "start_s": start}
         return simulated_edit(prepared, req_index, system, trace, scale, start, fallbacks=cfg.fallbacks, say=say,
-                              sim_link="kernel",
-                              measured_compute=measured.get((prepared.template.id, req_index, system, round(start, 6))))
+                              sim_link="kernel", measured_compute=measured.get(_edit_key(edit)))
 
     return run_bench(replace(cfg, regret=False), out, progress, say, benches=benches, run_edit=replayed)
 
@@ -153,7 +153,7 @@ def link_check(runs: dict[str, list[dict]]) -> dict:
     run: its p90 over the kernel's, and the median per-edit latency ratio on the edits whose span on the kernel
     link held a dead stretch of the trace (``outage_s``)."""
     def key(r):
-        return r["workload"], r["template"], r["request"], r["system"], round(r["start_s"], 6)
+        return r["workload"], *_edit_key(r)
 
     sim = {key(r): r for r in runs.get("sim", [])}
     kernel = {key(r): r for r in runs.get("kernel", [])}

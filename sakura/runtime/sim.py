@@ -80,7 +80,7 @@ def measured_link(timeline: Timeline, nominal: LinkModel, tail_s: float = 60.0) 
 
     on_link = [u for u in timeline.units if u.arrival_t is not None and u.nbytes > 0 and not u.prefetched]
     for u in sorted(on_link, key=lambda u: u.request_t):
-        begin = max(u.request_t + nominal.request_overhead_s, free)
+        begin = nominal.begin(u.request_t, free)
         nominal_until(begin)
         if u.arrival_t > edges[-1] + 1e-9:
             rates.append(min(MAX_MBPS, 8 * u.nbytes / (u.arrival_t - edges[-1]) / 1e6))

@@ -1,11 +1,11 @@
 """The link table (links.md) from the bench runs of the same offsets: simulated (fluid), simulated (TCP's view of
 outages), simulated with the host's compute (rebuilds on the executor's core) on the paced link and as the device
-reads the kernel-shaped one, device-paced, kernel-shaped — e.g. the simulated runs redone after a change to the
-simulated clock, beside the real-clock runs of the sweep (`links_sweep.sh`). Each run: a bench output folder or a
-records file (.jsonl or .jsonl.gz).
+reads the kernel-shaped one, each kernel edit replayed at its own compute, device-paced, kernel-shaped — e.g. the
+simulated runs redone after a change to the simulated clock, beside the real-clock runs of the sweep
+(`links_sweep.sh`). Each run: a bench output folder or a records file (.jsonl or .jsonl.gz).
 
     python docs/results/issue35/relink.py --sim RUN [--sim-tcp RUN] [--sim-host RUN] [--sim-kernel RUN] \
-        [--paced RUN] --kernel RUN [--out links.md]
+        [--sim-replay RUN] [--paced RUN] --kernel RUN [--out links.md]
 """
 
 import argparse
