@@ -7,6 +7,7 @@ import pytest
 from sakura.formats import encoding_from_header, file_id
 from sakura.net.folder import FolderSource
 from sakura.net.traces import Trace
+from sakura.online.policies import DEFAULT_GAMMA
 from sakura.runtime.calibration import CalibrationStore
 from sakura.runtime.compute import ComputeProfile
 from sakura.runtime.session import DeviceRuntime, Network
@@ -104,6 +105,17 @@ def test_shard_0_gets_the_lead_of_every_later_unit_not_the_prelude(folder):
     assert tl.shards[0].stall_s > 0  # the start waits for it (and says so)
     paper = session.simulate(req, anytime=False).timeline.units[0]  # the paper's runtime: the prelude's window
     assert paper.deadline_t - paper.request_t < lead and paper.nbytes < first.nbytes
+
+
+def test_shard_0_is_chosen_for_the_whole_hold_where_late_bytes_are_cut(folder):
+    """A policy keeps a margin (γ) for bytes that come late and stall execution. Shard 0's of the progressive
+    pack cannot stall it past the start-up hold (they are cut there), so they are chosen for all of it;
+    CacheGen's levels do not cut, and its shard 0 keeps the margin."""
+    tpl, runtime, req, raw = folder
+    for system, margin in (("sakura", 1.0), ("cachegen", DEFAULT_GAMMA)):
+        session = runtime.session(tpl, system, Network(STEADY, "steady", 0.0, 1.0), fallbacks=False)
+        first = session.simulate(req).timeline.units[0]
+        assert first.window_s == pytest.approx(margin * (first.deadline_t - first.request_t)), system
 
 
 @pytest.mark.parametrize("clock", ["sim", "real"])

@@ -2,6 +2,7 @@
 
 import gzip
 import json
+import math
 
 import numpy as np
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from sakura.eval import bench, figures
 from sakura.eval.plots import load_records
 from sakura.eval.projection import project_paper
+from sakura.eval.regret import DISPLAY_PSNR_DB, regret_stats, visible_gap_db
 from sakura.net.traces import Trace, TraceError, load_trace
 
 
@@ -74,11 +76,32 @@ def test_bench_regret_against_each_systems_clairvoyant_optimum(fs_packs, tmp_pat
         # with no bound on any unit the edit can only be as fast or faster; (b)'s schedule is kept per shard
         assert 0 < g["fastest_latency_s"] <= g["optimal_latency_s"] + 1e-9
         assert len(g["equal_latency_actions"]) == r["shards"]
+        assert g["psnr_gap_visible_db"] == pytest.approx(
+            min(g["optimal_psnr_masked"], DISPLAY_PSNR_DB) - min(r["psnr_masked"], DISPLAY_PSNR_DB))
     for system in ("sakura", "intq", "cachegen", "sakura+perfect"):
         reg = fs[system]["regret"]
         assert set(reg["latency_over_optimal"]) == {"p50", "p90"} and set(reg["psnr_gap_db"]) == {"p50", "p90"}
+        assert reg["psnr_gap_visible_db"]["p90"] <= max(0.0, reg["psnr_gap_db"]["p90"]) + 1e-9
     assert set(fs["regret_decomposition"]) >= {"estimator", "policy", "psnr_gain_db"}
     assert (tmp_path / "fig_regret.png") in written and (tmp_path / "fig_regret.png").is_file()
+
+
+def test_the_visible_gap_counts_no_difference_above_the_displays_rounding():
+    assert DISPLAY_PSNR_DB == pytest.approx(58.92, abs=0.01)  # rounding to 8 bits: RMS 1/√12 of a level
+    assert visible_gap_db(100.0, 70.0) == 0.0  # both closer to the reference than the display shows
+    assert visible_gap_db(62.8, 54.9) == pytest.approx(DISPLAY_PSNR_DB - 54.9)
+    assert visible_gap_db(45.0, 48.0) == pytest.approx(-3.0)
+    assert math.isnan(visible_gap_db(None, 50.0))
+    # summaries of records from before the field derive it from the two PSNRs
+    rows = [{"regret": {"latency_ratio": 1.0, "psnr_gap_db": 30.0, "optimal_psnr_masked": 100.0, "error_gap": 0.0,
+                        "exact": True, "gap": 0.0, "planner_s": 1.0}, "psnr_masked": 70.0},
+            {"regret": {"latency_ratio": 1.0, "psnr_gap_db": 4.0, "optimal_psnr_masked": 50.0, "error_gap": 0.0,
+                        "exact": True, "gap": 0.0, "planner_s": 1.0}, "psnr_masked": 46.0}]
+    for r in rows:
+        r["regret"]["psnr_masked"] = r["psnr_masked"]
+    stats = regret_stats(rows)
+    assert stats["psnr_gap_visible_db"]["p50"] == pytest.approx(2.0)  # the median of 0 and 4
+    assert stats["psnr_gap_db"]["p50"] == pytest.approx(17.0)
 
 
 def test_pack_versions_pairs_each_edit_with_its_v1_twin():

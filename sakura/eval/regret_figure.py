@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 
 PANELS = (("latency_ratio", "latency / optimal latency at equal quality"),
-          ("psnr_gap_db", "optimal masked PSNR − the system's, at equal latency (dB)"))
+          ("psnr_gap_db", "optimal masked PSNR − the system's, at equal latency (dB)"),
+          ("psnr_gap_visible_db", "the same, each PSNR at most the display's (58.9 dB)"))
 
 
 def regret_cdfs(records: Path, out: Path, trace: str = "") -> Path:
@@ -29,7 +30,8 @@ def regret_cdfs(records: Path, out: Path, trace: str = "") -> Path:
         mine = [r for r in rows if r["workload"] == w]
         for ax, (key, label) in zip(axes[i], PANELS):
             for system in sorted({r["system"] for r in mine}):
-                xs = np.sort([r["regret"][key] for r in mine if r["system"] == system and r["regret"][key] is not None])
+                xs = np.sort([r["regret"][key] for r in mine
+                              if r["system"] == system and r["regret"].get(key) is not None])
                 if len(xs):
                     variant = "+" in system  # (sakura+perfect: SAKURA's colour, dashed)
                     ax.step(xs, np.arange(1, len(xs) + 1) / len(xs), where="post", label=P.NAMES.get(system, system),

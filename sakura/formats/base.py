@@ -68,6 +68,9 @@ class StreamEncoding(ABC):
     # rebuilds kept bytes) and a dropped unit takes nothing later units need (the recompute fallback drops
     # step 0's). False for CacheGen, whose entropy tables ride with a level's first use in the edit.
     redecodable: bool = True
+    # A leading part of a level's ranges decodes to a smaller level (``prefixes`` offers more than the whole):
+    # a runtime that must consume a unit early can cut it rather than wait.
+    progressive: bool = False
 
     @property
     @abstractmethod

@@ -360,6 +360,7 @@ class PackEncoding(ShardEncoding):
     can be delegated to a reconstructor backend (torch / OpenCL: ``sakura.runtime.reconstruct``)."""
 
     name, info_cls = "sakura", PackInfo
+    progressive = True  # every level's chunks are ordered so that chain points decode (``prefixes``)
     reconstructor = None  # anything with .rebuild(info, shard, *key, blobs) -> {(step, layer): (K, V)}
 
     def __init__(self, info):

@@ -108,6 +108,15 @@ class StreamScheduler:
         """Before the first request: policies that plan the whole edit (IntQ) do it here."""
         self.policy.begin(self.encoding.units, self.predicted.masked_s, self.monitor.initial_bps)
 
+    def choice_deadline(self, unit: FetchUnit, deadline: float, now: float) -> float:
+        """The deadline the policy chooses ``unit``'s level for. A policy keeps a margin (γ) for bytes that
+        come late and stall execution; shard 0's of a progressive encoding cannot stall it past the start-up
+        hold (execution cuts them there to the prefix that came), so they are chosen for the whole hold, as
+        the clairvoyant optimum spends it (issue #32): the margin would leave a fifth of it to wait out."""
+        if not (self.anytime and unit.needed_by == 0 and self.encoding.progressive):
+            return deadline
+        return now + (deadline - now) / getattr(self.policy, "gamma", 1.0)
+
     @property
     def startup_lead_s(self) -> float:
         """Shard 0's units are chosen for the lead every later unit gets from its gate (the compute of the
@@ -137,7 +146,7 @@ class StreamScheduler:
             deadline = predict_need(unit.needed_by, now, self.predicted, self.starts)
             if self.anytime and unit.needed_by == 0:
                 deadline = self.startup_until = max(deadline, now + self.startup_lead_s, self.startup_until)
-            d = self.policy.choose(unit, now, deadline, self.monitor)
+            d = self.policy.choose(unit, now, self.choice_deadline(unit, deadline, now), self.monitor)
             held = self.held.get(unit.index)
             if held is not None and d.level.error >= held.level.error:  # nothing better: no request
                 return UseHeld(unit, held, UnitRecord(unit.index, unit.needed_by, unit.label, held.level.label, 0,
