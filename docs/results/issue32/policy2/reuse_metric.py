@@ -2,7 +2,7 @@
 regret records, fit masked PSNR = a + b · 10·log10(estimated error) on the edits without fallbacks, and report how far
 the edits with a reuse sit from that fit (negative: the reuse cost more than its estimated error says).
 
-    python docs/results/issue32/policy2/reuse_metric.py docs/results/issue32/headline/*/records.jsonl.gz
+    python docs/results/issue32/policy2/reuse_metric.py docs/results/issue32/headline/session21/*/records.jsonl.gz
 """
 
 import ast

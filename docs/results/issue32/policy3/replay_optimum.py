@@ -4,7 +4,7 @@ does the optimum's trade hold on the runtime's clock, not only in the planner's 
 
     python docs/results/issue32/policy3/replay_optimum.py --workload vton --template vton-grace-hopper \\
         --request 2 --start 415.1 --trace ../shared/traces/4g5g-mixed-600s.csv \\
-        --records docs/results/issue32/headline/4g5g-mixed-600s/records.jsonl.gz \\
+        --records docs/results/issue32/headline/session21/4g5g-mixed-600s/records.jsonl.gz \\
         --calibration docs/results/issue32/headline/calibration.json [--packs DIR]
 """
 
