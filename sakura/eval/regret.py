@@ -369,8 +369,10 @@ def regret_stats(rows: list[dict]) -> dict:
     if not regs:
         return {}
 
-    for x in regs:  # (records from before the field: derived from the two PSNRs they hold)
-        x.setdefault("psnr_gap_visible_db", visible_gap_db(x.get("optimal_psnr_masked"), x.get("psnr_masked")))
+    # (records from before the visible gap was recorded: derived from the two PSNRs they hold, not written back)
+    regs = [x if "psnr_gap_visible_db" in x else
+            {**x, "psnr_gap_visible_db": visible_gap_db(x.get("optimal_psnr_masked"), x.get("psnr_masked"))}
+            for x in regs]
 
     def pct(key: str) -> dict:
         xs = [x[key] for x in regs if x.get(key) is not None and not math.isnan(x[key])]
