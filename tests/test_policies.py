@@ -2,11 +2,13 @@
 rebuild speed only from rebuilds that have finished."""
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from sakura.formats import FetchUnit, Level, StreamEncoding
 from sakura.net.traces import Trace
 from sakura.online.monitor import RebuildRate, RuntimeMonitor
-from sakura.online.policies import SakuraPolicy
+from sakura.online.policies import ErrorPrice, SakuraPolicy, lower_hull
 from sakura.runtime.compute import ComputeProfile
 from sakura.runtime.sim import LinkModel, simulate
 
@@ -134,3 +136,58 @@ def test_the_unpaced_link_pays_each_sub_requests_round_trip_once_the_link_is_fre
     assert paced.arrival(100_000, 0.0, 0.05, ranges) == pytest.approx(0.05 + 0.1)
     assert unpaced.arrival(100_000, 0.0, 0.05, ranges) == pytest.approx(0.05 + 3 * 0.002 + 0.1)
     assert unpaced.arrival(10_000, 0.0, 0.0, ranges[:1]) == pytest.approx(0.002 + 0.01)  # one range: one round trip
+
+
+# -- the flat top of a ladder (issue #32) --------------------------------------------------------------------------
+
+def _ladder(name: str, points: list[tuple[int, float]]) -> tuple[Level, ...]:
+    return tuple(Level(f"{name}{i}", n, e, (name, i)) for i, (n, e) in enumerate(points))
+
+
+# A unit whose last 2 MB cut error 1e-3 → 0 (what the top rungs of a shard look like), and units whose
+# next bytes still buy error at ~1e-6 per byte.
+FLAT_TOP = _ladder("top", [(100_000, 0.5), (1_000_000, 1e-3), (3_000_000, 0.0)])
+STEEP = _ladder("steep", [(100_000, 0.5), (300_000, 0.2), (600_000, 0.05)])
+
+
+@given(st.lists(st.lists(st.tuples(st.integers(1, 50), st.floats(0.0, 1.0)), min_size=1, max_size=6),
+                min_size=1, max_size=4), st.integers(0, 400))
+def test_the_error_price_is_where_an_equal_slope_allocation_of_the_budget_stops(ladders, budget):
+    units = [FetchUnit(i, i, f"u{i}", _ladder(f"u{i}", pts)) for i, pts in enumerate(ladders)]
+    for u in units:  # the frontier: every level on or above it, its gains falling
+        hull = lower_hull(u.levels)
+        gains = [(a.error - b.error) / (b.nbytes - a.nbytes) for a, b in zip(hull, hull[1:])]
+        assert all(g > 0 for g in gains) and gains == sorted(gains, reverse=True)
+        for lv in u.levels:
+            a = [h for h in hull if h.nbytes <= lv.nbytes][-1]
+            b = next((h for h in hull if h.nbytes > lv.nbytes), None)
+            on_chord = a.error if b is None else \
+                a.error - (a.error - b.error) * (lv.nbytes - a.nbytes) / (b.nbytes - a.nbytes)
+            assert lv.error >= on_chord - 1e-12
+    price = ErrorPrice(units).at(budget)
+
+    def spent(p: float) -> int:  # bytes of each unit's best level at error price p per byte
+        return sum(min(lower_hull(u.levels), key=lambda lv: (lv.error + p * lv.nbytes, lv.nbytes)).nbytes
+                   for u in units)
+
+    assert spent(price * (1 + 1e-9)) <= max(budget, spent(float("inf")))  # what it buys fits the budget …
+    if price > 0:
+        assert spent(price * (1 - 1e-9)) > budget  # … and one more segment would not
+
+
+def test_before_execution_starts_sakura_leaves_the_flat_top_of_a_ladder():
+    units = [FetchUnit(0, 0, "shard 0", FLAT_TOP)] + [FetchUnit(i, i, f"shard {i}", STEEP) for i in range(1, 8)]
+    monitor = RuntimeMonitor(initial_bps=8 * 10e6)  # 10 MB/s; window 0.8 · 0.5 s: every level fits
+    policy = SakuraPolicy(price_rebuild=False)
+    # the edit's bytes at R̂ · γ · compute = 10 MB/s · 0.8 · 0.3 s = 2.4 MB: the steep units stop short, so a
+    # byte is worth ~5e-7 of error; the top's last 2 MB cut 5e-10 per byte
+    policy.begin(units, 0.3, monitor.initial_bps)
+    assert policy.choose(units[0], 0.0, 0.5, monitor).level.label == "top2"  # once execution runs: as before
+    d = policy.choose_before_start(units[0], 0.0, 0.5, monitor)
+    assert d.level.label == "top1" and d.fits and d.budget_bytes == pytest.approx(4e6)
+    paper = SakuraPolicy(price_rebuild=False, flat_ratio=None)
+    paper.begin(units, 0.3, monitor.initial_bps)
+    assert paper.choose_before_start(units[0], 0.0, 0.5, monitor).level.label == "top2"
+    # with bytes for every unit's top level, the price is 0 and the top is worth taking
+    policy.begin(units, 10.0, monitor.initial_bps)
+    assert policy.choose_before_start(units[0], 0.0, 0.5, monitor).level.label == "top2"

@@ -181,3 +181,30 @@ def test_a_wait_is_worth_what_was_asked_for(asked_at, expected):
     assert {a.level.label for a in asked} == {"top" if expected == WAIT else "small"}
     coming = [InFlight(a.least_bytes, 0.4 * a.least_bytes, 0.03, 0.2 * a.least_bytes, 0.03) for a in asked]
     assert sched.waiting(2, 0.15, coming).kind == expected
+
+
+class _Recording(SakuraPolicy):
+    """SAKURA's policy, noting which of its two choices each unit got."""
+
+    def __init__(self):
+        super().__init__()
+        self.before_start: list[int] = []
+
+    def choose_before_start(self, unit, now, deadline, monitor):
+        self.before_start.append(unit.index)
+        return super().choose_before_start(unit, now, deadline, monitor)
+
+
+def test_units_asked_for_before_execution_starts_are_chosen_as_such():
+    compute = _compute()
+    policy = _Recording()
+    sched = StreamScheduler(_TwoPerShard(len(compute.shards)), policy, compute, RuntimeMonitor(initial_bps=8e6))
+    sched.begin()
+    units = sched.encoding.units
+    for unit in units[:4]:  # shards 0 and 1 (ahead = 2): asked for at once
+        sched.request(unit, 0.0)
+    for unit in units[:2]:
+        sched.rebuilt(0, unit.levels[0], 0.01)
+    sched.shard_started(0, 0.1)
+    sched.request(units[4], 0.1)  # shard 2's first unit, at shard 0's start
+    assert policy.before_start == [0, 1, 2, 3]

@@ -354,13 +354,19 @@ class PerfectPrediction(Policy):
         self.inner.begin(units, compute_s, initial_bps)
 
     def choose(self, unit, now, deadline, monitor):
+        return self.inner.choose(unit, now, deadline, self._seen(now, deadline, monitor))
+
+    def choose_before_start(self, unit, now, deadline, monitor):
+        return self.inner.choose_before_start(unit, now, deadline, self._seen(now, deadline, monitor))
+
+    def _seen(self, now: float, deadline: float, monitor) -> "_Seen":
         window = getattr(self.inner, "gamma", 1.0) * max(0.0, deadline - now)
         t = self.start_s + now
         if window > 1e-6:
             rate = 8 * self.trace.bytes_between(t, t + window) / window
         else:
             rate = float(self.trace.rate_at(t)) * 1e6
-        return self.inner.choose(unit, now, deadline, _Seen(monitor, max(rate, 1.0)))
+        return _Seen(monitor, max(rate, 1.0))
 
 
 def regret_stats(rows: list[dict]) -> dict:

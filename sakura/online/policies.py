@@ -9,14 +9,19 @@ from earlier early arrivals.
 
 from __future__ import annotations
 
+import bisect
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from sakura.formats import FetchUnit, Level
 from sakura.online.monitor import RuntimeMonitor
 
 DEFAULT_GAMMA = 0.8
+# Before execution starts, a level's last bytes are not bought when they cut error by less than this share of
+# what the edit's marginal byte buys (its error price, :class:`ErrorPrice`); chosen on the traces' first
+# halves against 10 (docs/results/issue32/policy4/).
+DEFAULT_FLAT_RATIO = 3.0
 
 
 @dataclass
@@ -40,6 +45,11 @@ class Policy(ABC):
     @abstractmethod
     def choose(self, unit: FetchUnit, now: float, deadline: float, monitor: RuntimeMonitor) -> Decision: ...
 
+    def choose_before_start(self, unit: FetchUnit, now: float, deadline: float, monitor: RuntimeMonitor) -> Decision:
+        """:meth:`choose` for a unit asked for before execution starts, whose every byte delays the start
+        (nothing overlaps a transfer yet). Default: as any other unit."""
+        return self.choose(unit, now, deadline, monitor)
+
 
 def best_within(levels: tuple[Level, ...], budget: float | Callable[[Level], float]) -> tuple[Level, bool]:
     """Lowest error among levels that fit ``budget`` (bytes, or each level's own bytes allowance);
@@ -49,6 +59,53 @@ def best_within(levels: tuple[Level, ...], budget: float | Callable[[Level], flo
     if not fitting:
         return min(levels, key=lambda lv: lv.nbytes), False
     return min(fitting, key=lambda lv: (lv.error, lv.nbytes)), True
+
+
+def lower_hull(levels: tuple[Level, ...]) -> list[Level]:
+    """The levels on the lower convex frontier of (bytes, error), fewest bytes first: each next one cuts
+    error by less per extra byte than the one before (an equal-slope allocation only ever picks these)."""
+    hull: list[Level] = []
+    for lv in sorted(levels, key=lambda x: (x.nbytes, x.error)):
+        if hull and lv.error >= hull[-1].error:
+            continue
+        while len(hull) >= 2 and _gain(hull[-2], hull[-1]) <= _gain(hull[-1], lv):
+            hull.pop()
+        hull.append(lv)
+    return hull
+
+
+def _gain(a: Level, b: Level) -> float:
+    """Error cut per extra byte from ``a`` to ``b``."""
+    return (a.error - b.error) / max(1, b.nbytes - a.nbytes)
+
+
+class ErrorPrice:
+    """The marginal error per byte of the whole edit at a byte budget: the slope at which an equal-slope
+    allocation of ``budget`` bytes over every unit's frontier (:func:`lower_hull`) stops — what one more
+    byte would buy at the best unit still short of its top. Errors are summed over units, so this needs a
+    format whose levels share one metric (the SAKURA pack's)."""
+
+    def __init__(self, units: list[FetchUnit]):
+        steps = []  # (gain per byte, extra bytes) of every frontier segment of every unit
+        self.floor = 0
+        for u in units:
+            hull = lower_hull(u.levels)
+            if not hull:
+                continue
+            self.floor += hull[0].nbytes
+            steps += [(_gain(a, b), b.nbytes - a.nbytes) for a, b in zip(hull, hull[1:])]
+        steps.sort(key=lambda g: -g[0])
+        self.gains = [g for g, _ in steps]
+        self.cumulative = []  # bytes of the allocation once the first k segments are bought
+        total = self.floor
+        for _, n in steps:
+            total += n
+            self.cumulative.append(total)
+
+    def at(self, budget_bytes: float) -> float:
+        """Error per byte of the first segment ``budget_bytes`` does not buy (0: it buys every top level)."""
+        k = bisect.bisect_right(self.cumulative, budget_bytes)
+        return self.gains[k] if k < len(self.gains) else 0.0
 
 
 class WindowPolicy(Policy):
@@ -62,24 +119,48 @@ class WindowPolicy(Policy):
 
     def choose(self, unit, now, deadline, monitor):
         window = self.gamma * max(0.0, deadline - now)  # the transfer window γ·(deadline − now)
+        level, fits = best_within(unit.levels, lambda lv: self.allowance(lv, window, monitor))
+        return Decision(level, monitor.rate_bps, window, self.allowance(level, window, monitor), fits)
 
-        def allowance(lv: Level) -> float:  # the bytes that arrive in time to leave lv's rebuild room
-            rebuild_s = monitor.rebuild.seconds(lv.work) if self.price_rebuild else 0.0
-            return monitor.rate_bps / 8 * (window - rebuild_s)
-
-        level, fits = best_within(unit.levels, allowance)
-        return Decision(level, monitor.rate_bps, window, allowance(level), fits)
+    def allowance(self, level: Level, window: float, monitor: RuntimeMonitor) -> float:
+        """The bytes that arrive within ``window`` and leave ``level``'s rebuild room."""
+        rebuild_s = monitor.rebuild.seconds(level.work) if self.price_rebuild else 0.0
+        return monitor.rate_bps / 8 * (window - rebuild_s)
 
 
 class SakuraPolicy(WindowPolicy):
     """Per-shard budget = R̂ · γ(T_ovlp + H); best profiled (r, b_A, b_B) within it, less the level's
     rebuild: higher ranks cost more rebuild for the same bytes (``Level.work``). The paper's rule takes
-    rebuild as free (``price_rebuild=False``)."""
+    rebuild as free (``price_rebuild=False``).
+
+    Before execution starts it leaves the flat top of a unit's ladder (``flat_ratio``): levels whose extra
+    bytes cut error by less than 1/``flat_ratio`` of the edit's error price at R̂ · γ · compute
+    (:class:`ErrorPrice`), since those bytes delay the start one for one and the clairvoyant optimum never
+    buys them (issue #32). Later units keep the rule above: bytes one leaves do not reach another (each is
+    asked for at its gate), so a cut there trades quality for latency. ``flat_ratio=None``: the paper's rule."""
 
     name = "sakura"
 
-    def __init__(self, gamma: float = DEFAULT_GAMMA, price_rebuild: bool = True):
+    def __init__(self, gamma: float = DEFAULT_GAMMA, price_rebuild: bool = True,
+                 flat_ratio: float | None = DEFAULT_FLAT_RATIO):
         super().__init__(gamma, price_rebuild)
+        self.flat_ratio = flat_ratio
+        self.price: ErrorPrice | None = None
+
+    def begin(self, units, compute_s, initial_bps):
+        super().begin(units, compute_s, initial_bps)
+        self.compute_s = compute_s
+        self.price = ErrorPrice(units) if self.flat_ratio else None
+
+    def choose_before_start(self, unit, now, deadline, monitor):
+        d = self.choose(unit, now, deadline, monitor)
+        if self.price is None or not d.fits:
+            return d
+        per_byte = self.price.at(monitor.rate_bps / 8 * self.gamma * self.compute_s) / self.flat_ratio
+        cheaper = [lv for lv in lower_hull(unit.levels)
+                   if lv.nbytes < d.level.nbytes and lv.nbytes <= self.allowance(lv, d.window_s, monitor)]
+        level = min([d.level, *cheaper], key=lambda lv: (lv.error + per_byte * lv.nbytes, lv.nbytes))
+        return replace(d, level=level, budget_bytes=self.allowance(level, d.window_s, monitor))
 
 
 class Fp16Policy(Policy):

@@ -146,7 +146,8 @@ class StreamScheduler:
             deadline = predict_need(unit.needed_by, now, self.predicted, self.starts)
             if self.anytime and unit.needed_by == 0:
                 deadline = self.startup_until = max(deadline, now + self.startup_lead_s, self.startup_until)
-            d = self.policy.choose(unit, now, self.choice_deadline(unit, deadline, now), self.monitor)
+            choose = self.policy.choose if self.starts[0] is not None else self.policy.choose_before_start
+            d = choose(unit, now, self.choice_deadline(unit, deadline, now), self.monitor)
             held = self.held.get(unit.index)
             if held is not None and d.level.error >= held.level.error:  # nothing better: no request
                 return UseHeld(unit, held, UnitRecord(unit.index, unit.needed_by, unit.label, held.level.label, 0,
