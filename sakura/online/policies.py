@@ -135,8 +135,8 @@ class SakuraPolicy(WindowPolicy):
 
     Before execution starts it leaves the flat top of a unit's ladder (``flat_ratio``): levels whose extra
     bytes cut error by less than 1/``flat_ratio`` of the edit's error price at R̂ · γ · compute
-    (:class:`ErrorPrice`), since those bytes delay the start one for one and the clairvoyant optimum never
-    buys them (issue #32). Later units keep the rule above: bytes one leaves do not reach another (each is
+    (:class:`ErrorPrice`): those bytes delay the start one for one, and an optimum of summed error buys them
+    last (issue #32). Later units keep the rule above: bytes one leaves do not reach another (each is
     asked for at its gate), so a cut there trades quality for latency. ``flat_ratio=None``: the paper's rule."""
 
     name = "sakura"
