@@ -208,3 +208,37 @@ def test_units_asked_for_before_execution_starts_are_chosen_as_such():
     sched.shard_started(0, 0.1)
     sched.request(units[4], 0.1)  # shard 2's first unit, at shard 0's start
     assert policy.before_start == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("anytime, need", [(True, 0.1 + 0.05), (False, 0.02 + 0.05)])
+def test_a_later_shard_asked_for_before_the_start_is_chosen_for_after_the_hold(anytime, need):
+    """Shard 0 waits out the start-up hold (two shards' compute, 0.1 s) for its bytes, so shard 1 is needed no
+    sooner than the hold's end plus shard 0's compute (0.15 s), not the prelude's end plus it (0.07 s): chosen for
+    the later need, shard 1's units afford the top level at 0.5 MB/s. Without anytime shards there is no hold."""
+    compute = _compute()
+    sched = StreamScheduler(_TwoPerShard(len(compute.shards)), SakuraPolicy(), compute,
+                            RuntimeMonitor(initial_bps=4e6), anytime=anytime)
+    sched.begin()
+    units = sched.encoding.units
+    for unit in units[:2]:
+        sched.request(unit, 0.0)
+    asked = sched.request(units[2], 0.0)
+    assert asked.record.deadline_t == pytest.approx(need)
+    assert asked.level.label == ("top" if anytime else "small")
+
+
+def test_a_start_in_the_future_of_a_request_is_not_yet_a_start():
+    """The simulated clock settles shard 0 before it books shard 1's units at their (earlier) request times:
+    the device that asked then had not started executing."""
+    compute = _compute()
+    policy = _Recording()
+    sched = StreamScheduler(_TwoPerShard(len(compute.shards)), policy, compute, RuntimeMonitor(initial_bps=8e6))
+    sched.begin()
+    units = sched.encoding.units
+    for unit in units[:2]:
+        sched.request(unit, 0.0)
+        sched.rebuilt(0, unit.levels[0], 0.01)
+    sched.shard_started(0, 0.1)
+    sched.request(units[2], 0.0)  # asked for at 0 s, booked after shard 0's start at 0.1 s was settled
+    sched.request(units[4], 0.1)  # asked for at shard 0's start
+    assert policy.before_start == [0, 1, 2]
