@@ -127,9 +127,10 @@ class StreamScheduler:
         return sum(self.predicted.shard_s[:self.ahead])
 
     def after_hold(self, shard: int) -> float:
-        """When execution reaches ``shard`` if shard 0 starts at the end of the start-up hold (its units were
-        chosen to fill it): a later shard's unit asked for before the start is needed no sooner, and chosen
-        for the prelude's end instead it would take the poorer level the optimum never picks (issue #32)."""
+        """When execution reaches ``shard`` if shard 0 starts at the end of the start-up hold (a progressive
+        pack's shard 0 is chosen to fill it): a later shard's unit asked for before the start is needed no
+        sooner, and chosen for the prelude's end instead it would take the poorer level the optimum never picks
+        (issue #32). A format whose shard 0 keeps the margin γ starts earlier than this (policy5's next step)."""
         return max(self.startup_until, self.predicted.prelude_s) + sum(self.predicted.shard_s[:shard])
 
     # -- requests ---------------------------------------------------------------------------------
