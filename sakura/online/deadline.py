@@ -8,11 +8,14 @@ if TYPE_CHECKING:
     from sakura.runtime.compute import ComputeProfile
 
 
-def predict_need(shard: int, now: float, compute: "ComputeProfile", starts: list[float | None]) -> float:
+def predict_need(shard: int, now: float, compute: "ComputeProfile", starts: list[float | None],
+                 hold_until: float = 0.0) -> float:
     """When execution will reach ``shard``, predicted at ``now``: the shard in progress finishes on
     its measured time, later ones take their measured times, no stalls. ``starts[k]`` is when shard
-    k started executing (None: not yet)."""
-    t, c = compute.prelude_s, compute.shard_s
+    k started executing (None: not yet); shard 0 starts no sooner than ``hold_until`` (the runtime's
+    start-up hold, which a progressive pack's shard 0 is chosen to fill; one that keeps the margin γ
+    starts earlier: issue #32, policy5's next step)."""
+    t, c = max(compute.prelude_s, hold_until), compute.shard_s
     for k in range(shard):
         s = starts[k]
         if s is None or s > now:  # not started yet: waiting on data (or in the prelude)

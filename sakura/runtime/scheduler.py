@@ -126,13 +126,6 @@ class StreamScheduler:
         (issue #32 item 3)."""
         return sum(self.predicted.shard_s[:self.ahead])
 
-    def after_hold(self, shard: int) -> float:
-        """When execution reaches ``shard`` if shard 0 starts at the end of the start-up hold (a progressive
-        pack's shard 0 is chosen to fill it): a later shard's unit asked for before the start is needed no
-        sooner, and chosen for the prelude's end instead it would take the poorer level the optimum never picks
-        (issue #32). A format whose shard 0 keeps the margin γ starts earlier than this (policy5's next step)."""
-        return max(self.startup_until, self.predicted.prelude_s) + sum(self.predicted.shard_s[:shard])
-
     # -- requests ---------------------------------------------------------------------------------
     def gate(self, unit: FetchUnit) -> int | None:
         """The shard whose start lets ``unit`` be asked for (None: at once): at most ``ahead`` shards wait
@@ -150,14 +143,15 @@ class StreamScheduler:
                 return None
             self.asked.add(unit.index)
             unit = self.encoding.priced(unit)
-            deadline = predict_need(unit.needed_by, now, self.predicted, self.starts)
+            # (a later shard's unit asked for before the start is needed after the hold, not after the prelude:
+            # chosen for the prelude's end it takes the poorer level the optimum never picks, issue #32)
+            deadline = predict_need(unit.needed_by, now, self.predicted, self.starts,
+                                    hold_until=self.startup_until if self.anytime else 0.0)
             # (the simulated clock books a unit after it settled the shards before its own: a start in the
             # future of ``now`` had not happened when the device asked)
             before_start = self.starts[0] is None or self.starts[0] > now
             if self.anytime and unit.needed_by == 0:
                 deadline = self.startup_until = max(deadline, now + self.startup_lead_s, self.startup_until)
-            elif self.anytime and before_start:
-                deadline = max(deadline, self.after_hold(unit.needed_by))
             choose = self.policy.choose_before_start if before_start else self.policy.choose
             d = choose(unit, now, self.choice_deadline(unit, deadline, now), self.monitor)
             held = self.held.get(unit.index)
