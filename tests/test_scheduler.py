@@ -227,6 +227,22 @@ def test_a_later_shard_asked_for_before_the_start_is_chosen_for_after_the_hold(a
     assert asked.level.label == ("top" if anytime else "small")
 
 
+def test_a_later_shard_asked_for_before_the_start_is_needed_when_shard_0_comes():
+    """At 2 MB/s shard 0's two top-level units (80 kB) are through at 0.04 s and rebuilt 0.01 s later (1 ns
+    per work unit), half-way through the 0.1 s hold; execution starts then, so shard 1 is needed at
+    0.05 + 0.05 s, not at the hold's end plus shard 0's compute (0.15 s)."""
+    compute = _compute()
+    monitor = RuntimeMonitor(initial_bps=16e6)
+    monitor.rebuild.prior = 1e-9
+    sched = StreamScheduler(_TwoPerShard(len(compute.shards)), SakuraPolicy(), compute, monitor, anytime=True)
+    sched.begin()
+    units = sched.encoding.units
+    assert [sched.request(u, 0.0).level.label for u in units[:2]] == ["top", "top"]
+    assert sched.startup_at == pytest.approx(0.04 + 0.01)
+    asked = sched.request(units[2], 0.0)
+    assert asked.record.deadline_t == pytest.approx(0.05 + 0.05)
+
+
 def test_a_start_in_the_future_of_a_request_is_not_yet_a_start():
     """The simulated clock settles shard 0 before it books shard 1's units at their (earlier) request times:
     the device that asked then had not started executing."""

@@ -12,9 +12,8 @@ def predict_need(shard: int, now: float, compute: "ComputeProfile", starts: list
                  hold_until: float = 0.0) -> float:
     """When execution will reach ``shard``, predicted at ``now``: the shard in progress finishes on
     its measured time, later ones take their measured times, no stalls. ``starts[k]`` is when shard
-    k started executing (None: not yet); shard 0 starts no sooner than ``hold_until`` (the runtime's
-    start-up hold, which a progressive pack's shard 0 is chosen to fill; one that keeps the margin γ
-    starts earlier: issue #32, policy5's next step)."""
+    k started executing (None: not yet); shard 0 starts no sooner than ``hold_until`` (when the runtime
+    predicts it: the start-up hold's end, or sooner when shard 0's bytes are through before it)."""
     t, c = max(compute.prelude_s, hold_until), compute.shard_s
     for k in range(shard):
         s = starts[k]

@@ -102,6 +102,9 @@ class StreamScheduler:
         self.local_from_step: int | None = None
         # (anytime) execution cuts shard 0 no earlier than this: the deadline its units were chosen for
         self.startup_until = 0.0
+        # (anytime) when shard 0's asked-for bytes are predicted through at R̂, and rebuilt: execution starts
+        # then if that is before the hold's end (a level chosen with the margin γ, or for less than the hold)
+        self.startup_arrival = self.startup_ready = 0.0
         self._lock = threading.RLock()
 
     def begin(self) -> None:
@@ -126,6 +129,17 @@ class StreamScheduler:
         (issue #32 item 3)."""
         return sum(self.predicted.shard_s[:self.ahead])
 
+    @property
+    def startup_at(self) -> float:
+        """(anytime) When shard 0 is predicted to start as the device sees it (0: not yet known): its asked-for
+        bytes through at R̂ and rebuilt, at the hold's end at the latest (execution cuts them there)."""
+        return min(self.startup_until, self.startup_ready) if self.anytime else 0.0
+
+    def _startup_asked(self, level: Level, nbytes: int, now: float) -> None:
+        """Shard 0's unit asked for ``nbytes`` at ``level``: its bytes queue behind shard 0's others on the link."""
+        self.startup_arrival = max(self.startup_arrival, now) + nbytes * 8 / max(self.monitor.rate_bps, 1.0)
+        self.startup_ready = max(self.startup_ready, self.startup_arrival + self.monitor.rebuild.seconds(level.work))
+
     # -- requests ---------------------------------------------------------------------------------
     def gate(self, unit: FetchUnit) -> int | None:
         """The shard whose start lets ``unit`` be asked for (None: at once): at most ``ahead`` shards wait
@@ -143,10 +157,9 @@ class StreamScheduler:
                 return None
             self.asked.add(unit.index)
             unit = self.encoding.priced(unit)
-            # (a later shard's unit asked for before the start is needed after the hold, not after the prelude:
-            # chosen for the prelude's end it takes the poorer level the optimum never picks, issue #32)
-            deadline = predict_need(unit.needed_by, now, self.predicted, self.starts,
-                                    hold_until=self.startup_until if self.anytime else 0.0)
+            # (a later shard's unit asked for before the start is needed after shard 0 starts, not after the
+            # prelude: chosen for the prelude's end it takes the poorer level the optimum never picks, issue #32)
+            deadline = predict_need(unit.needed_by, now, self.predicted, self.starts, hold_until=self.startup_at)
             # (the simulated clock books a unit after it settled the shards before its own: a start in the
             # future of ``now`` had not happened when the device asked)
             before_start = self.starts[0] is None or self.starts[0] > now
@@ -160,6 +173,8 @@ class StreamScheduler:
                                                       d.budget_bytes, d.window_s, d.rate_bps / 1e6, True, now,
                                                       deadline_t=deadline, prefetched=True, rung=held.level.rung))
             ranges = self.encoding.ranges(unit, d.level)
+            if self.anytime and unit.needed_by == 0:
+                self._startup_asked(d.level, sum(n for _, n in ranges), now)
             prefixes = self.encoding.prefixes(unit, d.level, ranges) if self.anytime else [(d.level, len(ranges))]
             self.wait_error.setdefault(unit.needed_by, []).append(prefixes[0][0].error)
             rec = UnitRecord(unit.index, unit.needed_by, unit.label, d.level.label, sum(n for _, n in ranges),
