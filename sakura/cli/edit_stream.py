@@ -23,7 +23,7 @@ from sakura.net.failover import failover_for_servers
 from sakura.net.kernel import KernelLinkError, check_link, entered, link_for_command
 from sakura.net.stores import is_store_url
 from sakura.net.traces import load_trace
-from sakura.offline.builder import build_template
+from sakura.offline.builder import build_template, template_lock
 from sakura.runtime.backends import NO_LOCAL, BackendChoice, programs_beside
 from sakura.runtime.calibration import CalibrationStore
 from sakura.runtime.session import DeviceRuntime, EditInput, Network
@@ -53,9 +53,10 @@ def ensure_packs(packs: Path | str, template, model_path=None) -> None:
             build_into_store(template, store, progress=lambda s: typer.echo(f"  {s}", err=True))
         return
     packs = Path(packs)
-    if not (packs / f"{file_id(template.id, 'sakura')}.pack").exists():
-        typer.echo(f"building packs for {template.id} into {packs} (first time only)…", err=True)
-        build_template(template, packs, model_path=model_path, progress=lambda s: typer.echo(f"  {s}", err=True))
+    with template_lock(packs, template.id):  # (another process may be building it: its pack is whole after)
+        if not (packs / f"{file_id(template.id, 'sakura')}.pack").exists():
+            typer.echo(f"building packs for {template.id} into {packs} (first time only)…", err=True)
+            build_template(template, packs, model_path=model_path, progress=lambda s: typer.echo(f"  {s}", err=True))
 
 
 def stream_edit(*, template: str, reference, prompt, out: Path, as_json: bool, catalog=None, policy: str = "sakura",

@@ -32,7 +32,7 @@ from sakura.kvcache import KVCache
 from sakura.net.folder import FolderSource
 from sakura.net.stores import is_store_url, open_store
 from sakura.net.traces import Trace, TraceError, load_trace
-from sakura.offline.builder import DEFAULT_BASIS, DEFAULT_LAYOUT, build_template
+from sakura.offline.builder import DEFAULT_BASIS, DEFAULT_LAYOUT, build_template, template_lock
 from sakura.offline.publish import BuildSettings, build_into_store
 from sakura.online.monitor import DEFAULT_ESTIMATOR
 from sakura.places import default_packs
@@ -128,9 +128,10 @@ def prepare_template(tpl, packs: Path, max_rank: int = 128, q: float = 0.5, say:
         say(f"{tpl.id}: device compute from the calibration (measured now if it has none)")
         return TemplateBench(tpl, packs, calibration or CalibrationStore(repeats=repeats))
     packs = Path(packs)
-    if not current_pack(packs / f"{file_id(tpl.id, 'sakura')}.pack"):
-        say(f"building packs for {tpl.id}")
-        build_template(tpl, packs, max_rank=max_rank, q=q)
+    with template_lock(packs, tpl.id):  # (checked again under the lock: another process may be building it)
+        if not current_pack(packs / f"{file_id(tpl.id, 'sakura')}.pack"):
+            say(f"building packs for {tpl.id}")
+            build_template(tpl, packs, max_rank=max_rank, q=q)
     say(f"{tpl.id}: device compute from the calibration (measured now if it has none)")
     return TemplateBench(tpl, packs, calibration or CalibrationStore(repeats=repeats))
 

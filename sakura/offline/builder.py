@@ -9,11 +9,14 @@ in a served file (the server serves ``*.pack`` files only).
 
 from __future__ import annotations
 
+import fcntl
 import json
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -159,6 +162,35 @@ def check_top(model: DiTAdapter, template, cache: KVCache, out: Path, candidates
     return tuple(best), tried
 
 
+_LOCKS: dict[Path, tuple[threading.RLock, list]] = {}  # per lock file: its thread lock, [open file, depth]
+_LOCKS_GUARD = threading.Lock()
+
+
+@contextmanager
+def template_lock(out_dir: str | Path, template_id: str) -> Iterator[None]:
+    """Hold the folder's lock for ``template_id``: one builder writes a template's files at a time, across
+    processes (``flock``) and threads; re-entrant in the thread that holds it. A folder's files are written
+    in place, so a second builder (or a bench building what it found missing) would interleave its writes."""
+    path = (Path(out_dir) / f".{template_id}.build.lock").resolve()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _LOCKS_GUARD:
+        lock, held = _LOCKS.setdefault(path, (threading.RLock(), [None, 0]))
+    with lock:
+        if held[1] == 0:
+            f = open(path, "a")
+            fcntl.flock(f, fcntl.LOCK_EX)
+            held[0] = f
+        held[1] += 1
+        try:
+            yield
+        finally:
+            held[1] -= 1
+            if held[1] == 0:
+                fcntl.flock(held[0], fcntl.LOCK_UN)
+                held[0].close()
+                held[0] = None
+
+
 def build_template(template, out_dir: str | Path, *, q: float = 0.5, max_rank: int = DEFAULT_MAX_RANK,
                    shard_size: int = DEFAULT_SHARD_SIZE, model_path: str | Path | None = None,
                    encodings: tuple[str, ...] = tuple(FORMATS), layout: str = DEFAULT_LAYOUT,
@@ -171,77 +203,77 @@ def build_template(template, out_dir: str | Path, *, q: float = 0.5, max_rank: i
     every level's decoded rank (:func:`pack_options`). ``ladder``: add the rungs above the allocated levels
     up to the FP16 values (pack v3, :mod:`sakura.offline.ladder`; needs the v2 layout and the FP16 file)."""
     pack_options(max_rank, layout, basis, rebuild_rank=rebuild_rank)  # bad options fail before any work
-    say = progress or (lambda msg: None)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    model = model_for(template, model_path)
-    ids = {"model_id": model.model_id, "template_id": template.id}
-    seconds: dict[str, float] = {}
+    with template_lock(out_dir, template.id):  # a folder's files are written in place: one builder at a time
+        say = progress or (lambda msg: None)
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        model = model_for(template, model_path)
+        ids = {"model_id": model.model_id, "template_id": template.id}
+        seconds: dict[str, float] = {}
 
-    t0 = time.perf_counter()
-    say("capture")
-    cache = model.capture(capture_request(template, model)).to(torch.float16)
-    seconds["capture"] = time.perf_counter() - t0
-
-    t0 = time.perf_counter()
-    say("importance")
-    importance = profile_importance(model, template, cache)
-    save_file({f"{s}.{l}": v.contiguous() for (s, l), v in importance.items()},
-              str(out / f"{template.id}.importance.safetensors"))
-    seconds["importance"] = time.perf_counter() - t0
-
-    checked = basis == "auto" and layout == "allocated" and {"sakura", "sakura-v1"} <= set(encodings)
-    first = top_candidates[0] if checked else (basis, SHARED_TOP_SHARE)
-
-    def write(fmt, candidate: tuple[str, float] = first) -> Path:
-        path = out / f"{fmt.file_id(template.id)}.pack"
-        if fmt.from_factors:  # the format stores what the offline compression computes, not the cache
-            options = pack_options(max_rank, fmt.layout or layout, *candidate, rebuild_rank=rebuild_rank)
-            shards = lambda done, total, name=fmt.name: say(f"{name} shard {done}/{total}")  # noqa: E731
-            fmt.write(path, compress_cache(cache, importance, q=q, shard_size=shard_size, progress=shards, **options),
-                      **ids)
-        else:
-            fmt.write(path, cache, shard_size=shard_size, **ids)
-        return path
-
-    storage = {}
-    for fmt in (FORMATS[name] for name in encodings):
         t0 = time.perf_counter()
-        say(fmt.name)
-        storage[fmt.name] = write(fmt).stat().st_size
-        seconds[fmt.name] = time.perf_counter() - t0
+        say("capture")
+        cache = model.capture(capture_request(template, model)).to(torch.float16)
+        seconds["capture"] = time.perf_counter() - t0
 
-    for name in (n for n in MEASURED if n in encodings):  # their stored errors only order levels
         t0 = time.perf_counter()
-        say(f"{name} level errors")
-        fmt = FORMATS[name]
-        path = out / f"{fmt.file_id(template.id)}.pack"
-        errors = measure_level_errors(fmt.encoding_cls(fmt.open(path)), file_reader(path),
-                                      lambda step, layer: (cache.unit(step, layer, "k"), cache.unit(step, layer, "v")),
-                                      importance)
-        write_level_errors(out, fmt.file_id(template.id), errors)
-        seconds[f"{name}_errors"] = time.perf_counter() - t0
-    kept, tried, ladder_storage = (None, None, None), [], None
-    if checked:
-        t0 = time.perf_counter()
-        kept, tried = check_top(model, template, cache, out, top_candidates,
-                                lambda candidate: write(FORMATS["sakura"], candidate), say)
-        storage["sakura"] = (out / f"{FORMATS['sakura'].file_id(template.id)}.pack").stat().st_size
-        seconds["top_check"] = time.perf_counter() - t0
-    if ladder and layout == "allocated" and {"sakura", "fp16"} <= set(encodings):
-        t0 = time.perf_counter()
-        say("ladder")  # the rungs above the allocated levels, after the top check chose those levels
-        pack = out / f"{FORMATS['sakura'].file_id(template.id)}.pack"
-        info = add_ladder(pack, out / f"{FORMATS['fp16'].file_id(template.id)}.pack",
-                          FORMATS["fp16"].file_id(template.id), importance)
-        storage["sakura"] = pack.stat().st_size
-        ladder_storage = info.storage()
-        seconds["ladder"] = time.perf_counter() - t0
-    report = BuildReport(template.id, model.model_id, q, max_rank, shard_size, cache.nbytes(), storage,
-                         {k: round(v, 3) for k, v in seconds.items()}, cache.num_reused, *kept, tried or None,
-                         rebuild_rank, ladder_storage)
-    (out / f"{template.id}.build.json").write_text(report.to_json())
-    return report
+        say("importance")
+        importance = profile_importance(model, template, cache)
+        save_file({f"{s}.{l}": v.contiguous() for (s, l), v in importance.items()},
+                  str(out / f"{template.id}.importance.safetensors"))
+        seconds["importance"] = time.perf_counter() - t0
+
+        checked = basis == "auto" and layout == "allocated" and {"sakura", "sakura-v1"} <= set(encodings)
+        first = top_candidates[0] if checked else (basis, SHARED_TOP_SHARE)
+
+        def write(fmt, candidate: tuple[str, float] = first) -> Path:
+            path = out / f"{fmt.file_id(template.id)}.pack"
+            if fmt.from_factors:  # the format stores what the offline compression computes, not the cache
+                options = pack_options(max_rank, fmt.layout or layout, *candidate, rebuild_rank=rebuild_rank)
+                shards = lambda done, total, name=fmt.name: say(f"{name} shard {done}/{total}")  # noqa: E731
+                factors = compress_cache(cache, importance, q=q, shard_size=shard_size, progress=shards, **options)
+                fmt.write(path, factors, **ids)
+            else:
+                fmt.write(path, cache, shard_size=shard_size, **ids)
+            return path
+
+        storage = {}
+        for fmt in (FORMATS[name] for name in encodings):
+            t0 = time.perf_counter()
+            say(fmt.name)
+            storage[fmt.name] = write(fmt).stat().st_size
+            seconds[fmt.name] = time.perf_counter() - t0
+
+        for name in (n for n in MEASURED if n in encodings):  # their stored errors only order levels
+            t0 = time.perf_counter()
+            say(f"{name} level errors")
+            fmt = FORMATS[name]
+            path = out / f"{fmt.file_id(template.id)}.pack"
+            reference = lambda step, layer: (cache.unit(step, layer, "k"), cache.unit(step, layer, "v"))  # noqa: E731
+            errors = measure_level_errors(fmt.encoding_cls(fmt.open(path)), file_reader(path), reference, importance)
+            write_level_errors(out, fmt.file_id(template.id), errors)
+            seconds[f"{name}_errors"] = time.perf_counter() - t0
+        kept, tried, ladder_storage = (None, None, None), [], None
+        if checked:
+            t0 = time.perf_counter()
+            kept, tried = check_top(model, template, cache, out, top_candidates,
+                                    lambda candidate: write(FORMATS["sakura"], candidate), say)
+            storage["sakura"] = (out / f"{FORMATS['sakura'].file_id(template.id)}.pack").stat().st_size
+            seconds["top_check"] = time.perf_counter() - t0
+        if ladder and layout == "allocated" and {"sakura", "fp16"} <= set(encodings):
+            t0 = time.perf_counter()
+            say("ladder")  # the rungs above the allocated levels, after the top check chose those levels
+            pack = out / f"{FORMATS['sakura'].file_id(template.id)}.pack"
+            info = add_ladder(pack, out / f"{FORMATS['fp16'].file_id(template.id)}.pack",
+                              FORMATS["fp16"].file_id(template.id), importance)
+            storage["sakura"] = pack.stat().st_size
+            ladder_storage = info.storage()
+            seconds["ladder"] = time.perf_counter() - t0
+        report = BuildReport(template.id, model.model_id, q, max_rank, shard_size, cache.nbytes(), storage,
+                             {k: round(v, 3) for k, v in seconds.items()}, cache.num_reused, *kept, tried or None,
+                             rebuild_rank, ladder_storage)
+        (out / f"{template.id}.build.json").write_text(report.to_json())
+        return report
 
 
 def build_with_progress(templates, out_dir: str | Path, **kw) -> list[BuildReport]:
