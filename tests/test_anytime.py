@@ -10,6 +10,7 @@ from sakura.net.traces import Trace
 from sakura.online.policies import DEFAULT_GAMMA
 from sakura.runtime.calibration import CalibrationStore
 from sakura.runtime.compute import ComputeProfile
+from sakura.runtime.scheduler import StreamScheduler
 from sakura.runtime.session import DeviceRuntime, Network
 
 STEADY = Trace(np.array([0.0, 30.0]), np.array([8.0]), "steady 8 Mbps")  # the budgets sit between levels
@@ -88,6 +89,27 @@ def test_a_collapsing_link_cuts_shards_short_instead_of_stalling(folder, clock):
         waited = session.simulate(req, anytime=False).timeline
         assert not any(u.requested_level for u in waited.units)
         assert tl.latency_s < waited.latency_s
+
+
+@pytest.mark.parametrize("clock", ["sim", "real"])
+def test_execution_waits_as_long_as_the_scheduler_asks_before_it_cuts(folder, clock, monkeypatch):
+    """Both clocks cut a shard's transfers when the scheduler says (:meth:`StreamScheduler.cut_at`), not when
+    execution reaches it: asked to wait 60 ms, every shard after the first that is cut stalls that long."""
+    tpl, runtime, req, raw = folder
+    asked = []
+
+    def cut_at(self, shard, now, remaining_bytes):
+        asked.append(shard)
+        return now + (0.06 if shard > 0 else 0.0)
+
+    monkeypatch.setattr(StreamScheduler, "cut_at", cut_at)
+    session = runtime.session(tpl, "sakura", Network(COLLAPSE, "collapse", 0.0, 1.0), fallbacks=False)
+    tl = (session.simulate(req) if clock == "sim" else session.run(req)).timeline
+    cut = {u.needed_by for u in tl.units if u.requested_level and u.needed_by > 0}
+    assert cut, "at 2 Mbps, 60 ms carry 15 kB: some later shard is still cut"
+    assert cut <= set(asked)
+    for k in cut:
+        assert tl.shards[k].stall_s >= 0.06 - 1e-6, (k, tl.shards[k].stall_s)
 
 
 def test_shard_0_gets_the_lead_of_every_later_unit_not_the_prelude(folder):

@@ -258,3 +258,13 @@ def test_a_start_in_the_future_of_a_request_is_not_yet_a_start():
     sched.request(units[2], 0.0)  # asked for at 0 s, booked after shard 0's start at 0.1 s was settled
     sched.request(units[4], 0.1)  # asked for at shard 0's start
     assert policy.before_start == [0, 1, 2]
+
+
+@pytest.mark.parametrize("remaining, waits", [(0, False), (1_000, True), (4_000, False)])
+def test_a_cut_waits_a_moment_for_a_rest_predicted_through_by_then(remaining, waits):
+    """A quarter of the shard's compute (12.5 ms) at 2 Mbps carries 3.1 kB: execution waits that long for 1 kB
+    still coming before it cuts, not for 4 kB; with nothing coming there is nothing to cut."""
+    compute = _compute()
+    sched = StreamScheduler(_TwoPerShard(len(compute.shards)), SakuraPolicy(), compute,
+                            RuntimeMonitor(initial_bps=2e6), anytime=True)
+    assert sched.cut_at(3, 0.4, remaining) == pytest.approx(0.4 + (0.25 * 0.05 if waits else 0.0))

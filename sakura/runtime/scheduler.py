@@ -79,6 +79,10 @@ class FallbackChoice:
 
 
 WAIT = "wait"
+# (anytime) Execution reaching a shard whose bytes are still coming waits this share of the shard's compute for
+# them when they are predicted through by then, rather than cutting at once: the clairvoyant optimum lets
+# execution wait a few ms for a level's last bytes where the runtime cut them to a poorer prefix (issue #32).
+CUT_WAIT_SHARE = 0.25
 
 
 class StreamScheduler:
@@ -87,8 +91,9 @@ class StreamScheduler:
 
     def __init__(self, encoding: StreamEncoding, policy: Policy, predicted: ComputeProfile, monitor: RuntimeMonitor,
                  ahead: int = 2, anytime: bool = True, fallback: FallbackContext | None = None,
-                 held: dict[int, HeldUnit] | None = None):
+                 held: dict[int, HeldUnit] | None = None, cut_wait_share: float = CUT_WAIT_SHARE):
         self.encoding, self.policy, self.predicted, self.monitor = encoding, policy, predicted, monitor
+        self.cut_wait_share = cut_wait_share
         self.ahead, self.anytime, self.fallback, self.held = ahead, anytime, fallback, held or {}
         n = len(predicted.shards)
         self.per_step = sum(1 for s, _, _ in predicted.shards if s == predicted.shards[0][0])
@@ -216,6 +221,17 @@ class StreamScheduler:
             self.starts[shard] = t
 
     # -- while execution waits -------------------------------------------------------------------
+    def cut_at(self, shard: int, now: float, remaining_bytes: float) -> float:
+        """(anytime) Execution reached ``shard`` at ``now`` (or shard 0's hold ended) with ``remaining_bytes`` of
+        its transfers not through: when to cut them to the prefixes that came. At once, or, when the rest is
+        predicted through at R̂ within ``cut_wait_share`` of the shard's compute, at the end of that wait (a
+        late prediction costs no more than it)."""
+        with self._lock:
+            wait = self.cut_wait_share * self.predicted.shard_s[shard]
+            if 0 < remaining_bytes and remaining_bytes * 8 / max(self.monitor.rate_bps, 1.0) <= wait:
+                return now + wait
+            return now
+
     def reuse_s(self, shard: int) -> float | None:
         """What running ``shard`` on its layers' K/V of one step earlier costs (their kept bytes' rebuild);
         None: the device keeps none (step 0, a format whose bytes do not decode twice, no data)."""

@@ -196,6 +196,8 @@ class _SimulatedEdit:
                 first = self.done
                 self.core_free = max(self.core_free, prev_end)
                 need = self._startup_need(prev_end) if k == 0 else prev_end
+                if self.anytime:
+                    need = self._cut_at(k, need)
                 while self.done < len(self.booked) and self.booked[self.done].unit.needed_by == k:
                     if not self.booked[self.done].dropped:
                         self.settle(self.booked[self.done], need)
@@ -221,6 +223,17 @@ class _SimulatedEdit:
         mine = [b for b in self.booked if b.unit.needed_by == 0 and not b.dropped]
         through = max((b.t_arr for b in mine), default=prelude_end)
         return max(prelude_end, min(self.sched.startup_until, through))
+
+    def _cut_at(self, k: int, need: float) -> float:
+        """When shard ``k``'s transfers still in flight at ``need`` are cut (the scheduler may wait a moment)."""
+        start = self.link.start_s
+        late = [b for b in self.booked[self.done:] if b.unit.needed_by == k and not b.dropped
+                and b.on_device is None and b.t_arr > need]  # (as the real clock: a held floor never waits)
+        if not late:
+            return need
+        self._observe_until(need)
+        through = lambda b: self.link.trace.bytes_between(start + b.begin, start + need) if need > b.begin else 0.0  # noqa: E731
+        return self.sched.cut_at(k, need, sum(max(0.0, b.nbytes - through(b)) for b in late))
 
     def book(self, u: FetchUnit) -> None:
         """Send one request when the device would (a free slot of ``inflight``, its gate shard started)."""

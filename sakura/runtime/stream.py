@@ -81,7 +81,8 @@ class StreamState:
     cut: list[threading.Event]  # per shard: execution reached it first (anytime: use what arrived)
     drop: list[threading.Event]  # per shard: a fallback replaced it (its transfers stop, its bytes go unused)
     kv: dict = field(default_factory=dict)
-    flights: dict = field(default_factory=dict)  # per shard: [(pending transfer, bytes of its smallest prefix)]
+    # per shard: [(pending transfer, bytes of its smallest prefix, bytes of all of it)]
+    flights: dict = field(default_factory=dict)
     kept: dict = field(default_factory=dict)  # per shard: the Received it was rebuilt from, until its next step starts
     error: BaseException | None = None
     held_bytes: int = 0
@@ -180,8 +181,6 @@ class StreamedEdit:
                 timeline.shard_ended(j - 1, asked)
             # shard 0's bytes were chosen to come by the start-up deadline: it is cut no earlier (fallbacks still look)
             cut_at = self.sched.startup_until if j == 0 else asked
-            if self.sched.anytime and not state.ready[j].is_set() and cut_at <= asked:
-                state.cut[j].set()  # use what has arrived (see _collect)
             if not self._wait_for(state, timeline, j, asked, cut_at if self.sched.anytime else None):
                 state.fail(StreamError(f"cache shard {j} did not arrive within {self.timeout_s:.0f} s"))
             if not self.sched.ready(j):  # woken by a failure, not by the shard
@@ -198,22 +197,36 @@ class StreamedEdit:
     def _wait_for(self, state: StreamState, timeline: Timeline, j: int, asked: float,
                   cut_at: float | None = None) -> bool:
         """Wait for shard ``j``'s cache, asking the scheduler every ``CHECK_EVERY_S`` whether to fall back, and
-        cutting its transfers at ``cut_at`` if they are still going (None: never); False on timeout."""
-        def cut_due() -> bool:
-            return cut_at is not None and not state.cut[j].is_set()
+        cutting its transfers at ``cut_at`` if they are still going (None: never: the scheduler may then wait a
+        moment longer for them, :meth:`StreamScheduler.cut_at`); False on timeout."""
+        decided = False
 
+        def cut_due() -> bool:
+            return cut_at is not None and not state.cut[j].is_set() and not state.ready[j].is_set()
+
+        def cut_if_due(now: float) -> None:
+            nonlocal cut_at, decided
+            if not cut_due() or now < cut_at:
+                return
+            if not decided:
+                decided = True
+                cut_at = self.sched.cut_at(j, now, self._remaining_bytes(state, j))
+                if cut_at > now:
+                    return
+            state.cut[j].set()  # use what has arrived (see _collect)
+
+        cut_if_due(state.now())
         if self.fallback is None:
-            if cut_due() and not state.ready[j].wait(max(0.0, cut_at - state.now())):
-                state.cut[j].set()
+            while cut_due() and not state.ready[j].wait(max(0.0, cut_at - state.now())):
+                cut_if_due(state.now())
             return state.ready[j].wait(self.timeout_s)
         while not state.ready[j].wait(min(CHECK_EVERY_S, max(0.0, cut_at - state.now())) if cut_due()
                                       else CHECK_EVERY_S):
             now = state.now()
-            if cut_due() and now >= cut_at:
-                state.cut[j].set()
+            cut_if_due(now)
             if state.error is not None or now - asked > self.timeout_s:
                 return state.ready[j].is_set()
-            flights = [self.link.progress(p, need) for p, need in state.flights.get(j, [])]
+            flights = [self.link.progress(p, need) for p, need, _ in state.flights.get(j, [])]
             choice = self.sched.waiting(j, now, flights)
             if choice.kind == WAIT:
                 continue
@@ -232,6 +245,10 @@ class StreamedEdit:
                 self._reuse(state, j, choice.reuse_from)
             return True
         return True
+
+    def _remaining_bytes(self, state: StreamState, j: int) -> float:
+        """Bytes of shard ``j``'s transfers not through yet, as the device sees them."""
+        return sum(max(0.0, total - self.link.progress(p).delivered) for p, _, total in state.flights.get(j, []))
 
     def _recompute(self, state: StreamState, choice: FallbackChoice) -> None:
         """The device computes step 0's K/V itself (one full forward of the template's own request): the
@@ -279,7 +296,8 @@ class StreamedEdit:
                     continue
                 pending = self.link.send(self.file_id, action.ranges)
                 if action.held is None:  # (a unit with a prefetched floor never waits on the link)
-                    state.flights.setdefault(unit.needed_by, []).append((pending, action.least_bytes))
+                    state.flights.setdefault(unit.needed_by, []).append(
+                        (pending, action.least_bytes, sum(n for _, n in action.ranges)))
                 sent.put(Sent(action, pending))
         except BaseException as e:  # noqa: BLE001 - handed to the executor, which raises it
             state.fail(StreamError(f"receiving the cache failed: {e}"))
