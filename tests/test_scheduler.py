@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from sakura.formats import FetchUnit, Level, StreamEncoding
 from sakura.online.fallback import FallbackContext, InFlight
 from sakura.online.monitor import RuntimeMonitor
-from sakura.online.policies import SakuraPolicy
+from sakura.online.policies import DEFAULT_GAMMA, CacheGenPolicy, SakuraPolicy
 from sakura.runtime.compute import ComputeProfile
 from sakura.runtime.prefetch import HeldUnit
 from sakura.runtime.scheduler import WAIT, Fetch, StreamScheduler, UseHeld
@@ -23,9 +23,9 @@ class _TwoPerShard(StreamEncoding):
 
     name = "two-per-shard"
 
-    def __init__(self, shards: int, redecodable: bool = True):
+    def __init__(self, shards: int, redecodable: bool = True, progressive: bool = False):
         self._units = [FetchUnit(2 * j + h, j, f"shard {j}/{h}", LEVELS) for j in range(shards) for h in range(2)]
-        self.redecodable = redecodable
+        self.redecodable, self.progressive = redecodable, progressive  # (progressive: anytime shards cut it)
 
     @property
     def units(self):
@@ -168,8 +168,8 @@ def test_a_wait_is_worth_what_was_asked_for(asked_at, expected):
     n = len(compute.shards)
     ctx = FallbackContext.for_edit(compute, STEPS, least_bytes=[2 * LEVELS[0].nbytes] * n, least_error=[0.5] * n,
                                    step_error=[None] * PER_STEP + [0.1] * (n - PER_STEP))
-    sched = StreamScheduler(_TwoPerShard(n), SakuraPolicy(), compute, RuntimeMonitor(initial_bps=8e6), ahead=2,
-                            fallback=ctx)
+    sched = StreamScheduler(_TwoPerShard(n, progressive=True), SakuraPolicy(), compute, RuntimeMonitor(initial_bps=8e6),
+                            ahead=2, fallback=ctx)
     sched.begin()
     units = sched.encoding.units
     for u in units[:4]:  # step 0 at the top level, rebuilt
@@ -216,7 +216,7 @@ def test_a_later_shard_asked_for_before_the_start_is_chosen_for_after_the_hold(a
     sooner than the hold's end plus shard 0's compute (0.15 s), not the prelude's end plus it (0.07 s): chosen for
     the later need, shard 1's units afford the top level at 0.5 MB/s. Without anytime shards there is no hold."""
     compute = _compute()
-    sched = StreamScheduler(_TwoPerShard(len(compute.shards)), SakuraPolicy(), compute,
+    sched = StreamScheduler(_TwoPerShard(len(compute.shards), progressive=True), SakuraPolicy(), compute,
                             RuntimeMonitor(initial_bps=4e6), anytime=anytime)
     sched.begin()
     units = sched.encoding.units
@@ -234,7 +234,8 @@ def test_a_later_shard_asked_for_before_the_start_is_needed_when_shard_0_comes()
     compute = _compute()
     monitor = RuntimeMonitor(initial_bps=16e6)
     monitor.rebuild.prior = 1e-9
-    sched = StreamScheduler(_TwoPerShard(len(compute.shards)), SakuraPolicy(), compute, monitor, anytime=True)
+    sched = StreamScheduler(_TwoPerShard(len(compute.shards), progressive=True), SakuraPolicy(), compute, monitor,
+                            anytime=True)
     sched.begin()
     units = sched.encoding.units
     assert [sched.request(u, 0.0).level.label for u in units[:2]] == ["top", "top"]
@@ -265,6 +266,26 @@ def test_a_cut_waits_a_moment_for_a_rest_predicted_through_by_then(remaining, wa
     """A quarter of the shard's compute (12.5 ms) at 2 Mbps carries 3.1 kB: execution waits that long for 1 kB
     still coming before it cuts, not for 4 kB; with nothing coming there is nothing to cut."""
     compute = _compute()
-    sched = StreamScheduler(_TwoPerShard(len(compute.shards)), SakuraPolicy(), compute,
+    sched = StreamScheduler(_TwoPerShard(len(compute.shards), progressive=True), SakuraPolicy(), compute,
                             RuntimeMonitor(initial_bps=2e6), anytime=True)
     assert sched.cut_at(3, 0.4, remaining) == pytest.approx(0.4 + (0.25 * 0.05 if waits else 0.0))
+
+
+@pytest.mark.parametrize("progressive", [False, True])
+def test_a_unit_that_cannot_be_cut_is_chosen_for_the_link_after_those_asked_before_it(progressive):
+    """Before the start, units asked for together queue on the link: one that must come whole by its need is
+    chosen for the window from when the bytes asked before it are through (at R̂), not from when it is asked,
+    so shard 1's does not count the start-up hold that shard 0's fill. A progressive unit is cut at its need to
+    what came: its window opens when it is asked for."""
+    compute = _compute()
+    sched = StreamScheduler(_TwoPerShard(len(compute.shards), progressive=progressive), CacheGenPolicy(), compute,
+                            RuntimeMonitor(initial_bps=4e6), anytime=True)
+    sched.begin()
+    queued = 0
+    for unit in sched.encoding.units[:4]:  # shards 0 and 1, all asked for at 0 s
+        rec = sched.request(unit, 0.0).record
+        opens = 0.0 if progressive else queued * 8 / 4e6
+        margin = 1.0 if progressive and unit.needed_by == 0 else DEFAULT_GAMMA  # (shard 0's: the whole hold)
+        assert rec.window_s == pytest.approx(margin * max(0.0, rec.deadline_t - opens)), unit.index
+        queued += rec.nbytes
+    assert queued * 8 / 4e6 > 0.05  # the units after the first open at least one shard's compute later

@@ -107,9 +107,10 @@ class StreamScheduler:
         self.local_from_step: int | None = None
         # (anytime) execution cuts shard 0 no earlier than this: the deadline its units were chosen for
         self.startup_until = 0.0
-        # (anytime) when shard 0's asked-for bytes are predicted through at R̂, and rebuilt: execution starts
-        # then if that is before the hold's end (a level chosen with the margin γ, or for less than the hold)
-        self.startup_arrival = self.startup_ready = 0.0
+        # before execution starts: when the bytes asked for so far are predicted through at R̂ (they queue on the
+        # link in order), and (anytime) when shard 0's are through and rebuilt: execution starts then if that is
+        # before the hold's end (a level chosen with the margin γ, or for less than the hold)
+        self.queued_until = self.startup_ready = 0.0
         self._lock = threading.RLock()
 
     def begin(self) -> None:
@@ -121,7 +122,7 @@ class StreamScheduler:
         come late and stall execution; shard 0's of a progressive encoding cannot stall it past the start-up
         hold (execution cuts them there to the prefix that came), so they are chosen for the whole hold, as
         the clairvoyant optimum spends it (issue #32): the margin would leave a fifth of it to wait out."""
-        if not (self.anytime and unit.needed_by == 0 and self.encoding.progressive):
+        if not (unit.needed_by == 0 and self.cuts):
             return deadline
         return now + (deadline - now) / getattr(self.policy, "gamma", 1.0)
 
@@ -140,10 +141,18 @@ class StreamScheduler:
         bytes through at R̂ and rebuilt, at the hold's end at the latest (execution cuts them there)."""
         return min(self.startup_until, self.startup_ready) if self.anytime else 0.0
 
-    def _startup_asked(self, level: Level, nbytes: int, now: float) -> None:
-        """Shard 0's unit asked for ``nbytes`` at ``level``: its bytes queue behind shard 0's others on the link."""
-        self.startup_arrival = max(self.startup_arrival, now) + nbytes * 8 / max(self.monitor.rate_bps, 1.0)
-        self.startup_ready = max(self.startup_ready, self.startup_arrival + self.monitor.rebuild.seconds(level.work))
+    def _asked_before_start(self, unit: FetchUnit, level: Level, nbytes: int, now: float) -> None:
+        """``nbytes`` of ``unit`` at ``level`` asked for before execution starts: they queue behind those asked
+        before them."""
+        self.queued_until = max(self.queued_until, now) + nbytes * 8 / max(self.monitor.rate_bps, 1.0)
+        if self.anytime and unit.needed_by == 0:
+            self.startup_ready = max(self.startup_ready, self.queued_until + self.monitor.rebuild.seconds(level.work))
+
+    @property
+    def cuts(self) -> bool:
+        """Execution takes a unit as far as it came when it needs it (anytime shards of a progressive pack);
+        otherwise it waits for all of it."""
+        return self.anytime and self.encoding.progressive
 
     # -- requests ---------------------------------------------------------------------------------
     def gate(self, unit: FetchUnit) -> int | None:
@@ -171,15 +180,19 @@ class StreamScheduler:
             if self.anytime and unit.needed_by == 0:
                 deadline = self.startup_until = max(deadline, now + self.startup_lead_s, self.startup_until)
             choose = self.policy.choose_before_start if before_start else self.policy.choose
-            d = choose(unit, now, self.choice_deadline(unit, deadline, now), self.monitor)
+            # (a level that cannot be cut must come whole by its need: before the start its window opens when the
+            # bytes asked before it are through, not when it is asked for — at 0 s, shard 1's would take the
+            # whole start-up hold, which shard 0's bytes fill, and stall execution)
+            opens = max(now, self.queued_until) if before_start and not self.cuts else now
+            d = choose(unit, opens, self.choice_deadline(unit, deadline, opens), self.monitor)
             held = self.held.get(unit.index)
             if held is not None and d.level.error >= held.level.error:  # nothing better: no request
                 return UseHeld(unit, held, UnitRecord(unit.index, unit.needed_by, unit.label, held.level.label, 0,
                                                       d.budget_bytes, d.window_s, d.rate_bps / 1e6, True, now,
                                                       deadline_t=deadline, prefetched=True, rung=held.level.rung))
             ranges = self.encoding.ranges(unit, d.level)
-            if self.anytime and unit.needed_by == 0:
-                self._startup_asked(d.level, sum(n for _, n in ranges), now)
+            if before_start:
+                self._asked_before_start(unit, d.level, sum(n for _, n in ranges), now)
             prefixes = self.encoding.prefixes(unit, d.level, ranges) if self.anytime else [(d.level, len(ranges))]
             self.wait_error.setdefault(unit.needed_by, []).append(prefixes[0][0].error)
             rec = UnitRecord(unit.index, unit.needed_by, unit.label, d.level.label, sum(n for _, n in ranges),
@@ -228,7 +241,7 @@ class StreamScheduler:
         late prediction costs no more than it)."""
         with self._lock:
             wait = self.cut_wait_share * self.predicted.shard_s[shard]
-            if 0 < remaining_bytes and remaining_bytes * 8 / max(self.monitor.rate_bps, 1.0) <= wait:
+            if self.cuts and 0 < remaining_bytes and remaining_bytes * 8 / max(self.monitor.rate_bps, 1.0) <= wait:
                 return now + wait
             return now
 

@@ -196,7 +196,7 @@ class _SimulatedEdit:
                 first = self.done
                 self.core_free = max(self.core_free, prev_end)
                 need = self._startup_need(prev_end) if k == 0 else prev_end
-                if self.anytime:
+                if self.sched.cuts:
                     need = self._cut_at(k, need)
                 while self.done < len(self.booked) and self.booked[self.done].unit.needed_by == k:
                     if not self.booked[self.done].dropped:
