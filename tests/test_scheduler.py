@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from sakura.formats import FetchUnit, Level, StreamEncoding
 from sakura.online.fallback import FallbackContext, InFlight
 from sakura.online.monitor import RuntimeMonitor
-from sakura.online.policies import DEFAULT_GAMMA, CacheGenPolicy, SakuraPolicy
+from sakura.online.policies import SakuraPolicy
 from sakura.runtime.compute import ComputeProfile
 from sakura.runtime.prefetch import HeldUnit
 from sakura.runtime.scheduler import WAIT, Fetch, StreamScheduler, UseHeld
@@ -269,23 +269,3 @@ def test_a_cut_waits_a_moment_for_a_rest_predicted_through_by_then(remaining, wa
     sched = StreamScheduler(_TwoPerShard(len(compute.shards), progressive=True), SakuraPolicy(), compute,
                             RuntimeMonitor(initial_bps=2e6), anytime=True)
     assert sched.cut_at(3, 0.4, remaining) == pytest.approx(0.4 + (0.25 * 0.05 if waits else 0.0))
-
-
-@pytest.mark.parametrize("progressive", [False, True])
-def test_a_unit_that_cannot_be_cut_is_chosen_for_the_link_after_those_asked_before_it(progressive):
-    """Before the start, units asked for together queue on the link: one that must come whole by its need is
-    chosen for the window from when the bytes asked before it are through (at R̂), not from when it is asked,
-    so shard 1's does not count the start-up hold that shard 0's fill. A progressive unit is cut at its need to
-    what came: its window opens when it is asked for."""
-    compute = _compute()
-    sched = StreamScheduler(_TwoPerShard(len(compute.shards), progressive=progressive), CacheGenPolicy(), compute,
-                            RuntimeMonitor(initial_bps=4e6), anytime=True)
-    sched.begin()
-    queued = 0
-    for unit in sched.encoding.units[:4]:  # shards 0 and 1, all asked for at 0 s
-        rec = sched.request(unit, 0.0).record
-        opens = 0.0 if progressive else queued * 8 / 4e6
-        margin = 1.0 if progressive and unit.needed_by == 0 else DEFAULT_GAMMA  # (shard 0's: the whole hold)
-        assert rec.window_s == pytest.approx(margin * max(0.0, rec.deadline_t - opens)), unit.index
-        queued += rec.nbytes
-    assert queued * 8 / 4e6 > 0.05  # the units after the first open at least one shard's compute later

@@ -184,11 +184,7 @@ class StreamScheduler:
             if self.anytime and unit.needed_by == 0:
                 deadline = self.startup_until = max(deadline, now + self.startup_lead_s, self.startup_until)
             choose = self.policy.choose_before_start if before_start else self.policy.choose
-            # (a level that cannot be cut must come whole by its need: before the start its window opens when the
-            # bytes asked before it are through, not when it is asked for — at 0 s, shard 1's would take the
-            # whole start-up hold, which shard 0's bytes fill, and stall execution)
-            opens = max(now, self.queued_until) if before_start and not self.cuts else now
-            d = choose(unit, opens, self.choice_deadline(unit, deadline, opens), self.monitor)
+            d = choose(unit, now, self.choice_deadline(unit, deadline, now), self.monitor)
             held = self.held.get(unit.index)
             if held is not None and d.level.error >= held.level.error:  # nothing better: no request
                 return UseHeld(unit, held, UnitRecord(unit.index, unit.needed_by, unit.label, held.level.label, 0,
