@@ -231,7 +231,6 @@ class _SimulatedEdit:
                 and b.on_device is None and b.t_arr > need]  # (as the real clock: a held floor never waits)
         if not late:
             return need
-        self._observe_until(need)
         through = lambda b: self.link.trace.bytes_between(start + b.begin, start + need) if need > b.begin else 0.0  # noqa: E731
         return self.sched.cut_at(k, need, sum(max(0.0, b.nbytes - through(b)) for b in late))
 
