@@ -197,8 +197,8 @@ class StreamedEdit:
     def _wait_for(self, state: StreamState, timeline: Timeline, j: int, asked: float,
                   cut_at: float | None = None) -> bool:
         """Wait for shard ``j``'s cache, asking the scheduler every ``CHECK_EVERY_S`` whether to fall back, and
-        cutting its transfers at ``cut_at`` if they are still going (None: never: the scheduler may then wait a
-        moment longer for them, :meth:`StreamScheduler.cut_at`); False on timeout."""
+        cutting its transfers at ``cut_at`` if they are still going (None: never; when it is due the scheduler may
+        move it a moment later, :meth:`StreamScheduler.cut_at`); False on timeout."""
         decided = False
 
         def cut_due() -> bool:
