@@ -108,10 +108,10 @@ class StreamScheduler:
         self.local_from_step: int | None = None
         # (anytime) execution cuts shard 0 no earlier than this: the deadline its units were chosen for
         self.startup_until = 0.0
-        # before execution starts: when the bytes asked for so far are predicted through at R̂ (they queue on the
-        # link in order), and (anytime) when shard 0's are through and rebuilt: execution starts then if that is
-        # before the hold's end (a level chosen with the margin γ, or for less than the hold)
-        self.queued_until = self.startup_ready = 0.0
+        # (anytime) when shard 0's asked-for bytes are predicted through at R̂ (queued on the link in order), and
+        # rebuilt: execution starts then if that is before the hold's end (a level chosen with the margin γ, or
+        # for less than the hold)
+        self.startup_arrival = self.startup_ready = 0.0
         self._lock = threading.RLock()
 
     def begin(self) -> None:
@@ -142,12 +142,10 @@ class StreamScheduler:
         bytes through at R̂ and rebuilt, at the hold's end at the latest (execution cuts them there)."""
         return min(self.startup_until, self.startup_ready) if self.anytime else 0.0
 
-    def _asked_before_start(self, unit: FetchUnit, level: Level, nbytes: int, now: float) -> None:
-        """``nbytes`` of ``unit`` at ``level`` asked for before execution starts: they queue behind those asked
-        before them."""
-        self.queued_until = max(self.queued_until, now) + nbytes * 8 / max(self.monitor.rate_bps, 1.0)
-        if self.anytime and unit.needed_by == 0:
-            self.startup_ready = max(self.startup_ready, self.queued_until + self.monitor.rebuild.seconds(level.work))
+    def _startup_asked(self, level: Level, nbytes: int, now: float) -> None:
+        """Shard 0's unit asked for ``nbytes`` at ``level``: its bytes queue behind shard 0's others on the link."""
+        self.startup_arrival = max(self.startup_arrival, now) + nbytes * 8 / max(self.monitor.rate_bps, 1.0)
+        self.startup_ready = max(self.startup_ready, self.startup_arrival + self.monitor.rebuild.seconds(level.work))
 
     @property
     def cuts(self) -> bool:
@@ -188,8 +186,8 @@ class StreamScheduler:
                                                       d.budget_bytes, d.window_s, d.rate_bps / 1e6, True, now,
                                                       deadline_t=deadline, prefetched=True, rung=held.level.rung))
             ranges = self.encoding.ranges(unit, d.level)
-            if before_start:
-                self._asked_before_start(unit, d.level, sum(n for _, n in ranges), now)
+            if self.anytime and unit.needed_by == 0:
+                self._startup_asked(d.level, sum(n for _, n in ranges), now)
             prefixes = self.encoding.prefixes(unit, d.level, ranges) if self.anytime else [(d.level, len(ranges))]
             self.wait_error.setdefault(unit.needed_by, []).append(prefixes[0][0].error)
             rec = UnitRecord(unit.index, unit.needed_by, unit.label, d.level.label, sum(n for _, n in ranges),
