@@ -192,3 +192,19 @@ def test_before_execution_starts_sakura_leaves_the_flat_top_of_a_ladder():
     # with bytes for every unit's top level, the price is 0 and the top is worth taking
     policy.begin(units, 10.0, monitor.initial_bps)
     assert policy.choose_before_start(units[0], 0.0, 0.5, monitor).level.label == "top2"
+
+
+def test_a_unit_whose_error_costs_the_output_more_keeps_its_top_before_the_start():
+    """Output weights (the output's masked MSE per unit of error) price a unit's ladder against the rest: the
+    flat top the price leaves on a unit of weight 1 is worth its bytes on a unit the output is 10⁴× more
+    sensitive to, and the edit's price itself counts the weights."""
+    steep = [FetchUnit(i, i, f"shard {i}", STEEP) for i in range(1, 8)]
+    monitor = RuntimeMonitor(initial_bps=8 * 10e6)
+    policy = SakuraPolicy(price_rebuild=False)
+    for weight, label in ((1.0, "top1"), (1e4, "top2")):
+        units = [FetchUnit(0, 0, "shard 0", FLAT_TOP, weight)] + steep
+        policy.begin(units, 0.3, monitor.initial_bps)
+        assert policy.choose_before_start(units[0], 0.0, 0.5, monitor).level.label == label
+    # the steep units' gains scaled by 10: the price at the same budget is 10× as high
+    scaled = [FetchUnit(i, i, f"shard {i}", STEEP, 10.0) for i in range(1, 8)]
+    assert ErrorPrice(scaled).at(2.4e6) == pytest.approx(10 * ErrorPrice(steep).at(2.4e6))

@@ -192,6 +192,9 @@ def build(
     rebuild_rank: Optional[int] = typer.Option(None, "--rebuild-rank", min=1, help="Cap every level's decoded "
                                                "rank (rebuild work grows with it): the target device's "
                                                "`rank_at_budget` from `sakura bench-device` (default: no cap)."),
+    output_weights_only: bool = typer.Option(False, "--output-weights-only", help="Only measure (again) each "
+                                             "SAKURA pack's per-shard output weights into its header (packs "
+                                             "built before them lack them); the packs must be in a folder."),
 ):
     """Offline: capture, profile importance, write the progressive pack and the baselines' files."""
     from sakura.catalog import load_catalog  # inside the command, as every library import here
@@ -200,6 +203,22 @@ def build(
     cat = load_catalog(catalog)
     chosen = [cat.get(t.strip()) for t in templates.split(",")] if templates else list(cat)
     out = packs_or_default(out)
+    if output_weights_only:
+        if is_store_url(out):
+            raise typer.BadParameter("--output-weights-only rewrites pack headers in a folder, not in a store")
+        from rich.progress import track
+
+        from sakura.formats import FORMATS
+        from sakura.offline.builder import remeasure_output_weights  # heavy (torch): inside the command
+
+        missing = [t.id for t in chosen if not (Path(out) / f"{FORMATS['sakura'].file_id(t.id)}.pack").is_file()]
+        if missing:
+            raise typer.BadParameter(f"no SAKURA pack in {out} for {', '.join(missing)}: build first")
+        for tpl in track(chosen, description="output weights"):
+            measured = remeasure_output_weights(tpl, Path(out), model_path)
+            typer.echo(f"{tpl.id}: output weight per shard {min(measured.weights):.3g} … {max(measured.weights):.3g}, "
+                       f"local masked MSE {measured.local_mse:.3g}")
+        return
     if ray is None and not is_store_url(out):  # the embedded default, exactly as before
         from sakura.offline.builder import build_with_progress  # heavy (torch): inside the command
 

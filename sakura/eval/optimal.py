@@ -54,11 +54,18 @@ from sakura.eval.plan_model import (
     step_stream,
 )
 
-ERROR_SLACK = 1e-9  # an option "at least as good" as a bound may be this much worse (stored rounding)
+# An option "at least as good" as a bound may be this much worse, relative to the bound (float rounding of sums;
+# relative, since errors weighted by the output (:mod:`sakura.offline.output_weights`) are as small as 1e-12).
+ERROR_SLACK = 1e-9
 DEFAULT_MAX_FRONT = 400  # states kept per shard; past it the front is thinned and the result bounded
 DEFAULT_BUDGET_S = 30.0
 PRE_THIN = 4  # at most this many × the front's limit go into the pairwise dominance check
 LATENCY_SLACK_S = 1e-9  # "within a latency" allows float rounding of the same schedule
+
+
+def at_most(error: float, bound: float) -> bool:
+    """``error`` is within ``bound`` up to the relative :data:`ERROR_SLACK`."""
+    return error <= bound + ERROR_SLACK * abs(bound)
 
 
 @dataclass
@@ -99,14 +106,14 @@ def _unit_choices(u: PlanUnit, max_error: float | None, prune: bool = True,
     error and side data at once (never needed by an optimum). ``thresholds``: in problem (a), a lone unit's
     error matters only through later reuses of it, each feasible below one threshold; then an option is
     beaten by one as cheap that clears every threshold it clears."""
-    opts = [o for o in u.options if max_error is None or o.error <= max_error + ERROR_SLACK]
+    opts = [o for o in u.options if max_error is None or at_most(o.error, max_error)]
     if not prune:
         return opts
 
     def quality(o: UnitOption) -> tuple:
         if thresholds is None:
             return (-o.error,)
-        return tuple(o.error <= t + ERROR_SLACK for t in thresholds)
+        return tuple(at_most(o.error, t) for t in thresholds)
 
     def cost(o: UnitOption) -> tuple:
         return (o.nbytes + o.side_bytes, o.rebuild_s)
@@ -153,13 +160,13 @@ def shard_actions(p: PlanProblem, s: PlanState, max_error: dict[int, float] | No
         for combo in itertools.product(*per_unit):
             out.append((ShardAction(STREAM, tuple(o.label for o in combo)), step_stream(p, s, combo)))
     err = reuse_error(p, s)
-    if err is not None and all(bound(u) is None or err <= bound(u) + ERROR_SLACK for u in units):
+    if err is not None and all(bound(u) is None or at_most(err, bound(u)) for u in units):
         out.append((ShardAction(REUSE), step_reuse(p, s)))
     covered = recompute_shards(p, j)
     if p.allow_recompute and covered:
         out.append((ShardAction(RECOMPUTE), step_recompute(p, s)))
     rest = [u for u in p.units if u.shard >= j]
-    if p.allow_local and all(bound(u) is None or p.local_error <= bound(u) + ERROR_SLACK for u in rest):
+    if p.allow_local and all(bound(u) is None or at_most(p.local_error, bound(u)) for u in rest):
         out.append((ShardAction(LOCAL), step_local(p, s)))
     return out
 

@@ -16,7 +16,10 @@ link model, the calibrated compute, the system's own stored levels and fallbacks
 
 Estimated error per unit: the stored per-level error of the SAKURA pack; for IntQ and CacheGen, whose
 stored errors only order their levels, the measured ones (:mod:`sakura.offline.level_errors`); a reuse
-adds the pack's ``step_error``; a recompute is exact; going local counts ``LOCAL_ERROR`` per unit.
+adds the pack's ``step_error``; a recompute is exact. Where the SAKURA pack stores output weights
+(:mod:`sakura.offline.output_weights`) every unit's error, of every format, is its shard's weight times it —
+the summed error then predicts the output's masked MSE — and going local counts the pack's local masked MSE
+shared over the units; without them going local counts ``LOCAL_ERROR`` per unit.
 Rebuild times: a per-format fit ``a + b·work`` (``b·bytes`` where levels carry no work) to decodes timed
 on the thread's CPU clock, once per template.
 
@@ -84,11 +87,20 @@ class FormatInputs:
     level_errors: dict[int, dict[str, float]] | None  # measured per unit and level (None: the stored ones)
     rebuild: RebuildFit
     step_error: dict[int, float | None]  # per shard: the reuse fallback's added error (the SAKURA pack's)
+    shard_weight: dict[int, float] = field(default_factory=dict)  # per shard: the SAKURA pack's output weight
+    local_mse: float | None = None  # the SAKURA pack's local masked MSE (with the weights)
 
     def error(self, unit_index: int, level: Level) -> float:
         if self.level_errors is not None:
             return self.level_errors[unit_index].get(level.label, level.error)
         return level.error
+
+    def weight(self, shard: int) -> float:
+        return self.shard_weight.get(shard, 1.0)
+
+    def local_error(self, units: int) -> float:
+        """Going local, per unit: the local masked MSE shared over the edit's units (``LOCAL_ERROR`` unweighted)."""
+        return self.local_mse / max(1, units) if self.shard_weight and self.local_mse is not None else LOCAL_ERROR
 
 
 def fit_rebuild(encoding: StreamEncoding, read: Callable, timer: Callable[[], float] = time.thread_time) -> RebuildFit:
@@ -156,7 +168,8 @@ def format_inputs(prepared, system_format: str, say: Callable[[str], None] = pri
                 pass
     sakura = runtime.encoding(state, "sakura")
     step_error = {u.needed_by: sakura.step_error(u) for u in sakura.units}
-    inputs = FormatInputs(errors, fit_rebuild(encoding, read), step_error)
+    weights = {u.needed_by: u.weight for u in sakura.units} if sakura.output_weights() else {}
+    inputs = FormatInputs(errors, fit_rebuild(encoding, read), step_error, weights, sakura.local_output_mse())
     cache[system_format] = inputs
     return inputs
 
@@ -179,7 +192,8 @@ def plan_problem(session, inputs: FormatInputs, fallbacks: bool = True) -> PlanP
         opts = []
         for lv in u.levels:
             side_bytes = priced[lv.label].nbytes - lv.nbytes
-            opts.append(UnitOption(lv.label, lv.nbytes, inputs.error(u.index, lv), inputs.rebuild.seconds(lv),
+            opts.append(UnitOption(lv.label, lv.nbytes, inputs.weight(u.needed_by) * inputs.error(u.index, lv),
+                                   inputs.rebuild.seconds(lv),
                                    lv.label if side_bytes > 0 else "", max(0, side_bytes)))
         units.append(PlanUnit(u.index, u.needed_by, tuple(opts)))
     c = session.compute
@@ -188,9 +202,10 @@ def plan_problem(session, inputs: FormatInputs, fallbacks: bool = True) -> PlanP
     local = fallbacks and session.executor is None
     return PlanProblem(tuple(units), tuple(c.shard_s), tuple(s for s, _, _ in c.shards), c.prelude_s, steps,
                        c.local_full_s / max(1, steps), session.link_model(), 2,
-                       tuple(inputs.step_error.get(j) for j in range(n)),
+                       tuple(None if inputs.step_error.get(j) is None else inputs.weight(j) * inputs.step_error[j]
+                             for j in range(n)),
                        allow_reuse=fallbacks and enc.redecodable, allow_recompute=local and enc.redecodable,
-                       allow_local=local, local_error=LOCAL_ERROR)
+                       allow_local=local, local_error=inputs.local_error(len(units)))
 
 
 def realized_errors(tl: Timeline, p: PlanProblem) -> dict[int, float]:

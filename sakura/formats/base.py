@@ -57,6 +57,10 @@ class FetchUnit:
     needed_by: int  # the first execution shard (index in shard order) that needs it
     label: str
     levels: tuple[Level, ...] = field(default_factory=tuple)
+    # The output's masked MSE per unit of its levels' error (measured at build,
+    # :mod:`sakura.offline.output_weights`): what makes errors of different units comparable. 1.0 where the
+    # format stores none (its errors then compare only within a unit, as before).
+    weight: float = 1.0
 
 
 class StreamEncoding(ABC):
@@ -136,7 +140,8 @@ class ShardEncoding(StreamEncoding):
 
     def __init__(self, info):
         self.info = info
-        self._units = [FetchUnit(i, i, shard_label(shard), self._levels(i)) for i, shard in enumerate(info.shards)]
+        self._units = [FetchUnit(i, i, shard_label(shard), self._levels(i), self._weight(i))
+                       for i, shard in enumerate(info.shards)]
 
     @classmethod
     def from_header(cls, header: bytes):
@@ -151,6 +156,10 @@ class ShardEncoding(StreamEncoding):
 
     @abstractmethod
     def _levels(self, shard: int) -> tuple[Level, ...]: ...
+
+    def _weight(self, shard: int) -> float:
+        """The shard's output weight (:attr:`FetchUnit.weight`); 1.0 where the format stores none."""
+        return 1.0
 
     @abstractmethod
     def _decode(self, shard: int, key: tuple, blobs: dict) -> KV: ...

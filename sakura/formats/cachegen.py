@@ -31,7 +31,7 @@ shard, for each level, for each token chunk: ``[f2 scales per unit][ANS words]``
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -295,7 +295,7 @@ class CacheGenEncoding(StreamEncoding):
         levels = tuple(lv if lv.key[0] in self._requested else
                        Level(lv.label, lv.nbytes + self.info.table_range(lv.key[0])[1], lv.error, lv.key, lv.work)
                        for lv in fetch_unit.levels)
-        return FetchUnit(fetch_unit.index, fetch_unit.needed_by, fetch_unit.label, levels)
+        return replace(fetch_unit, levels=levels)
 
     def ranges(self, fetch_unit, level):
         (lv,) = level.key

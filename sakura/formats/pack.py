@@ -13,6 +13,7 @@ This module only lays out, serialises and decodes: what a pack stores is compute
 
 from __future__ import annotations
 
+import math
 import time
 import zlib
 from dataclasses import asdict, dataclass, fields
@@ -370,6 +371,28 @@ class PackEncoding(ShardEncoding):
     def step_error(self, fetch_unit):
         errors = self.info.header.get("build", {}).get("step_error")  # (packs built before session 9 lack it)
         return errors[fetch_unit.index] if errors else None
+
+    def output_weights(self) -> list[float] | None:
+        """Per shard, the output's masked MSE per unit of error (packs built before session 27 lack it)."""
+        weights = self.info.header.get("build", {}).get("output_weight")
+        if weights is None:
+            return None
+        if (not isinstance(weights, list) or len(weights) != self.info.num_shards
+                or not all(isinstance(w, (int, float)) and math.isfinite(w) and w >= 0 for w in weights)):
+            raise PackFormatError(f"pack header: build.output_weight must be {self.info.num_shards} finite "
+                                  "non-negative numbers (corrupt or foreign header)")
+        return [float(w) for w in weights]
+
+    def local_output_mse(self) -> float | None:
+        """Local generation's masked MSE against the exact-cache output, in the unit of weighted errors."""
+        mse = self.info.header.get("build", {}).get("local_output_mse")
+        if mse is not None and not (isinstance(mse, (int, float)) and math.isfinite(mse) and mse >= 0):
+            raise PackFormatError("pack header: build.local_output_mse must be a finite non-negative number")
+        return None if mse is None else float(mse)
+
+    def _weight(self, shard):
+        weights = self.output_weights()
+        return float(weights[shard]) if weights else 1.0
 
     def _levels(self, shard):
         frontier = self.info.frontier(shard)

@@ -29,6 +29,7 @@ from sakura.model import DiTAdapter, EditRequest
 from sakura.offline.compress import SHARED_TOP_SHARE, compress_cache
 from sakura.offline.ladder import add_ladder
 from sakura.offline.level_errors import MEASURED, file_reader, measure_level_errors, write_level_errors
+from sakura.offline.output_weights import OutputWeights, measure_output_weights, store_output_weights
 from sakura.quality import psnr
 
 DEFAULT_SHARD_SIZE = 2
@@ -162,6 +163,32 @@ def check_top(model: DiTAdapter, template, cache: KVCache, out: Path, candidates
     return tuple(best), tried
 
 
+def add_output_weights(model: DiTAdapter, template, cache: KVCache, pack_path: Path,
+                       say: Callable[[str], None] = lambda msg: None) -> OutputWeights:
+    """Measure each shard's output weight on the template's profiling requests and store it in the pack's header
+    (:mod:`sakura.offline.output_weights`)."""
+    requests = [edit_request(template, r, resolution=model.codec.resolution, ref_size=model.codec.ref_size)
+                for r in template.profile_requests] or [capture_request(template, model)]
+    exact = {key: cache.get(*key) for key in cache.k}
+    fmt = FORMATS["sakura"]
+    measured = measure_output_weights(model, requests, exact, fmt.encoding_cls(fmt.open(pack_path)),
+                                      file_reader(pack_path),
+                                      lambda done, total: say(f"output weights {done}/{total}"))
+    store_output_weights(pack_path, measured)
+    return measured
+
+
+def remeasure_output_weights(template, out_dir: str | Path, model_path: str | Path | None = None,
+                             progress: Callable[[str], None] | None = None) -> OutputWeights:
+    """Measure a built pack's output weights again (or for the first time: packs built before them) without
+    rebuilding it: the cache is captured again under the template's own conditioning, as at build."""
+    with template_lock(out_dir, template.id):
+        model = model_for(template, model_path)
+        cache = model.capture(capture_request(template, model)).to(torch.float16)
+        pack_path = Path(out_dir) / f"{FORMATS['sakura'].file_id(template.id)}.pack"
+        return add_output_weights(model, template, cache, pack_path, progress or (lambda msg: None))
+
+
 _LOCKS: dict[Path, tuple[threading.RLock, list]] = {}  # per lock file: its thread lock, [open file, depth]
 _LOCKS_GUARD = threading.Lock()
 
@@ -269,6 +296,10 @@ def build_template(template, out_dir: str | Path, *, q: float = 0.5, max_rank: i
             storage["sakura"] = pack.stat().st_size
             ladder_storage = info.storage()
             seconds["ladder"] = time.perf_counter() - t0
+        if "sakura" in encodings:
+            t0 = time.perf_counter()
+            add_output_weights(model, template, cache, out / f"{FORMATS['sakura'].file_id(template.id)}.pack", say)
+            seconds["output_weights"] = time.perf_counter() - t0
         report = BuildReport(template.id, model.model_id, q, max_rank, shard_size, cache.nbytes(), storage,
                              {k: round(v, 3) for k, v in seconds.items()}, cache.num_reused, *kept, tried or None,
                              rebuild_rank, ladder_storage)

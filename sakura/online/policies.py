@@ -82,8 +82,9 @@ def _gain(a: Level, b: Level) -> float:
 class ErrorPrice:
     """The marginal error per byte of the whole edit at a byte budget: the slope at which an equal-slope
     allocation of ``budget`` bytes over every unit's frontier (:func:`lower_hull`) stops — what one more
-    byte would buy at the best unit still short of its top. Errors are summed over units, so this needs a
-    format whose levels share one metric (the SAKURA pack's)."""
+    byte would buy at the best unit still short of its top. Errors are summed over units, each times its
+    unit's output weight (:attr:`FetchUnit.weight`: the output's masked MSE per unit of error, where the
+    pack stores it), so this needs a format whose levels share one metric (the SAKURA pack's)."""
 
     def __init__(self, units: list[FetchUnit]):
         steps = []  # (gain per byte, extra bytes) of every frontier segment of every unit
@@ -93,7 +94,7 @@ class ErrorPrice:
             if not hull:
                 continue
             self.floor += hull[0].nbytes
-            steps += [(_gain(a, b), b.nbytes - a.nbytes) for a, b in zip(hull, hull[1:])]
+            steps += [(u.weight * _gain(a, b), b.nbytes - a.nbytes) for a, b in zip(hull, hull[1:])]
         steps.sort(key=lambda g: -g[0])
         self.gains = [g for g, _ in steps]
         self.cumulative = []  # bytes of the allocation once the first k segments are bought
@@ -134,7 +135,7 @@ class SakuraPolicy(WindowPolicy):
     rebuild as free (``price_rebuild=False``).
 
     Before execution starts it leaves the flat top of a unit's ladder (``flat_ratio``): levels whose extra
-    bytes cut error by less than 1/``flat_ratio`` of the edit's error price at R̂ · γ · compute
+    bytes cut its weighted error by less than 1/``flat_ratio`` of the edit's error price at R̂ · γ · compute
     (:class:`ErrorPrice`): those bytes delay the start one for one, and an optimum of summed error buys them
     last (issue #32). Later units keep the rule above: bytes one leaves do not reach another (each is
     asked for at its gate), so a cut there trades quality for latency. ``flat_ratio=None``: the paper's rule."""
@@ -159,7 +160,7 @@ class SakuraPolicy(WindowPolicy):
         per_byte = self.price.at(monitor.rate_bps / 8 * self.gamma * self.compute_s) / self.flat_ratio
         cheaper = [lv for lv in lower_hull(unit.levels)
                    if lv.nbytes < d.level.nbytes and lv.nbytes <= self.allowance(lv, d.window_s, monitor)]
-        level = min([d.level, *cheaper], key=lambda lv: (lv.error + per_byte * lv.nbytes, lv.nbytes))
+        level = min([d.level, *cheaper], key=lambda lv: (unit.weight * lv.error + per_byte * lv.nbytes, lv.nbytes))
         return replace(d, level=level, budget_bytes=self.allowance(level, d.window_s, monitor))
 
 

@@ -1,0 +1,102 @@
+"""What a shard's stored error costs the output: per shard, the edit's masked MSE per unit of the pack's error.
+
+The pack's per-level error (:data:`sakura.offline.tradeoff.QUALITY_METRIC`) is normalised per cache unit, so
+it orders one shard's levels but says nothing about which shard matters more: an error in the first denoising
+step's K/V is carried through every later step, one in a late step barely shows. Within one shard the output's
+masked MSE grows about linearly with the stored error (over three decades of error), while the slope differs
+by two to three orders of magnitude between shards (``docs/results/issue32/policy7/``). So per shard j
+
+    w_j = geometric mean over a few anchor levels ℓ of  MSE_masked(output with shard j at ℓ, every other exact)
+                                                         / error(ℓ)
+
+measured at build on the template's profiling requests (no user data), output against the exact-cache output,
+and ``w_j · error`` is the level's predicted share of the edit's masked MSE: errors of different shards become
+comparable and their sum predicts the output's MSE. Also measured: the masked MSE of local generation (no
+cache) against the same reference, what the local fallback delivers in the same unit.
+
+Stored in the SAKURA pack's header (``build.output_weight``, ``build.local_output_mse``): the device reads them
+with the header it already fetches.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from sakura.formats import KV, pack
+from sakura.formats.base import StreamEncoding
+from sakura.formats.container import ContainerFile, write_container
+
+ANCHOR_ERRORS = (0.1, 0.01, 0.001)  # the levels measured per shard: the stored errors nearest these (log scale)
+WEIGHT_FLOOR = 1e-12  # a shard whose levels never change the output still gets a (negligible) price
+METRIC = ("masked MSE of the output (pixels in [0, 1]) per unit of the pack's error, geometric mean over anchor "
+          "levels, mean over the template's profiling requests; one shard at the level, the rest exact")
+
+
+@dataclass(frozen=True)
+class OutputWeights:
+    weights: tuple[float, ...]  # per shard (fetch unit index)
+    local_mse: float  # masked MSE of local generation against the exact-cache output
+
+    def to_build(self) -> dict:
+        return {"output_weight": [float(f"{w:.4g}") for w in self.weights],
+                "local_output_mse": float(f"{self.local_mse:.4g}"), "output_weight_metric": METRIC}
+
+
+def masked_mse(a: np.ndarray, b: np.ndarray, mask: np.ndarray) -> float:
+    return float(np.mean((a[mask].astype(np.float64) - b[mask].astype(np.float64)) ** 2))
+
+
+def anchor_levels(levels, targets=ANCHOR_ERRORS) -> list:
+    """The levels (error > 0) whose stored error is nearest each target on a log scale, each once."""
+    lossy = [lv for lv in levels if lv.error > 0]
+    picked = []
+    for t in targets:
+        lv = min(lossy, key=lambda lv: abs(math.log(lv.error / t)), default=None)
+        if lv is not None and lv not in picked:
+            picked.append(lv)
+    return picked
+
+
+def measure_output_weights(model, requests, exact: KV, encoding: StreamEncoding,
+                           read: Callable[[list], list[bytes]],
+                           progress: Callable[[int, int], None] | None = None,
+                           targets: tuple[float, ...] = ANCHOR_ERRORS) -> OutputWeights:
+    """Per fetch unit of ``encoding`` (a shard): its weight, from masked runs of ``requests`` with that unit at
+    each anchor level and the rest of the cache ``exact``; plus local generation's masked MSE."""
+    references = [model.masked_edit(req, lambda s, layer: exact[(s, layer)]).image for req in requests]
+
+    def mse_with(kv: KV) -> float:
+        return float(np.mean([masked_mse(model.masked_edit(req, lambda s, layer: kv[(s, layer)]).image, ref,
+                                         req.mask) for req, ref in zip(requests, references)]))
+
+    weights = []
+    units = encoding.units
+    for i, unit in enumerate(units):
+        ratios = []
+        for lv in anchor_levels(unit.levels, targets):
+            enc = encoding.fresh()
+            mse = mse_with({**exact, **enc.decode(unit, lv, read(enc.ranges(unit, lv)))})
+            if mse > 0:
+                ratios.append(mse / lv.error)
+        weights.append(max(WEIGHT_FLOOR, math.exp(np.mean(np.log(ratios)))) if ratios else WEIGHT_FLOOR)
+        if progress:
+            progress(i + 1, len(units))
+    local = float(np.mean([masked_mse(model.full_edit(req).image, ref, req.mask)
+                           for req, ref in zip(requests, references)]))
+    return OutputWeights(tuple(weights), local)
+
+
+def store_output_weights(pack_path: str | Path, measured: OutputWeights) -> None:
+    """Rewrite the SAKURA pack's header with ``measured`` in its build section (chunks unchanged, replaced
+    atomically)."""
+    src = ContainerFile(pack_path, pack.FORMAT, pack.SUPPORTED_VERSIONS)
+    header = {k: v for k, v in src.header.items() if k not in ("chunk_lengths", "chunk_crc32", "data_length")}
+    header["build"] = {**header.get("build", {}), **measured.to_build()}
+    chunks = [src.read(*src.index.span(i)) for i in range(len(src.index))]
+    del src
+    write_container(pack_path, header, chunks)

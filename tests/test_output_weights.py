@@ -1,0 +1,100 @@
+"""Output weights (issue #32): per shard, the edit's masked MSE per unit of the pack's error, measured at build on
+the template's profiling requests and stored in the pack's header, so errors of different shards compare."""
+
+import shutil
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from sakura.cli import app
+from sakura.editing import edit_request, model_for
+from sakura.eval.regret import LOCAL_ERROR, FormatInputs, RebuildFit
+from sakura.formats import FORMATS, PackFormatError
+from sakura.formats.base import Level
+from sakura.formats.container import ContainerFile
+from sakura.formats.pack import FORMAT, SUPPORTED_VERSIONS
+from sakura.offline.builder import capture_request
+from sakura.offline.level_errors import file_reader
+from sakura.offline.output_weights import (
+    OutputWeights,
+    anchor_levels,
+    masked_mse,
+    measure_output_weights,
+    store_output_weights,
+)
+
+
+def _encoding(path):
+    fmt = FORMATS["sakura"]
+    return fmt.encoding_cls(fmt.open(path))
+
+
+def test_anchor_levels_are_the_lossy_levels_nearest_each_target_once():
+    levels = [Level(f"l{i}", 10 * (i + 1), e) for i, e in enumerate((0.3, 0.05, 0.012, 0.0009, 0.0))]
+    assert [lv.label for lv in anchor_levels(levels, (0.1, 0.01, 0.001, 1e-6))] == ["l1", "l2", "l3"]
+
+
+def test_the_build_stores_a_weight_per_shard_and_the_local_error(fs_packs):
+    packs, tpl = fs_packs
+    enc = _encoding(packs / f"{FORMATS['sakura'].file_id(tpl.id)}.pack")
+    weights = [u.weight for u in enc.units]
+    assert len(weights) == len(enc.units) and all(w > 0 for w in weights)
+    assert enc.output_weights() == weights and 0 < enc.local_output_mse() < 1
+    assert all(u.weight == 1.0 for u in _encoding(packs / f"{FORMATS['sakura-v1'].file_id(tpl.id)}.pack").units)
+
+
+def test_a_weight_is_the_outputs_masked_mse_per_unit_of_error(fs_packs):
+    """With one anchor per shard the weight is that anchor's measured ratio exactly; checked on the first shard
+    by an edit of our own (the shard at the anchor level, every other shard exact)."""
+    packs, tpl = fs_packs
+    path = packs / f"{FORMATS['sakura'].file_id(tpl.id)}.pack"
+    model = model_for(tpl, None)
+    cache = model.capture(capture_request(tpl, model))
+    exact = {key: cache.get(*key) for key in cache.k}
+    requests = [edit_request(tpl, r, resolution=model.codec.resolution, ref_size=model.codec.ref_size)
+                for r in tpl.profile_requests[:2]]
+    enc = _encoding(path)
+    measured = measure_output_weights(model, requests, exact, enc, file_reader(path), targets=(0.01,))
+    unit = enc.units[0]
+    (level,) = anchor_levels(unit.levels, (0.01,))
+    kv = {**exact, **enc.fresh().decode(unit, level, file_reader(path)(enc.ranges(unit, level)))}
+    refs = [model.masked_edit(r, lambda s, layer: exact[(s, layer)]).image for r in requests]
+    mse = np.mean([masked_mse(model.masked_edit(r, lambda s, layer: kv[(s, layer)]).image, ref, r.mask)
+                   for r, ref in zip(requests, refs)])
+    assert mse > 0 and measured.weights[0] == pytest.approx(mse / level.error, rel=1e-9)
+    local = np.mean([masked_mse(model.full_edit(r).image, ref, r.mask) for r, ref in zip(requests, refs)])
+    assert measured.local_mse == pytest.approx(local, rel=1e-9)
+
+
+def test_storing_weights_keeps_every_chunk_and_a_bad_weight_is_a_format_error(fs_packs, tmp_path):
+    packs, tpl = fs_packs
+    path = tmp_path / "t.pack"
+    shutil.copy(packs / f"{FORMATS['sakura'].file_id(tpl.id)}.pack", path)
+    before = ContainerFile(path, FORMAT, SUPPORTED_VERSIONS)
+    chunks = [before.read(*before.index.span(i)) for i in range(len(before.index))]
+    n = len(_encoding(path).units)
+    store_output_weights(path, OutputWeights(tuple(float(i + 1) for i in range(n)), 0.25))
+    after = ContainerFile(path, FORMAT, SUPPORTED_VERSIONS)
+    after.verify()
+    assert [after.read(*after.index.span(i)) for i in range(len(after.index))] == chunks
+    enc = _encoding(path)
+    assert [u.weight for u in enc.units] == [float(i + 1) for i in range(n)] and enc.local_output_mse() == 0.25
+    for bad in (OutputWeights((-1.0,) * n, 0.1), OutputWeights((1.0,), 0.1)):
+        store_output_weights(path, bad)
+        with pytest.raises(PackFormatError, match="output_weight"):
+            _encoding(path)
+
+
+def test_the_planner_weighs_each_shard_and_shares_the_local_error_only_with_weights():
+    fit = RebuildFit(0.0, 0.0, "bytes", 0)
+    weighted = FormatInputs(None, fit, {}, {0: 2.0, 1: 0.5}, 0.3)
+    assert (weighted.weight(0), weighted.weight(1), weighted.local_error(3)) == (2.0, 0.5, pytest.approx(0.1))
+    plain = FormatInputs(None, fit, {})
+    assert (plain.weight(0), plain.local_error(3)) == (1.0, LOCAL_ERROR)
+
+
+def test_measuring_weights_without_a_pack_is_one_line(tmp_path):
+    r = CliRunner().invoke(app, ["build", "--out", str(tmp_path), "--templates", "fs-astronaut",
+                                 "--output-weights-only"])
+    assert r.exit_code == 2 and "build first" in r.output and "Traceback" not in r.output
