@@ -208,7 +208,7 @@ def build(
             raise typer.BadParameter("--output-weights-only rewrites pack headers in a folder, not in a store")
         from rich.progress import track
 
-        from sakura.formats import FORMATS
+        from sakura.formats import FORMATS  # inside the command, as every library import here
         from sakura.offline.builder import remeasure_output_weights  # heavy (torch): inside the command
 
         missing = [t.id for t in chosen if not (Path(out) / f"{FORMATS['sakura'].file_id(t.id)}.pack").is_file()]

@@ -368,13 +368,18 @@ class PackEncoding(ShardEncoding):
         super().__init__(info)
         self._chains: dict = {}
 
+    def _build(self) -> dict:
+        """The header's build section (what the offline side measured), {} where there is none."""
+        build = self.info.header.get("build")
+        return build if isinstance(build, dict) else {}
+
     def step_error(self, fetch_unit):
-        errors = self.info.header.get("build", {}).get("step_error")  # (packs built before session 9 lack it)
+        errors = self._build().get("step_error")  # (packs built before session 9 lack it)
         return errors[fetch_unit.index] if errors else None
 
     def output_weights(self) -> list[float] | None:
         """Per shard, the output's masked MSE per unit of error (packs built before session 27 lack it)."""
-        weights = self.info.header.get("build", {}).get("output_weight")
+        weights = self._build().get("output_weight")
         if weights is None:
             return None
         if (not isinstance(weights, list) or len(weights) != self.info.num_shards
@@ -385,7 +390,7 @@ class PackEncoding(ShardEncoding):
 
     def local_output_mse(self) -> float | None:
         """Local generation's masked MSE against the exact-cache output, in the unit of weighted errors."""
-        mse = self.info.header.get("build", {}).get("local_output_mse")
+        mse = self._build().get("local_output_mse")
         if mse is not None and not (isinstance(mse, (int, float)) and math.isfinite(mse) and mse >= 0):
             raise PackFormatError("pack header: build.local_output_mse must be a finite non-negative number")
         return None if mse is None else float(mse)

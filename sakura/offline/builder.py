@@ -24,6 +24,7 @@ from safetensors.torch import load_file, save_file
 
 from sakura.editing import edit_request, model_for
 from sakura.formats import FORMATS, KV, encoding_from_header
+from sakura.formats.pack import PackReader
 from sakura.kvcache import KVCache
 from sakura.model import DiTAdapter, EditRequest
 from sakura.offline.compress import SHARED_TOP_SHARE, compress_cache
@@ -298,7 +299,11 @@ def build_template(template, out_dir: str | Path, *, q: float = 0.5, max_rank: i
             seconds["ladder"] = time.perf_counter() - t0
         if "sakura" in encodings:
             t0 = time.perf_counter()
-            add_output_weights(model, template, cache, out / f"{FORMATS['sakura'].file_id(template.id)}.pack", say)
+            pack = out / f"{FORMATS['sakura'].file_id(template.id)}.pack"
+            add_output_weights(model, template, cache, pack, say)
+            storage["sakura"] = pack.stat().st_size  # (a longer header)
+            if ladder_storage is not None:
+                ladder_storage = PackReader(pack).info.storage()
             seconds["output_weights"] = time.perf_counter() - t0
         report = BuildReport(template.id, model.model_id, q, max_rank, shard_size, cache.nbytes(), storage,
                              {k: round(v, 3) for k, v in seconds.items()}, cache.num_reused, *kept, tried or None,

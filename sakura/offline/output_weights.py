@@ -6,13 +6,13 @@ step's K/V is carried through every later step, one in a late step barely shows.
 masked MSE grows about linearly with the stored error (over three decades of error), while the slope differs
 by two to three orders of magnitude between shards (``docs/results/issue32/policy7/``). So per shard j
 
-    w_j = geometric mean over a few anchor levels ℓ of  MSE_masked(output with shard j at ℓ, every other exact)
-                                                         / error(ℓ)
+    w_j = geometric mean over two anchor levels ℓ of  MSE_masked(output with shard j at ℓ, every other exact)
+                                                        / error(ℓ)
 
-measured at build on the template's profiling requests (no user data), output against the exact-cache output,
-and ``w_j · error`` is the level's predicted share of the edit's masked MSE: errors of different shards become
-comparable and their sum predicts the output's MSE. Also measured: the masked MSE of local generation (no
-cache) against the same reference, what the local fallback delivers in the same unit.
+measured at build on (up to three of) the template's profiling requests (no user data), output against the
+exact-cache output, and ``w_j · error`` is the level's predicted share of the edit's masked MSE: errors of
+different shards become comparable and their sum predicts the output's MSE. Also measured: the masked MSE of
+local generation (no cache) against the same reference, what the local fallback delivers in the same unit.
 
 Stored in the SAKURA pack's header (``build.output_weight``, ``build.local_output_mse``): the device reads them
 with the header it already fetches.
@@ -31,10 +31,14 @@ from sakura.formats import KV, pack
 from sakura.formats.base import StreamEncoding
 from sakura.formats.container import ContainerFile, write_container
 
-ANCHOR_ERRORS = (0.1, 0.01, 0.001)  # the levels measured per shard: the stored errors nearest these (log scale)
+# The levels measured per shard: the stored errors nearest these (log scale), in the range the runtime uses; and at
+# most this many of the profiling requests (the ratio moves 2-5x over three decades of error and over requests,
+# the weights three orders of magnitude over shards: docs/results/issue32/policy7/).
+ANCHOR_ERRORS = (0.03, 0.003)
+MAX_REQUESTS = 3
 WEIGHT_FLOOR = 1e-12  # a shard whose levels never change the output still gets a (negligible) price
 METRIC = ("masked MSE of the output (pixels in [0, 1]) per unit of the pack's error, geometric mean over anchor "
-          "levels, mean over the template's profiling requests; one shard at the level, the rest exact")
+          "levels, mean over (up to 3 of) the template's profiling requests; one shard at the level, the rest exact")
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,7 @@ def measure_output_weights(model, requests, exact: KV, encoding: StreamEncoding,
                            targets: tuple[float, ...] = ANCHOR_ERRORS) -> OutputWeights:
     """Per fetch unit of ``encoding`` (a shard): its weight, from masked runs of ``requests`` with that unit at
     each anchor level and the rest of the cache ``exact``; plus local generation's masked MSE."""
+    requests = list(requests)[:MAX_REQUESTS]
     references = [model.masked_edit(req, lambda s, layer: exact[(s, layer)]).image for req in requests]
 
     def mse_with(kv: KV) -> float:
