@@ -302,7 +302,7 @@ def test_an_auto_build_keeps_the_first_candidate_whose_top_is_as_good_as_v1s(tmp
     said: list[str] = []
     report = build_template(load_catalog().get("fs-astronaut"), tmp_path, max_rank=8,
                             encodings=("sakura", "sakura-v1"), top_candidates=(("shard", 30.0), ("shard", 0.3)),
-                            progress=said.append)
+                            progress=said.append, output_weights=False)
     (basis, share, gap), second = report.top_tried
     assert (basis, share) == ("shard", 30.0) and gap < 0
     assert any(m.startswith("sakura (shard basis, top at 0.3") for m in said)

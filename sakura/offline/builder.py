@@ -224,12 +224,14 @@ def build_template(template, out_dir: str | Path, *, q: float = 0.5, max_rank: i
                    encodings: tuple[str, ...] = tuple(FORMATS), layout: str = DEFAULT_LAYOUT,
                    basis: str = DEFAULT_BASIS, progress: Callable[[str], None] | None = None,
                    top_candidates: tuple[tuple[str, float], ...] = TOP_CANDIDATES,
-                   rebuild_rank: int | None = None, ladder: bool = True) -> BuildReport:
+                   rebuild_rank: int | None = None, ladder: bool = True, output_weights: bool = True) -> BuildReport:
     """Capture the template's cache, profile its importance and write each format named in ``encodings``.
     With ``basis="auto"`` (and v1 built beside it) the SAKURA pack is the first of ``top_candidates``
     whose top level is as good as v1's in masked PSNR (see ``TOP_CANDIDATES``). ``rebuild_rank``: a cap on
     every level's decoded rank (:func:`pack_options`). ``ladder``: add the rungs above the allocated levels
-    up to the FP16 values (pack v3, :mod:`sakura.offline.ladder`; needs the v2 layout and the FP16 file)."""
+    up to the FP16 values (pack v3, :mod:`sakura.offline.ladder`; needs the v2 layout and the FP16 file).
+    ``output_weights``: measure each shard's output weight into the pack's header (:func:`add_output_weights`;
+    about as long as the rest of the build)."""
     pack_options(max_rank, layout, basis, rebuild_rank=rebuild_rank)  # bad options fail before any work
     with template_lock(out_dir, template.id):  # a folder's files are written in place: one builder at a time
         say = progress or (lambda msg: None)
@@ -297,7 +299,7 @@ def build_template(template, out_dir: str | Path, *, q: float = 0.5, max_rank: i
             storage["sakura"] = pack.stat().st_size
             ladder_storage = info.storage()
             seconds["ladder"] = time.perf_counter() - t0
-        if "sakura" in encodings:
+        if output_weights and "sakura" in encodings:
             t0 = time.perf_counter()
             pack = out / f"{FORMATS['sakura'].file_id(template.id)}.pack"
             add_output_weights(model, template, cache, pack, say)
