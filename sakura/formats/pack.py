@@ -365,6 +365,8 @@ class PackEncoding(ShardEncoding):
     reconstructor = None  # anything with .rebuild(info, shard, *key, blobs) -> {(step, layer): (K, V)}
 
     def __init__(self, info):
+        self.info = info
+        self._weights = self.output_weights()  # (checked once: every unit reads it)
         super().__init__(info)
         self._chains: dict = {}
 
@@ -396,8 +398,7 @@ class PackEncoding(ShardEncoding):
         return None if mse is None else float(mse)
 
     def _weight(self, shard):
-        weights = self.output_weights()
-        return float(weights[shard]) if weights else 1.0
+        return self._weights[shard] if self._weights else 1.0
 
     def _levels(self, shard):
         frontier = self.info.frontier(shard)
