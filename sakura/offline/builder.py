@@ -107,6 +107,13 @@ def capture_request(template, model: DiTAdapter) -> EditRequest:
     return model.self_conditioned(req)
 
 
+def profile_edit_requests(template, model: DiTAdapter) -> list[EditRequest]:
+    """The template's profiling requests as edits (its own conditioning where it has none): what the build
+    measures quality on, never its held-out requests."""
+    return [edit_request(template, r, resolution=model.codec.resolution, ref_size=model.codec.ref_size)
+            for r in template.profile_requests] or [capture_request(template, model)]
+
+
 def profile_importance(
     model: DiTAdapter, template, cache: KVCache, requests=None
 ) -> dict[tuple[int, int], torch.Tensor]:
@@ -140,8 +147,7 @@ def masked_psnr_of(model: DiTAdapter, requests: list[EditRequest], kv: KV, refer
 def check_top(model: DiTAdapter, template, cache: KVCache, out: Path, candidates, write: Callable, say):
     """Keep the first candidate whose SAKURA top has v1's masked PSNR or more (the pack on disk is the first
     candidate's when called); if none has, rewrite the best. Returns ((basis, share, gap), tried)."""
-    requests = [edit_request(template, r, resolution=model.codec.resolution, ref_size=model.codec.ref_size)
-                for r in template.profile_requests] or [capture_request(template, model)]
+    requests = profile_edit_requests(template, model)
     references = [model.masked_edit(req, cache.provider()).image for req in requests]
 
     def mean_top_psnr(fmt: str) -> float:
@@ -168,8 +174,7 @@ def add_output_weights(model: DiTAdapter, template, cache: KVCache, pack_path: P
                        say: Callable[[str], None] = lambda msg: None) -> OutputWeights:
     """Measure each shard's output weight on the template's profiling requests and store it in the pack's header
     (:mod:`sakura.offline.output_weights`)."""
-    requests = [edit_request(template, r, resolution=model.codec.resolution, ref_size=model.codec.ref_size)
-                for r in template.profile_requests] or [capture_request(template, model)]
+    requests = profile_edit_requests(template, model)
     exact = {key: cache.get(*key) for key in cache.k}
     fmt = FORMATS["sakura"]
     measured = measure_output_weights(model, requests, exact, fmt.encoding_cls(fmt.open(pack_path)),
