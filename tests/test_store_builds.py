@@ -28,7 +28,7 @@ from sakura.server.run import start_server
 ray = pytest.importorskip("ray")
 from sakura.offline.ray_build import init_ray, ray_build  # noqa: E402
 
-SETTINGS = BuildSettings(max_rank=32)  # as fs_packs
+SETTINGS = BuildSettings(max_rank=32, output_weights=False)  # as fs_packs, less the output weights (unused here)
 UNLIMITED = Network(Trace.constant(1e7), "fixed:1e7", 0.0, 1.0, "none")
 
 

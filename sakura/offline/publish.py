@@ -28,15 +28,18 @@ class BuildSettings:
     model_path: str | None = None
     basis: str = DEFAULT_BASIS
     rebuild_rank: int | None = None  # pack_options' cap on decoded rank
+    output_weights: bool = True  # measure each shard's output weight into the header (about 1 min per template)
 
     def builder_kw(self) -> dict:
         return {"q": self.q, "max_rank": self.max_rank, "shard_size": self.shard_size, "model_path": self.model_path,
-                "basis": self.basis, "rebuild_rank": self.rebuild_rank}
+                "basis": self.basis, "rebuild_rank": self.rebuild_rank, "output_weights": self.output_weights}
 
     def key(self, template) -> str:
         settings = asdict(self)
         if self.rebuild_rank is None:  # builds published before the cap existed keep their key
             del settings["rebuild_rank"]
+        if self.output_weights:  # (the default: keys of builds published before the flag stay as they were)
+            del settings["output_weights"]
         return build_key(template, str(self.model_path or template.model), settings)
 
 
