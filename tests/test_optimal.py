@@ -124,7 +124,7 @@ class _Planned(Policy):
     def __init__(self, labels: dict[int, str]):
         self.labels = labels
 
-    def choose(self, unit, now, deadline, monitor):
+    def choose(self, unit, now, deadline, monitor, horizon=None):
         level = next(lv for lv in unit.levels if lv.label == self.labels[unit.index])
         return Decision(level, monitor.rate_bps, deadline - now, float("inf"), True)
 

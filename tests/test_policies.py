@@ -70,9 +70,9 @@ def simulated(policy: SakuraPolicy, s_per_work: float, shards: int = 8, slower_f
     seen: list[float] = []
 
     class Watching(type(policy)):  # what the policy knew at each request
-        def choose(self, unit, now, deadline, monitor):
+        def choose(self, unit, now, deadline, monitor, horizon=None):
             seen.append(monitor.rebuild.s_per_work)
-            return super().choose(unit, now, deadline, monitor)
+            return super().choose(unit, now, deadline, monitor, horizon)
 
     policy.__class__ = Watching
     tl, _ = simulate(_Synthetic(shards), policy, compute, link, None, keep=False,

@@ -190,9 +190,9 @@ class _Recording(SakuraPolicy):
         super().__init__()
         self.before_start: list[int] = []
 
-    def choose_before_start(self, unit, now, deadline, monitor):
+    def choose_before_start(self, unit, now, deadline, monitor, horizon=None):
         self.before_start.append(unit.index)
-        return super().choose_before_start(unit, now, deadline, monitor)
+        return super().choose_before_start(unit, now, deadline, monitor, horizon)
 
 
 def test_units_asked_for_before_execution_starts_are_chosen_as_such():

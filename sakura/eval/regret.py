@@ -368,11 +368,19 @@ class PerfectPrediction(Policy):
     def begin(self, units, compute_s, initial_bps):
         self.inner.begin(units, compute_s, initial_bps)
 
-    def choose(self, unit, now, deadline, monitor):
-        return self.inner.choose(unit, now, deadline, self._seen(now, deadline, monitor))
+    @property
+    def plans_ahead(self) -> bool:
+        return self.inner.plans_ahead
 
-    def choose_before_start(self, unit, now, deadline, monitor):
-        return self.inner.choose_before_start(unit, now, deadline, self._seen(now, deadline, monitor))
+    @property
+    def hold_scale(self) -> float:
+        return self.inner.hold_scale
+
+    def choose(self, unit, now, deadline, monitor, horizon=None):
+        return self.inner.choose(unit, now, deadline, self._seen(now, deadline, monitor), horizon)
+
+    def choose_before_start(self, unit, now, deadline, monitor, horizon=None):
+        return self.inner.choose_before_start(unit, now, deadline, self._seen(now, deadline, monitor), horizon)
 
     def _seen(self, now: float, deadline: float, monitor) -> "_Seen":
         window = getattr(self.inner, "gamma", 1.0) * max(0.0, deadline - now)

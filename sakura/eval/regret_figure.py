@@ -10,6 +10,7 @@ import numpy as np
 PANELS = (("latency_ratio", "latency / optimal latency at equal quality"),
           ("psnr_gap_db", "optimal masked PSNR − the system's, at equal latency (dB)"),
           ("psnr_gap_visible_db", "the same, each PSNR at most the display's (58.9 dB)"))
+VARIANT_STYLES = {"perfect": "--", "plan": ":"}  # line style of a variant row (sakura+perfect, sakura+plan)
 
 
 def regret_cdfs(records: Path, out: Path, trace: str = "") -> Path:
@@ -33,9 +34,10 @@ def regret_cdfs(records: Path, out: Path, trace: str = "") -> Path:
                 xs = np.sort([r["regret"][key] for r in mine
                               if r["system"] == system and r["regret"].get(key) is not None])
                 if len(xs):
-                    variant = "+" in system  # (sakura+perfect: SAKURA's colour, dashed)
+                    # (a variant, sakura+perfect or sakura+plan: its system's colour, dashed or dotted)
+                    style = VARIANT_STYLES.get(system.partition("+")[2], "-")
                     ax.step(xs, np.arange(1, len(xs) + 1) / len(xs), where="post", label=P.NAMES.get(system, system),
-                            color=P.COLORS.get(system.split("+")[0]), linestyle="--" if variant else "-")
+                            color=P.COLORS.get(system.split("+")[0]), linestyle=style)
             ax.set_xlabel(label, fontsize=8)
             ax.set_ylabel("share of edits")
             ax.set_title(f"{w} on {Path(trace).name}" if trace else w, fontsize=9)

@@ -16,12 +16,16 @@ from typing import Callable
 
 from sakura.formats import FetchUnit, Level
 from sakura.online.monitor import RuntimeMonitor
+from sakura.online.plan import Horizon, plan_levels
 
 DEFAULT_GAMMA = 0.8
 # Before execution starts, a level's last bytes are not bought when they cut error by less than this share of
 # what the edit's marginal byte buys (its error price, :class:`ErrorPrice`); chosen on the traces' first
 # halves against 10 (docs/results/issue32/policy4/).
 DEFAULT_FLAT_RATIO = 3.0
+# SAKURA planning ahead (:mod:`sakura.online.plan`; `sakura bench --plan-ahead` runs it beside SAKURA): the plan on R̂
+# itself, the start-up hold as SAKURA's. Not the default: first-half pilot in docs/results/issue32/policy8/.
+PLAN_SETTINGS = {"plan_margin": 1.0}
 
 
 @dataclass
@@ -37,18 +41,22 @@ class Policy(ABC):
     """Picks a level for each fetch unit. Which stored format it reads is the system's (``sakura.systems``)."""
 
     name: str = ""
+    plans_ahead = False  # wants a :class:`Horizon` with each choice (costs the scheduler a prediction per request)
+    hold_scale = 1.0  # execution waits for shard 0 this many times the lead a later unit gets from its gate
 
     def begin(self, units: list[FetchUnit], compute_s: float, initial_bps: float) -> None:
         """Called once per edit before the first request; ``compute_s`` = predicted masked compute."""
         self.units = units
 
     @abstractmethod
-    def choose(self, unit: FetchUnit, now: float, deadline: float, monitor: RuntimeMonitor) -> Decision: ...
+    def choose(self, unit: FetchUnit, now: float, deadline: float, monitor: RuntimeMonitor,
+               horizon: Horizon | None = None) -> Decision: ...
 
-    def choose_before_start(self, unit: FetchUnit, now: float, deadline: float, monitor: RuntimeMonitor) -> Decision:
+    def choose_before_start(self, unit: FetchUnit, now: float, deadline: float, monitor: RuntimeMonitor,
+                            horizon: Horizon | None = None) -> Decision:
         """:meth:`choose` for a unit asked for before execution starts, whose every byte delays the start
         (nothing overlaps a transfer yet). Default: as any other unit."""
-        return self.choose(unit, now, deadline, monitor)
+        return self.choose(unit, now, deadline, monitor, horizon)
 
 
 def best_within(levels: tuple[Level, ...], budget: float | Callable[[Level], float]) -> tuple[Level, bool]:
@@ -118,7 +126,7 @@ class WindowPolicy(Policy):
         self.gamma = gamma
         self.price_rebuild = price_rebuild
 
-    def choose(self, unit, now, deadline, monitor):
+    def choose(self, unit, now, deadline, monitor, horizon=None):
         window = self.gamma * max(0.0, deadline - now)  # the transfer window γ·(deadline − now)
         level, fits = best_within(unit.levels, lambda lv: self.allowance(lv, window, monitor))
         return Decision(level, monitor.rate_bps, window, self.allowance(level, window, monitor), fits)
@@ -138,23 +146,42 @@ class SakuraPolicy(WindowPolicy):
     bytes cut its weighted error by less than 1/``flat_ratio`` of the edit's error price at R̂ · γ · compute
     (:class:`ErrorPrice`): those bytes delay the start one for one, and an optimum of summed error buys them
     last (issue #32). Later units keep the rule above: bytes one leaves do not reach another (each is
-    asked for at its gate), so a cut there trades quality for latency. ``flat_ratio=None``: the paper's rule."""
+    asked for at its gate), so a cut there trades quality for latency. ``flat_ratio=None``: the paper's rule.
+
+    ``plan_margin``: instead of each unit's own window, plan every unit not asked for yet on the FIFO link at
+    ``plan_margin`` · R̂ (:mod:`sakura.online.plan`, the scheduler's :class:`Horizon`) and ask for the plan's first;
+    the flat-top rule still applies before the start. ``hold_scale``: execution waits for shard 0 this many times
+    the gate lead (the scheduler's start-up hold)."""
 
     name = "sakura"
 
     def __init__(self, gamma: float = DEFAULT_GAMMA, price_rebuild: bool = True,
-                 flat_ratio: float | None = DEFAULT_FLAT_RATIO):
+                 flat_ratio: float | None = DEFAULT_FLAT_RATIO, plan_margin: float | None = None,
+                 hold_scale: float = 1.0):
         super().__init__(gamma, price_rebuild)
         self.flat_ratio = flat_ratio
+        self.plan_margin, self.hold_scale = plan_margin, hold_scale
         self.price: ErrorPrice | None = None
+
+    @property
+    def plans_ahead(self) -> bool:
+        return self.plan_margin is not None
+
+    def choose(self, unit, now, deadline, monitor, horizon=None):
+        d = super().choose(unit, now, deadline, monitor)
+        if horizon is None or self.plan_margin is None:
+            return d
+        rebuild = (lambda lv: monitor.rebuild.seconds(lv.work)) if self.price_rebuild else (lambda lv: 0.0)
+        levels, ready = plan_levels(horizon, self.plan_margin * monitor.rate_bps, rebuild)
+        return replace(d, level=levels[0], budget_bytes=levels[0].nbytes, fits=ready[0] <= horizon.need_s[0])
 
     def begin(self, units, compute_s, initial_bps):
         super().begin(units, compute_s, initial_bps)
         self.compute_s = compute_s
         self.price = ErrorPrice(units) if self.flat_ratio else None
 
-    def choose_before_start(self, unit, now, deadline, monitor):
-        d = self.choose(unit, now, deadline, monitor)
+    def choose_before_start(self, unit, now, deadline, monitor, horizon=None):
+        d = self.choose(unit, now, deadline, monitor, horizon)
         if self.price is None or not d.fits:
             return d
         per_byte = self.price.at(monitor.rate_bps / 8 * self.gamma * self.compute_s) / self.flat_ratio
@@ -169,7 +196,7 @@ class Fp16Policy(Policy):
 
     name = "fp16"
 
-    def choose(self, unit, now, deadline, monitor):
+    def choose(self, unit, now, deadline, monitor, horizon=None):
         return Decision(unit.levels[0], monitor.rate_bps, deadline - now, float("inf"), True)
 
 
@@ -192,7 +219,7 @@ class IntQPolicy(Policy):
         fitting = [lab for lab in labels if total[lab] <= budget]
         self.bits = fitting[-1] if fitting else labels[0]
 
-    def choose(self, unit, now, deadline, monitor):
+    def choose(self, unit, now, deadline, monitor, horizon=None):
         level = next(lv for lv in unit.levels if lv.label == self.bits)
         return Decision(level, monitor.rate_bps, deadline - now, float("inf"), True)
 

@@ -27,6 +27,7 @@ from sakura.online.fallback import (
     predict_ready,
 )
 from sakura.online.monitor import RuntimeMonitor
+from sakura.online.plan import Horizon
 from sakura.online.policies import Policy
 from sakura.runtime.compute import ComputeProfile
 from sakura.runtime.prefetch import HeldUnit
@@ -112,6 +113,7 @@ class StreamScheduler:
         # rebuilt: execution starts then if that is before the hold's end (a level chosen with the margin γ, or
         # for less than the hold)
         self.startup_arrival = self.startup_ready = 0.0
+        self.asked_log: list[tuple[int, float, int]] = []  # every request: (its shard, when, the bytes asked for)
         self._lock = threading.RLock()
 
     def begin(self) -> None:
@@ -134,7 +136,7 @@ class StreamScheduler:
         player's start-up buffer): before execution starts nothing overlaps a transfer, and a shard 0 chosen
         for the prelude alone is the edit's poorest level, which the clairvoyant optimum never picks
         (issue #32 item 3)."""
-        return sum(self.predicted.shard_s[:self.ahead])
+        return self.policy.hold_scale * sum(self.predicted.shard_s[:self.ahead])
 
     @property
     def startup_at(self) -> float:
@@ -179,13 +181,15 @@ class StreamScheduler:
             if self.anytime and unit.needed_by == 0:
                 deadline = self.startup_until = max(deadline, now + self.startup_lead_s, self.startup_until)
             choose = self.policy.choose_before_start if before_start else self.policy.choose
-            d = choose(unit, now, self.choice_deadline(unit, deadline, now), self.monitor)
+            horizon = self.horizon(unit, now, deadline) if self.policy.plans_ahead else None
+            d = choose(unit, now, self.choice_deadline(unit, deadline, now), self.monitor, horizon)
             held = self.held.get(unit.index)
             if held is not None and d.level.error >= held.level.error:  # nothing better: no request
                 return UseHeld(unit, held, UnitRecord(unit.index, unit.needed_by, unit.label, held.level.label, 0,
                                                       d.budget_bytes, d.window_s, d.rate_bps / 1e6, True, now,
                                                       deadline_t=deadline, prefetched=True, rung=held.level.rung))
             ranges = self.encoding.ranges(unit, d.level)
+            self.asked_log.append((unit.needed_by, now, sum(n for _, n in ranges)))
             if self.anytime and unit.needed_by == 0:
                 self._startup_asked(d.level, sum(n for _, n in ranges), now)
             prefixes = self.encoding.prefixes(unit, d.level, ranges) if self.anytime else [(d.level, len(ranges))]
@@ -194,6 +198,38 @@ class StreamScheduler:
                              d.budget_bytes, d.window_s, d.rate_bps / 1e6, d.fits, now, deadline_t=deadline,
                              ranges=len(ranges), rung=d.level.rung)
             return Fetch(unit, d.level, ranges, prefixes, rec, held)
+
+    def horizon(self, unit: FetchUnit, now: float, deadline: float) -> Horizon:
+        """``unit`` (due at ``deadline``) and every unit after it, as the device predicts the rest of the edit at
+        ``now``: when execution reaches each one's shard (no stalls) and when each may be asked for."""
+        # (before shard 0's bytes are asked for, the start is the hold's end)
+        hold = self.startup_at if self.startup_ready else self.startup_until
+        rest = [self.encoding.priced(u) for u in self.encoding.units
+                if u.index > unit.index and u.index not in self.asked and u.needed_by not in self.replaced]
+        need = {j: predict_need(j, now, self.predicted, self.starts, hold_until=hold)
+                for j in {u.needed_by for u in rest}}
+        need[unit.needed_by] = deadline
+
+        def gate_s(u: FetchUnit) -> float:
+            g = self.gate(u)
+            if g is None:
+                return now
+            started = self.starts[g]
+            return started if started is not None and started <= now else max(now, predict_need(
+                g, now, self.predicted, self.starts, hold_until=hold))
+
+        # when the bytes asked for so far are through: every request replayed on the FIFO link at today's R̂ (a rate
+        # learnt since corrects the queue a poor first estimate predicted); a fallback's shards left the link, and a
+        # shard's transfers end when execution reaches it (cut there, or through before)
+        link_free, bps = 0.0, max(self.monitor.rate_bps, 1.0)
+        for j, t, n in self.asked_log:
+            if j in self.replaced:
+                continue
+            end, started = max(link_free, t) + n * 8 / bps, self.starts[j]
+            link_free = max(link_free, min(end, started) if started is not None and started <= now else end)
+        units = (unit, *rest)
+        return Horizon(now, units, tuple(need[u.needed_by] for u in units), tuple(gate_s(u) for u in units),
+                       max(now, link_free))
 
     # -- what the device learns --------------------------------------------------------------------
     def transferred(self, nbytes: int, t_request: float, t_last_byte: float) -> float:

@@ -1,0 +1,86 @@
+"""Model-predictive level choice (issue #32): at each request, a plan for every unit not yet asked for, made on
+what the device predicts — the rate R̂ held constant, the shards' calibrated compute, this edit's rebuild rate —
+and the first unit of it is what the device asks for. The next request plans again with what it has learnt.
+
+The plan model is the clairvoyant planner's (:mod:`sakura.eval.plan_model`) cut to what a device can solve
+in milliseconds: one FIFO link at a constant rate from when the bytes already asked for are through, each
+unit asked for no sooner than its gate, rebuilds one at a time, no fallbacks. A unit is *on time* when it is
+rebuilt by the moment execution is predicted to reach its shard (no stall). Among the plans that keep every
+unit on time (or no later than its smallest level would be), the plan of least weighted error
+(``FetchUnit.weight`` · level error: the output's predicted masked MSE) is found greedily: the frontier
+segment that cuts the most weighted error per byte first, kept when every unit is still on time. With
+nested deadlines over one FIFO link this is the equal-slope allocation the per-unit rule cannot make: a unit
+the output sees more takes bytes a unit it hardly sees would have spent.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from typing import Callable
+
+from sakura.formats import FetchUnit, Level
+
+
+@dataclass(frozen=True)
+class Horizon:
+    """The rest of the edit as the device predicts it when it asks for ``units[0]``."""
+
+    now: float
+    units: tuple[FetchUnit, ...]  # that unit and every later one not asked for yet, in consumption order
+    need_s: tuple[float, ...]  # per unit: when execution is predicted to reach its shard
+    gate_s: tuple[float, ...]  # per unit: when it may be asked for
+    link_free_s: float  # when the bytes asked for so far are predicted through at R̂
+
+
+def _frontier(levels: tuple[Level, ...]) -> list[Level]:
+    from sakura.online.policies import lower_hull  # (policies imports this module)
+
+    return lower_hull(levels)
+
+
+def ready_times(h: Horizon, levels: list[Level], rate_Bps: float, rebuild_s: Callable[[Level], float],
+                first: int = 0, state: tuple[float, float] | None = None) -> tuple[list[float], list[tuple]]:
+    """When each unit from ``first`` on is rebuilt if asked for at ``levels``; also the (link free, rebuilder
+    free) state before each unit, so a change at unit k replays from k."""
+    link, rebuilder = state if state is not None else (max(h.now, h.link_free_s), h.now)
+    ready, states = [], []
+    for k in range(first, len(levels)):
+        states.append((link, rebuilder))
+        link = max(link, h.gate_s[k]) + levels[k].nbytes / rate_Bps
+        rebuilder = max(link, rebuilder) + rebuild_s(levels[k])
+        ready.append(rebuilder)
+    return ready, states
+
+
+def plan_levels(h: Horizon, rate_bps: float, rebuild_s: Callable[[Level], float]) -> tuple[list[Level], list[float]]:
+    """The least-weighted-error levels of ``h.units`` that keep each unit on time at ``rate_bps`` (see the module);
+    and each one's predicted ready time."""
+    rate_Bps = max(rate_bps, 1.0) / 8
+    hulls = [_frontier(u.levels) for u in h.units]
+    at = [0] * len(hulls)
+    levels = [hull[0] for hull in hulls]
+    ready, states = ready_times(h, levels, rate_Bps, rebuild_s)
+    # on time: by the need, or no later than the smallest plan has it (a unit late at its smallest level stalls
+    # whatever is chosen; it must not stall longer)
+    limit = [max(n, r) for n, r in zip(h.need_s, ready)]
+    heap = []
+
+    def push(k: int) -> None:
+        i = at[k]
+        if i + 1 < len(hulls[k]):
+            a, b = hulls[k][i], hulls[k][i + 1]
+            gain = h.units[k].weight * (a.error - b.error) / max(1, b.nbytes - a.nbytes)
+            heapq.heappush(heap, (-gain, k))
+
+    for k in range(len(hulls)):
+        push(k)
+    while heap:
+        _, k = heapq.heappop(heap)
+        trial = levels[:k] + [hulls[k][at[k] + 1]] + levels[k + 1:]
+        tail, tail_states = ready_times(h, trial, rate_Bps, rebuild_s, first=k, state=states[k])
+        if all(r <= lim + 1e-9 for r, lim in zip(tail, limit[k:])):
+            levels, at[k] = trial, at[k] + 1
+            ready[k:], states[k:] = tail, tail_states
+            push(k)
+    return levels, ready
