@@ -33,10 +33,22 @@ class Horizon:
     link_free_s: float  # when the bytes asked for so far are predicted through at R̂
 
 
-def _frontier(levels: tuple[Level, ...]) -> list[Level]:
-    from sakura.online.policies import lower_hull  # (policies imports this module)
+def lower_hull(levels: tuple[Level, ...]) -> list[Level]:
+    """The levels on the lower convex frontier of (bytes, error), fewest bytes first: each next one cuts
+    error by less per extra byte than the one before (an equal-slope allocation only ever picks these)."""
+    hull: list[Level] = []
+    for lv in sorted(levels, key=lambda x: (x.nbytes, x.error)):
+        if hull and lv.error >= hull[-1].error:
+            continue
+        while len(hull) >= 2 and segment_gain(hull[-2], hull[-1]) <= segment_gain(hull[-1], lv):
+            hull.pop()
+        hull.append(lv)
+    return hull
 
-    return lower_hull(levels)
+
+def segment_gain(a: Level, b: Level) -> float:
+    """Error cut per extra byte from ``a`` to ``b``."""
+    return (a.error - b.error) / max(1, b.nbytes - a.nbytes)
 
 
 def ready_times(h: Horizon, levels: list[Level], rate_Bps: float, rebuild_s: Callable[[Level], float],
@@ -57,7 +69,7 @@ def plan_levels(h: Horizon, rate_bps: float, rebuild_s: Callable[[Level], float]
     """The least-weighted-error levels of ``h.units`` that keep each unit on time at ``rate_bps`` (see the module);
     and each one's predicted ready time."""
     rate_Bps = max(rate_bps, 1.0) / 8
-    hulls = [_frontier(u.levels) for u in h.units]
+    hulls = [lower_hull(u.levels) for u in h.units]
     at = [0] * len(hulls)
     levels = [hull[0] for hull in hulls]
     ready, states = ready_times(h, levels, rate_Bps, rebuild_s)

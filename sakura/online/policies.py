@@ -16,7 +16,7 @@ from typing import Callable
 
 from sakura.formats import FetchUnit, Level
 from sakura.online.monitor import RuntimeMonitor
-from sakura.online.plan import Horizon, plan_levels
+from sakura.online.plan import Horizon, lower_hull, plan_levels, segment_gain
 
 DEFAULT_GAMMA = 0.8
 # Before execution starts, a level's last bytes are not bought when they cut error by less than this share of
@@ -69,24 +69,6 @@ def best_within(levels: tuple[Level, ...], budget: float | Callable[[Level], flo
     return min(fitting, key=lambda lv: (lv.error, lv.nbytes)), True
 
 
-def lower_hull(levels: tuple[Level, ...]) -> list[Level]:
-    """The levels on the lower convex frontier of (bytes, error), fewest bytes first: each next one cuts
-    error by less per extra byte than the one before (an equal-slope allocation only ever picks these)."""
-    hull: list[Level] = []
-    for lv in sorted(levels, key=lambda x: (x.nbytes, x.error)):
-        if hull and lv.error >= hull[-1].error:
-            continue
-        while len(hull) >= 2 and _gain(hull[-2], hull[-1]) <= _gain(hull[-1], lv):
-            hull.pop()
-        hull.append(lv)
-    return hull
-
-
-def _gain(a: Level, b: Level) -> float:
-    """Error cut per extra byte from ``a`` to ``b``."""
-    return (a.error - b.error) / max(1, b.nbytes - a.nbytes)
-
-
 class ErrorPrice:
     """The marginal error per byte of the whole edit at a byte budget: the slope at which an equal-slope
     allocation of ``budget`` bytes over every unit's frontier (:func:`lower_hull`) stops — what one more
@@ -102,7 +84,7 @@ class ErrorPrice:
             if not hull:
                 continue
             self.floor += hull[0].nbytes
-            steps += [(u.weight * _gain(a, b), b.nbytes - a.nbytes) for a, b in zip(hull, hull[1:])]
+            steps += [(u.weight * segment_gain(a, b), b.nbytes - a.nbytes) for a, b in zip(hull, hull[1:])]
         steps.sort(key=lambda g: -g[0])
         self.gains = [g for g, _ in steps]
         self.cumulative = []  # bytes of the allocation once the first k segments are bought
