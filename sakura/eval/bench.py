@@ -511,7 +511,7 @@ def planned_ahead_edit(prepared: TemplateBench, req_index: int, trace: Trace, st
                        regret: bool, say: Callable[[str], None] = print) -> dict:
     """SAKURA planning every unit not asked for yet at each request (:mod:`sakura.online.plan`), with the settings
     of its first-half pilot (``PLAN_SETTINGS``)."""
-    from sakura.online.policies import PLAN_SETTINGS, get_policy
+    from sakura.online.policies import PLAN_SETTINGS, get_policy  # (only with --plan-ahead: the plan's settings)
 
     return run_one(prepared, req_index, OURS, trace, start, policy=get_policy(OURS, **PLAN_SETTINGS), name=PLAN_NAME,
                    fallbacks=cfg.fallbacks, regret_budget_s=cfg.regret_budget_s if regret else None, say=say)
