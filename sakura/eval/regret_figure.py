@@ -35,7 +35,8 @@ def regret_cdfs(records: Path, out: Path, trace: str = "") -> Path:
                               if r["system"] == system and r["regret"].get(key) is not None])
                 if len(xs):
                     # (a variant, sakura+perfect or sakura+plan: its system's colour, dashed or dotted)
-                    style = VARIANT_STYLES.get(system.partition("+")[2], "-")
+                    _, plus, variant = system.partition("+")
+                    style = VARIANT_STYLES.get(variant, "--") if plus else "-"
                     ax.step(xs, np.arange(1, len(xs) + 1) / len(xs), where="post", label=P.NAMES.get(system, system),
                             color=P.COLORS.get(system.split("+")[0]), linestyle=style)
             ax.set_xlabel(label, fontsize=8)
