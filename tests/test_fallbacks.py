@@ -272,11 +272,19 @@ def test_a_dip_in_the_first_step_is_recomputed_and_the_rest_streams(folder, cloc
     tpl, runtime, req = folder
     fb = runtime.session(tpl, "sakura", Network(DEAD, "dead", 0.0, 1.0)).fallback_context()
     # 0.1 ms of link first: 625 bytes, less than any level of shard 0 (1 ms carried a shared-basis level whole)
-    dip = Trace(np.array([0.0, 0.0001, 1.1 * fb.full_step_s, 600.0]), np.array([50.0, 0.0, 50.0]), "dip")
+    back_s = 1.1 * fb.full_step_s
+    dip = Trace(np.array([0.0, 0.0001, back_s, 600.0]), np.array([50.0, 0.0, 50.0]), "dip")
     session = runtime.session(tpl, "sakura", Network(dip, "dip", 0.0, 1.0), timeout_s=30)
     session.fallback_bound_share = 0.0
-    outcome = session.simulate(req) if clock == "sim" else session.run(req)
-    tl = outcome.timeline
+    for _ in range(3):
+        outcome = session.simulate(req) if clock == "sim" else session.run(req)
+        tl = outcome.timeline
+        asked = tl.shards[0].exec_start_t - tl.shards[0].stall_s
+        # (a loaded machine can hold the executor back until the dip is nearly over: then nothing was to decide)
+        if tl.fallbacks or asked < back_s / 3:
+            break
+    else:
+        pytest.skip(f"the machine held the device's first ask back past the dip three times (last at {asked:.2f} s)")
     assert tl.fallbacks and tl.fallbacks[0]["kind"] == "recompute" and tl.fallbacks[0]["shard"] == 0, tl.fallbacks
     assert all(u.needed_by >= 4 or u.dropped for u in tl.units)  # nothing of step 0 was used from the link
     if clock == "sim":  # (the real run's compute drifts from the calibration on a loaded machine)
