@@ -63,7 +63,7 @@ VARIANTS: dict[str, tuple[str, str]] = {
     "sakura-no-fallback": ("SAKURA (no fallbacks)", "#f76707"),
     "sakura-paper": ("SAKURA (paper runtime)", "#adb5bd"),  # no anytime shards, no fallbacks
     "sakura-v1": ("SAKURA v1 pack", "#5f3dc4"),  # issue #18's before: uniform bits, raw planes
-    "sakura+plan": ("SAKURA (planned ahead)", "#e64980"),  # every unit planned at each request (--plan-ahead)
+    "sakura+rule": ("SAKURA (per-unit window rule)", "#e64980"),  # the rule before the plan (--window-rule)
 }
 
 

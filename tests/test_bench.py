@@ -63,11 +63,11 @@ def test_bench_regret_against_each_systems_clairvoyant_optimum(fs_packs, tmp_pat
     assert all((packs / f"{template.id}.{fmt}.errors.json").is_file() for fmt in ("intq", "cachegen"))
     cfg = bench.BenchConfig(workloads=("fs",), systems=("sakura", "intq", "cachegen"), starts=1, packs=packs,
                             max_rank=32, calibration_file=tmp_path / "calibration.json", repeats=2, regret_budget_s=5.0,
-                            plan_ahead=True)
+                            window_rule=True)
     written = figures.run(cfg, tmp_path, figure="regret", progress=None, say=lambda s: None)
     fs = json.loads((tmp_path / "summary.json").read_text())["workloads"]["fs"]
     rows = [json.loads(line) for line in (tmp_path / "records.jsonl").read_text().splitlines()]
-    assert {r["system"] for r in rows} == {"sakura", "intq", "cachegen", "sakura+perfect", "sakura+plan"}
+    assert {r["system"] for r in rows} == {"sakura", "intq", "cachegen", "sakura+perfect", "sakura+rule"}
     for r in rows:
         g = r["regret"]
         assert g["optimal_latency_s"] > 0
@@ -79,7 +79,7 @@ def test_bench_regret_against_each_systems_clairvoyant_optimum(fs_packs, tmp_pat
         assert len(g["equal_latency_actions"]) == r["shards"]
         assert g["psnr_gap_visible_db"] == pytest.approx(
             min(g["optimal_psnr_masked"], DISPLAY_PSNR_DB) - min(r["psnr_masked"], DISPLAY_PSNR_DB))
-    for system in ("sakura", "intq", "cachegen", "sakura+perfect", "sakura+plan"):
+    for system in ("sakura", "intq", "cachegen", "sakura+perfect", "sakura+rule"):
         reg = fs[system]["regret"]
         assert set(reg["latency_over_optimal"]) == {"p50", "p90"} and set(reg["psnr_gap_db"]) == {"p50", "p90"}
         assert reg["psnr_gap_visible_db"]["p90"] <= max(0.0, reg["psnr_gap_db"]["p90"]) + 1e-9

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from sakura.formats import FetchUnit, Level, StreamEncoding
 from sakura.online.fallback import FallbackContext, InFlight
 from sakura.online.monitor import RuntimeMonitor
-from sakura.online.policies import SakuraPolicy
+from sakura.online.policies import RULE_SETTINGS, SakuraPolicy
 from sakura.runtime.compute import ComputeProfile
 from sakura.runtime.prefetch import HeldUnit
 from sakura.runtime.scheduler import WAIT, Fetch, StreamScheduler, UseHeld
@@ -168,8 +168,8 @@ def test_a_wait_is_worth_what_was_asked_for(asked_at, expected):
     n = len(compute.shards)
     ctx = FallbackContext.for_edit(compute, STEPS, least_bytes=[2 * LEVELS[0].nbytes] * n, least_error=[0.5] * n,
                                    step_error=[None] * PER_STEP + [0.1] * (n - PER_STEP))
-    sched = StreamScheduler(_TwoPerShard(n, progressive=True), SakuraPolicy(), compute, RuntimeMonitor(initial_bps=8e6),
-                            ahead=2, fallback=ctx)
+    sched = StreamScheduler(_TwoPerShard(n, progressive=True), SakuraPolicy(**RULE_SETTINGS), compute,
+                            RuntimeMonitor(initial_bps=8e6), ahead=2, fallback=ctx)  # (each unit its own window)
     sched.begin()
     units = sched.encoding.units
     for u in units[:4]:  # step 0 at the top level, rebuilt
@@ -216,8 +216,8 @@ def test_a_later_shard_asked_for_before_the_start_is_chosen_for_after_the_hold(a
     sooner than the hold's end plus shard 0's compute (0.15 s), not the prelude's end plus it (0.07 s): chosen for
     the later need, shard 1's units afford the top level at 0.5 MB/s. Without anytime shards there is no hold."""
     compute = _compute()
-    sched = StreamScheduler(_TwoPerShard(len(compute.shards), progressive=True), SakuraPolicy(), compute,
-                            RuntimeMonitor(initial_bps=4e6), anytime=anytime)
+    sched = StreamScheduler(_TwoPerShard(len(compute.shards), progressive=True), SakuraPolicy(**RULE_SETTINGS),
+                            compute, RuntimeMonitor(initial_bps=4e6), anytime=anytime)  # (the hold: one gate lead)
     sched.begin()
     units = sched.encoding.units
     for unit in units[:2]:

@@ -370,8 +370,9 @@ def bench(
         "summary.json gets their p50 / p90. --figure regret implies it."),
     regret_budget: float = typer.Option(20.0, "--regret-budget", help="The planner's seconds per solve; past "
                                         "them it reports its optimality gap."),
-    plan_ahead: bool = typer.Option(False, "--plan-ahead", help="Also run `sakura+plan` (simulated clock): SAKURA "
-                                    "planning every unit not asked for yet at each request, beside SAKURA."),
+    window_rule: bool = typer.Option(False, "--window-rule", help="Also run `sakura+rule` (simulated clock): SAKURA's "
+                                     "earlier per-unit window rule (each unit its own window, a shorter start-up "
+                                     "hold) instead of its plan, beside SAKURA."),
     rebuild_clock: str = typer.Option(
         "cpu",
         "--rebuild-clock",
@@ -418,7 +419,7 @@ def bench(
                             full_repeats=max(1, calibration_runs), quality_requests=quality_requests,
                             executor=executor, reconstructor=reconstructor,
                             regret=regret or figure == "regret", regret_budget_s=regret_budget, sim_link=sim_link,
-                            rebuild_overlap=rebuild_overlap, plan_ahead=plan_ahead)
+                            rebuild_overlap=rebuild_overlap, window_rule=window_rule)
     if trace_part not in bench.TRACE_PARTS:
         raise UserError(f"--trace-part must be one of {', '.join(bench.TRACE_PARTS)}, not {trace_part!r}")
     if not 0.0 <= rebuild_overlap <= 1.0:

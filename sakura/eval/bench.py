@@ -352,7 +352,7 @@ class BenchConfig:
     reconstructor: str = "torch"
     regret: bool = False  # measure every streamed edit against its system's clairvoyant optimum (sim clock)
     regret_budget_s: float = 20.0  # the planner's time per solve; past it, it reports its optimality gap
-    plan_ahead: bool = False  # add `sakura+plan` rows: SAKURA planning every unit ahead at each request (sim clock)
+    window_rule: bool = False  # add `sakura+rule` rows: SAKURA with its earlier per-unit window rule (sim clock)
     sim_link: str = "fluid"  # the simulated clock's link (SIM_LINKS): "tcp" holds a transfer past an outage
     # the share of a rebuild's time the simulated device hides beside execution: 1, a core to spare (a phone); 0, the
     # executor's core (the 2-core host testbed, whose second core serves the template server and the link)
@@ -454,8 +454,8 @@ def run_bench(cfg: BenchConfig, out: Path, progress=None, say: Callable[[str], N
                                 fallbacks=cfg.fallbacks,
                             )
                         )
-                    if system == OURS and cfg.plan_ahead and clock == "sim":  # beside, never instead of
-                        rows.append(planned_ahead_edit(prepared, req_index, base_trace.scaled(
+                    if system == OURS and cfg.window_rule and clock == "sim":  # beside, never instead of
+                        rows.append(window_rule_edit(prepared, req_index, base_trace.scaled(
                             scales[prepared.template.id]), start, cfg, regret, say))
                     if system == OURS and regret:  # the estimator's share of SAKURA's regret
                         rows.append(perfect_prediction_edit(prepared, req_index, base_trace.scaled(
@@ -504,16 +504,16 @@ def perfect_prediction_edit(prepared: TemplateBench, req_index: int, trace: Trac
                    regret_budget_s=cfg.regret_budget_s, say=say)
 
 
-PLAN_NAME = "sakura+plan"
+RULE_NAME = "sakura+rule"
 
 
-def planned_ahead_edit(prepared: TemplateBench, req_index: int, trace: Trace, start: float, cfg: "BenchConfig",
-                       regret: bool, say: Callable[[str], None] = print) -> dict:
-    """SAKURA planning every unit not asked for yet at each request (:mod:`sakura.online.plan`), with the settings
-    of its first-half pilot (``PLAN_SETTINGS``)."""
-    from sakura.online.policies import PLAN_SETTINGS, get_policy  # (only with --plan-ahead: the plan's settings)
+def window_rule_edit(prepared: TemplateBench, req_index: int, trace: Trace, start: float, cfg: "BenchConfig",
+                     regret: bool, say: Callable[[str], None] = print) -> dict:
+    """SAKURA with its earlier per-unit window rule instead of the plan (``RULE_SETTINGS``: each unit its own window,
+    the start-up hold one gate lead)."""
+    from sakura.online.policies import RULE_SETTINGS, get_policy  # (only with --window-rule: the rule's settings)
 
-    return run_one(prepared, req_index, OURS, trace, start, policy=get_policy(OURS, **PLAN_SETTINGS), name=PLAN_NAME,
+    return run_one(prepared, req_index, OURS, trace, start, policy=get_policy(OURS, **RULE_SETTINGS), name=RULE_NAME,
                    fallbacks=cfg.fallbacks, regret_budget_s=cfg.regret_budget_s if regret else None, say=say)
 
 

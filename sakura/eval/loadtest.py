@@ -35,7 +35,7 @@ from sakura.net.store_reader import ServerStoreClient, link_for_server
 from sakura.net.traces import load_trace
 from sakura.net.unpaced import UnpacedLink
 from sakura.online.monitor import RuntimeMonitor
-from sakura.online.policies import get_policy
+from sakura.online.policies import RULE_SETTINGS, get_policy
 
 AHEAD = 2  # shards fetched ahead of the executing one (the runtime's bound on device cache memory)
 
@@ -74,7 +74,8 @@ def one_edit(
     enc = encoding_from_header("sakura", client.header_bytes(fid)).fresh()
     units = enc.units
     initial_bps = float(trace.rate_at(start)) * 1e6
-    policy, monitor = get_policy("sakura"), RuntimeMonitor(initial_bps)
+    # (the per-unit window rule: one fetch per unit in turn has no scheduler's horizon to plan the rest with)
+    policy, monitor = get_policy("sakura", **RULE_SETTINGS), RuntimeMonitor(initial_bps)
     policy.begin(units, cfg.prelude_s + cfg.shard_s * len(units), initial_bps)
     kernel = cfg.link == "kernel"
     link = UnpacedLink(client) if kernel else PacedLink(client, trace, start)

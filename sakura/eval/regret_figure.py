@@ -10,7 +10,7 @@ import numpy as np
 PANELS = (("latency_ratio", "latency / optimal latency at equal quality"),
           ("psnr_gap_db", "optimal masked PSNR − the system's, at equal latency (dB)"),
           ("psnr_gap_visible_db", "the same, each PSNR at most the display's (58.9 dB)"))
-VARIANT_STYLES = {"perfect": "--", "plan": ":"}  # line style of a variant row (sakura+perfect, sakura+plan)
+VARIANT_STYLES = {"perfect": "--", "rule": ":"}  # line style of a variant row (sakura+perfect, sakura+rule)
 
 
 def regret_cdfs(records: Path, out: Path, trace: str = "") -> Path:
@@ -34,7 +34,7 @@ def regret_cdfs(records: Path, out: Path, trace: str = "") -> Path:
                 xs = np.sort([r["regret"][key] for r in mine
                               if r["system"] == system and r["regret"].get(key) is not None])
                 if len(xs):
-                    # (a variant, sakura+perfect or sakura+plan: its system's colour, dashed or dotted)
+                    # (a variant, sakura+perfect or sakura+rule: its system's colour, dashed or dotted)
                     _, plus, variant = system.partition("+")
                     style = VARIANT_STYLES.get(variant, "--") if plus else "-"
                     ax.step(xs, np.arange(1, len(xs) + 1) / len(xs), where="post", label=P.NAMES.get(system, system),

@@ -95,4 +95,17 @@ def plan_levels(h: Horizon, rate_bps: float, rebuild_s: Callable[[Level], float]
             levels, at[k] = trial, at[k] + 1
             ready[k:], states[k:] = tail, tail_states
             push(k)
+            continue
+        # the next frontier level is late; one off the frontier up to its bytes may fit (a lower rank: less rebuild)
+        step = hulls[k][at[k] + 1]
+        for lv in sorted(h.units[k].levels, key=lambda x: x.error):
+            if lv.error >= levels[k].error:
+                break
+            if lv.nbytes > step.nbytes:
+                continue
+            trial = levels[:k] + [lv] + levels[k + 1:]
+            tail, tail_states = ready_times(h, trial, rate_Bps, rebuild_s, first=k, state=states[k])
+            if all(r <= lim + 1e-9 for r, lim in zip(tail, limit[k:])):
+                levels, ready[k:], states[k:] = trial, tail, tail_states
+                break
     return levels, ready

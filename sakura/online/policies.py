@@ -23,9 +23,14 @@ DEFAULT_GAMMA = 0.8
 # what the edit's marginal byte buys (its error price, :class:`ErrorPrice`); chosen on the traces' first
 # halves against 10 (docs/results/issue32/policy4/).
 DEFAULT_FLAT_RATIO = 3.0
-# SAKURA planning ahead (:mod:`sakura.online.plan`; `sakura bench --plan-ahead` runs it beside SAKURA): the plan on R̂
-# itself, the start-up hold as SAKURA's. Not the default: first-half pilot in docs/results/issue32/policy8/.
-PLAN_SETTINGS = {"plan_margin": 1.0}
+# SAKURA plans every unit ahead (:mod:`sakura.online.plan`) on R̂ itself (a plan on 1.25 or 1.5 × R̂ was slower and
+# poorer) and holds the start-up for 1.5 × the gate lead (1.0 and 1.25 were faster but poorer): first-half pilots in
+# docs/results/issue32/policy8/ and policy9/.
+DEFAULT_PLAN_MARGIN = 1.0
+DEFAULT_HOLD_SCALE = 1.5
+# The per-unit window rule SAKURA used before (each unit its own window γ·(need − now), the hold one gate lead):
+# `sakura bench --window-rule` runs it beside SAKURA.
+RULE_SETTINGS = {"plan_margin": None, "hold_scale": 1.0}
 
 
 @dataclass
@@ -132,14 +137,14 @@ class SakuraPolicy(WindowPolicy):
 
     ``plan_margin``: instead of each unit's own window, plan every unit not asked for yet on the FIFO link at
     ``plan_margin`` · R̂ (:mod:`sakura.online.plan`, the scheduler's :class:`Horizon`) and ask for the plan's first;
-    the flat-top rule still applies before the start. ``hold_scale``: execution waits for shard 0 this many times
-    the gate lead (the scheduler's start-up hold)."""
+    the flat-top rule still applies before the start (None: the per-unit window rule). ``hold_scale``: execution
+    waits for shard 0 this many times the gate lead (the scheduler's start-up hold)."""
 
     name = "sakura"
 
     def __init__(self, gamma: float = DEFAULT_GAMMA, price_rebuild: bool = True,
-                 flat_ratio: float | None = DEFAULT_FLAT_RATIO, plan_margin: float | None = None,
-                 hold_scale: float = 1.0):
+                 flat_ratio: float | None = DEFAULT_FLAT_RATIO, plan_margin: float | None = DEFAULT_PLAN_MARGIN,
+                 hold_scale: float = DEFAULT_HOLD_SCALE):
         super().__init__(gamma, price_rebuild)
         self.flat_ratio = flat_ratio
         self.plan_margin, self.hold_scale = plan_margin, hold_scale
