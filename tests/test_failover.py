@@ -21,9 +21,10 @@ def unpriced():
     """SAKURA's policy with a window so wide that every level fits: every unit's top level on every run (a
     rebuild-priced choice reads each run's measured decode times, and on a loaded machine the monitor reads
     a slower link than the trace: either could make two runs differ, which is not what these tests check)."""
-    from sakura.online.policies import get_policy
+    from sakura.online.policies import RULE_SETTINGS, get_policy
 
-    return get_policy("sakura", price_rebuild=False, gamma=1e6)
+    # (the per-unit rule: its window is γ·(need − now); the plan would plan on R̂ however wide the window)
+    return get_policy("sakura", price_rebuild=False, gamma=1e6, **RULE_SETTINGS)
 
 
 def pack(seed: int) -> bytes:
