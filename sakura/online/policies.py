@@ -125,8 +125,9 @@ class WindowPolicy(Policy):
 
 
 class SakuraPolicy(WindowPolicy):
-    """Per-shard budget = R̂ · γ(T_ovlp + H); best profiled (r, b_A, b_B) within it, less the level's
-    rebuild: higher ranks cost more rebuild for the same bytes (``Level.work``). The paper's rule takes
+    """By default SAKURA plans every unit ahead (``plan_margin``, below). The per-unit window rule
+    (``plan_margin=None``, the paper's): per-shard budget = R̂ · γ(T_ovlp + H); best profiled (r, b_A, b_B) within it,
+    less the level's rebuild: higher ranks cost more rebuild for the same bytes (``Level.work``). The paper's rule takes
     rebuild as free (``price_rebuild=False``).
 
     Before execution starts it leaves the flat top of a unit's ladder (``flat_ratio``): levels whose extra
