@@ -1,13 +1,15 @@
 """Anytime shards: a shard's bytes arrive smallest configuration first, and when execution reaches a
 shard still in flight it uses the best configuration that came through instead of stalling."""
 
+import time
+
 import numpy as np
 import pytest
 
 from sakura.formats import encoding_from_header, file_id
 from sakura.net.folder import FolderSource
 from sakura.net.traces import Trace
-from sakura.online.policies import DEFAULT_GAMMA
+from sakura.online.policies import DEFAULT_GAMMA, SakuraPolicy
 from sakura.runtime.calibration import CalibrationStore
 from sakura.runtime.compute import ComputeProfile
 from sakura.runtime.scheduler import StreamScheduler
@@ -148,6 +150,44 @@ def test_shard_0_is_not_cut_before_the_deadline_it_was_chosen_for(folder, clock)
     first = tl.units[0]
     assert first.requested_level, "chosen at 40 Mbps, it cannot all arrive at 2 Mbps"
     assert tl.shards[0].exec_start_t >= first.deadline_t - 1e-9
+
+
+def test_the_bytes_past_a_cut_count_toward_the_links_rate(folder):
+    """A cut transfer keeps its largest prefix through, but the bytes past it crossed the link too: the rate the
+    device learns from it is the link's. On a steady 8 Mbps link, a plan at 4 × R̂ has most units cut; counting only
+    the kept prefixes over each transfer's time read 7.2 and 7.6 Mbps on average from the third unit on (two runs),
+    every later choice a size too small."""
+    tpl, runtime, req, raw = folder
+    session = runtime.session(tpl, "sakura", Network(STEADY, "steady", 0.0, 1.0), fallbacks=False,
+                              estimator="harmonic", compute=quiet_compute(runtime, tpl),
+                              policy=SakuraPolicy(plan_margin=4.0))
+    units = session.simulate(req).timeline.units
+    assert sum(bool(u.requested_level) for u in units) >= 3  # cut
+    rates = [u.rate_mbps for u in units[2:]]  # (the first sample's active time holds the request's round trip)
+    assert np.mean(rates) > 0.975 * 8.0 and max(rates) <= 8.0 * 1.001, rates
+
+
+def test_a_cut_on_the_paced_link_reports_the_bytes_through_by_then():
+    """The real clock's link: a transfer cut at ~0.15 s of 0.4 s keeps whole parts only, and reports the bytes
+    through by the cut (the device's socket read them) beside them."""
+    import threading
+
+    from sakura.net.client import Transfer
+    from sakura.net.paced import PacedLink
+
+    class Instant:
+        def fetch_timed(self, fid, ranges):
+            now = time.monotonic()
+            n = sum(n for _, n in ranges)
+            return Transfer([b"\0" * n for _, n in ranges], n, n, now, now, now)
+
+    link = PacedLink(Instant(), Trace.constant(8.0), 0.0)  # 1 MB/s
+    cut = threading.Event()
+    threading.Timer(0.15, cut.set).start()
+    tr = link.receive(link.send("x", [(i * 100_000, 100_000) for i in range(4)]), cut, [1, 2, 3, 4])
+    assert len(tr.parts) < 4 and tr.nbytes == 100_000 * len(tr.parts)
+    assert tr.nbytes < tr.wire_bytes < tr.nbytes + 100_000  # into the next part, not through it
+    assert tr.wire_bytes / (tr.t_last_byte - tr.t_request) == pytest.approx(1e6, rel=0.05)
 
 
 def test_the_tcp_view_of_an_outage_holds_the_edit_past_the_links_return(folder):

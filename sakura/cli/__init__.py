@@ -373,6 +373,8 @@ def bench(
     window_rule: bool = typer.Option(False, "--window-rule", help="Also run `sakura+rule` (simulated clock): SAKURA's "
                                      "earlier per-unit window rule (each unit its own window, a shorter start-up "
                                      "hold) instead of its plan, beside SAKURA."),
+    also_estimator: list[str] = typer.Option([], "--also-estimator", help="Also run SAKURA on this rate estimator "
+                                             "(simulated clock; repeatable): `sakura+NAME` rows beside SAKURA's."),
     rebuild_clock: str = typer.Option(
         "cpu",
         "--rebuild-clock",
@@ -419,7 +421,13 @@ def bench(
                             full_repeats=max(1, calibration_runs), quality_requests=quality_requests,
                             executor=executor, reconstructor=reconstructor,
                             regret=regret or figure == "regret", regret_budget_s=regret_budget, sim_link=sim_link,
-                            rebuild_overlap=rebuild_overlap, window_rule=window_rule)
+                            rebuild_overlap=rebuild_overlap, window_rule=window_rule,
+                            also_estimators=tuple(also_estimator))
+    from sakura.online.monitor import ESTIMATORS  # (light; with the other imports of the command)
+
+    unknown = [e for e in also_estimator if e not in ESTIMATORS]
+    if unknown:
+        raise UserError(f"--also-estimator: unknown {', '.join(unknown)}; choose from {', '.join(ESTIMATORS)}")
     if trace_part not in bench.TRACE_PARTS:
         raise UserError(f"--trace-part must be one of {', '.join(bench.TRACE_PARTS)}, not {trace_part!r}")
     if not 0.0 <= rebuild_overlap <= 1.0:

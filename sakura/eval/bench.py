@@ -353,6 +353,7 @@ class BenchConfig:
     regret: bool = False  # measure every streamed edit against its system's clairvoyant optimum (sim clock)
     regret_budget_s: float = 20.0  # the planner's time per solve; past it, it reports its optimality gap
     window_rule: bool = False  # add `sakura+rule` rows: SAKURA with its earlier per-unit window rule (sim clock)
+    also_estimators: tuple[str, ...] = ()  # add `sakura+NAME` rows: SAKURA on another rate estimator (sim clock)
     sim_link: str = "fluid"  # the simulated clock's link (SIM_LINKS): "tcp" holds a transfer past an outage
     # the share of a rebuild's time the simulated device hides beside execution: 1, a core to spare (a phone); 0, the
     # executor's core (the 2-core host testbed, whose second core serves the template server and the link)
@@ -457,6 +458,11 @@ def run_bench(cfg: BenchConfig, out: Path, progress=None, say: Callable[[str], N
                     if system == OURS and cfg.window_rule and clock == "sim":  # beside, never instead of
                         rows.append(window_rule_edit(prepared, req_index, base_trace.scaled(
                             scales[prepared.template.id]), start, cfg, regret, say))
+                    for estimator in cfg.also_estimators if system == OURS and clock == "sim" else ():
+                        rows.append(run_one(prepared, req_index, OURS, base_trace.scaled(scales[prepared.template.id]),
+                                            start, estimator=estimator, name=f"{OURS}+{estimator}",
+                                            fallbacks=cfg.fallbacks,
+                                            regret_budget_s=cfg.regret_budget_s if regret else None, say=say))
                     if system == OURS and regret:  # the estimator's share of SAKURA's regret
                         rows.append(perfect_prediction_edit(prepared, req_index, base_trace.scaled(
                             scales[prepared.template.id]), start, cfg, say))

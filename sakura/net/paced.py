@@ -65,6 +65,7 @@ class Pending:
     file_id: str = ""
     ranges: tuple = ()
     next_retry: float = math.inf  # (a request no source answered) when it is sent again
+    through_at_cut: float = 0.0  # (a cut transfer) bytes through the link by the cut, kept prefix and beyond
 
 
 class PacedLink:
@@ -184,7 +185,8 @@ class PacedLink:
         parts = tr.parts[:keep]
         nbytes = sum(len(p) for p in parts)
         first = pending.begin + min(pending.done - pending.begin, 1e-4)
-        return Transfer(parts, nbytes, tr.wire_bytes if keep == len(tr.parts) else nbytes, pending.t_request,
+        wire = tr.wire_bytes if keep == len(tr.parts) else max(nbytes, int(pending.through_at_cut))
+        return Transfer(parts, nbytes, wire, pending.t_request,
                         max(tr.t_first_byte, first), max(tr.t_last_byte, pending.done))
 
     def _cut(self, pending: Pending, prefix_ends: Sequence[int]) -> int:
@@ -192,6 +194,7 @@ class PacedLink:
             at = lambda t: self.start + (t - self._t0)  # noqa: E731 - trace time of a monotonic instant
             sizes = np.cumsum([0] + [len(p) for p in pending.transfer.parts])
             keep, t_cut = cut_point(self.trace, at(pending.begin), at(time.monotonic()), sizes, prefix_ends)
+            pending.through_at_cut = self.trace.bytes_between(at(pending.begin), t_cut)
             t_cut += self._t0 - self.start
             if t_cut >= pending.done:
                 return len(pending.transfer.parts)

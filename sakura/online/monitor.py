@@ -5,10 +5,11 @@ wall time, so idle gaps while the buffer is full do not read as a slow link. It 
 mean of the last few transfers' rates: a single fast burst cannot inflate it, while a drop shows
 up at once — the safe side for deadlines.
 
-Two estimators (``ESTIMATORS``): ``harmonic`` (the paper's) and ``robust-mpc`` (Yin et al.,
-SIGCOMM'15, the default): the same harmonic mean divided by ``1 + e``, where ``e`` is the largest relative error
-of the last five predictions — it backs off while the link has been surprising it, and returns to the
-harmonic mean once predictions come true again.
+Three estimators (``ESTIMATORS``): ``harmonic`` (the paper's), ``robust-mpc`` (Yin et al., SIGCOMM'15, the
+default): the same harmonic mean divided by ``1 + e``, where ``e`` is the largest relative error of the last five
+predictions — it backs off while the link has been surprising it, and returns to the harmonic mean once predictions
+come true again —, and ``robust-mpc-over``: the same, counting only the predictions that were too high (a link that
+turned out faster than predicted put no deadline at risk, so it is no reason to ask for less).
 
 A received shard is not usable until it is rebuilt (``A·B + μ``), so a level's cost to a deadline is
 its transfer *and* its rebuild. :class:`RebuildRate` learns seconds per unit of rebuild work
@@ -28,7 +29,7 @@ class TransferSample:
     active_s: float
 
 
-ESTIMATORS = ("harmonic", "robust-mpc")
+ESTIMATORS = ("harmonic", "robust-mpc", "robust-mpc-over")
 # robust-mpc had the lower SAKURA p90 on all four measured traces (fs, 20 offsets each, paper regime,
 # anytime shards: 0.51 vs 0.59 s 4G driving, 0.50 vs 0.61 4G+5G, 0.49 vs 0.58 5G driving, 0.53 vs
 # 0.63 5G walking; masked PSNR −0.1 … −0.3 dB): `sakura bench --figure estimators`. harmonic stays
@@ -98,7 +99,10 @@ class RuntimeMonitor:
             sample = TransferSample(nbytes, max(active_s, self.min_active_s))
             if self.samples:  # a prediction made from measurements (not the nominal initial rate) was checked
                 actual = 8 * sample.nbytes / sample.active_s
-                self.errors.append(min(abs(self.rate_bps - actual) / actual, MAX_PREDICTION_ERROR))
+                miss = self.rate_bps - actual
+                if self.estimator == "robust-mpc-over":
+                    miss = max(miss, 0.0)
+                self.errors.append(min(abs(miss) / actual, MAX_PREDICTION_ERROR))
             self.samples.append(sample)
 
     @property
@@ -108,6 +112,6 @@ class RuntimeMonitor:
             return self.initial_bps
         samples = list(self.samples)  # a copy: the collector thread appends while the requester reads
         harmonic = len(samples) / sum(s.active_s / (8 * s.nbytes) for s in samples)
-        if self.estimator == "robust-mpc" and self.errors:
+        if self.estimator != "harmonic" and self.errors:
             return harmonic / (1 + max(self.errors))
         return harmonic

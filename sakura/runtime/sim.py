@@ -107,6 +107,7 @@ class _Booked:
     on_device: HeldUnit | None = None  # prefetched bytes of this unit: a floor under its transfer
     from_device: bool = False  # execution uses the prefetched bytes (no transfer, or the upgrade came too late)
     dropped: bool = False  # a fallback replaced it
+    through_at_cut: int = 0  # (cut) bytes through the link by the cut, kept prefix and beyond: the monitor's measure
 
 
 def simulate(encoding: StreamEncoding, policy: Policy, compute: ComputeProfile, link: LinkModel,
@@ -337,7 +338,7 @@ class _SimulatedEdit:
     def _observe_until(self, t: float) -> None:
         while self.unseen and self.unseen[0].t_arr <= t:
             b = self.unseen.pop(0)
-            self.sched.transferred(b.nbytes, b.t_req, b.t_arr)
+            self.sched.transferred(max(b.nbytes, b.through_at_cut), b.t_req, b.t_arr)
         seen = [x for x in self.unseen_rebuilds if x[0] <= t]  # the device knows a rebuild's time once done
         for _, work, seconds in sorted(seen):
             self.sched.rebuild_timed(work, seconds)
@@ -407,6 +408,7 @@ class _SimulatedEdit:
         level, t_cut = next(lv for lv, n in prefixes if n == k), t_cut - start
         if t_cut >= b.t_arr:
             return b.level, len(b.ranges)
+        b.through_at_cut = int(self.link.trace.bytes_between(start + b.begin, start + t_cut))
         b.t_arr, b.nbytes = t_cut, int(sizes[k])
         self.tl.cut(b.rec, level.label, b.nbytes, t_cut, level.rung)
         self._rebook(self.done + 1, t_cut)  # (b is booked[done]) the later bytes move up behind the cut

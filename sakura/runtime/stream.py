@@ -328,7 +328,9 @@ class StreamedEdit:
                 if not whole:  # execution reached the unit first: its best prefix
                     level, ranges = next(lv for lv, k in a.prefixes if k == len(tr.parts)), ranges[:len(tr.parts)]
                     timeline.cut(a.record, level.label, tr.nbytes, state.now(), level.rung)
-                active = self.sched.transferred(tr.nbytes, tr.t_request, tr.t_last_byte)
+                # a cut transfer's bytes past its prefix came through too: the link's rate counts them
+                active = self.sched.transferred(tr.nbytes if whole else max(tr.nbytes, tr.wire_bytes), tr.t_request,
+                                                tr.t_last_byte)
                 slots.release()
                 state.hold(tr.nbytes)
                 timeline.arrived(a.record, state.now(), active, ranges)
