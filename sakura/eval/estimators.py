@@ -51,8 +51,9 @@ def fig_estimators(cfg, out: Path, cache: dict, progress, say, traces: list[str]
     (out / "estimators.json").write_text(json.dumps(data, indent=1))
     fig, ax = plt.subplots(figsize=(1.8 + 1.6 * len(results), 3.4))
     x = np.arange(len(results))
+    width = 0.8 / len(ESTIMATORS)
     for k, e in enumerate(ESTIMATORS):
-        ax.bar(x + (k - 0.5) * 0.38, [r[e]["p90_s"] for r in results.values()], 0.38, label=e)
+        ax.bar(x + (k - (len(ESTIMATORS) - 1) / 2) * width, [r[e]["p90_s"] for r in results.values()], width, label=e)
     ax.set_xticks(x, list(results), rotation=15, fontsize=8)
     ax.set_ylabel(f"{system} p90 latency (s)")
     ax.set_title(f"rate estimators, {workload}, {cfg.starts} offsets per trace")

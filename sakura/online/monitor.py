@@ -32,8 +32,8 @@ class TransferSample:
 ESTIMATORS = ("harmonic", "robust-mpc", "robust-mpc-over")
 # robust-mpc had the lower SAKURA p90 on all four measured traces (fs, 20 offsets each, paper regime,
 # anytime shards: 0.51 vs 0.59 s 4G driving, 0.50 vs 0.61 4G+5G, 0.49 vs 0.58 5G driving, 0.53 vs
-# 0.63 5G walking; masked PSNR −0.1 … −0.3 dB): `sakura bench --figure estimators`. harmonic stays
-# as the ablation.
+# 0.63 5G walking; masked PSNR −0.1 … −0.3 dB): `sakura bench --figure estimators`. harmonic and
+# robust-mpc-over (no clear win over it: docs/results/issue32/policy10) stay as ablations.
 DEFAULT_ESTIMATOR = "robust-mpc"
 # Zero is a bandwidth (a trace can start in an outage): an initial estimate at or below this is
 # floored to it, so the first choices take the smallest levels until transfers are measured.
