@@ -60,6 +60,22 @@ def test_a_unit_late_even_at_its_smallest_level_stays_there_and_delays_nothing_m
     assert levels[1].nbytes == 29_000
 
 
+def test_a_level_with_more_bytes_but_less_rebuild_is_taken_when_the_frontier_is_rebuild_bound():
+    # the exact rung: the most bytes and no rebuild; the frontier's levels below it rebuild for 20 ms
+    exact = Level("exact", 30_000, 0.0, ("exact",), work=0.0)
+    ladder = (*_ladder([(1_000, 1.0), (5_000, 0.4)]), Level("res", 13_000, 0.2, ("res",), work=1.0), exact)
+    rebuild = lambda lv: 0.020 * lv.work  # noqa: E731
+    level = plan_levels(_horizon([FetchUnit(0, 0, "a", ladder)], [0.031]), 8e6, rebuild)[0][0]
+    assert level is exact  # 30 ms of transfer, none of rebuild; "res" would be ready at 33 ms
+
+
+def test_the_plan_pays_a_round_trip_for_a_request_the_link_is_idle_for():
+    unit = FetchUnit(0, 0, "a", LADDER)
+    h = Horizon(0.0, (unit,), (0.014,), (0.0,), 0.0, round_trip_s=0.002)
+    assert plan_levels(h, 8e6, NO_REBUILD)[0][0].nbytes == 5_000  # 13 kB would be ready at 15 ms
+    assert plan_levels(_horizon([unit], [0.014]), 8e6, NO_REBUILD)[0][0].nbytes == 13_000
+
+
 ladders = st.lists(st.tuples(st.integers(100, 20_000), st.floats(0.0, 1.0)), min_size=1, max_size=4).map(
     lambda pts: _ladder(sorted({n: e for n, e in pts}.items())))
 

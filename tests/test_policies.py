@@ -31,6 +31,23 @@ def test_rebuild_rate_learns_seconds_per_work():
     assert rate.s_per_work == pytest.approx(1.2 / 4e8)
 
 
+def test_the_monitor_keeps_the_links_rate_apart_from_the_round_trip():
+    """R̂ folds a round trip into each transfer the link was idle for; the link's own rate and the round trip are
+    learnt apart (the plan's model), and a request sent while the link was busy shows no round trip."""
+    m = RuntimeMonitor(1e6, estimator="harmonic")
+    rate, trip = 8e6, 0.004  # 1 MB/s
+    t = 0.0
+    for _ in range(3):  # idle link: request, first byte a round trip later, 10 kB
+        m.observe(10_000, t, t + trip + 0.010, t + trip)
+        t += 0.1
+    assert m.link_rate_bps == pytest.approx(rate) and m.round_trip_s == pytest.approx(trip)
+    assert m.rate_bps == pytest.approx(8 * 10_000 / 0.014)  # (the proportional R̂: the round trip in its time)
+    m.observe(10_000, t, t + trip + 0.010, t + trip)  # then one behind it, sent while the link was busy
+    m.observe(20_000, t + 0.001, t + trip + 0.030, t + trip + 0.010)
+    assert m.link_rate_bps == pytest.approx(rate) and m.round_trip_s == pytest.approx(trip)
+    assert list(m.round_trips) == [pytest.approx(trip)] * 4
+
+
 def test_a_level_whose_rebuild_would_miss_the_deadline_does_not_fit():
     unit = FetchUnit(0, 0, "shard 0", LEVELS)
     monitor = RuntimeMonitor(initial_bps=8 * 100_000)  # 100 kB/s

@@ -349,10 +349,11 @@ def visible_gap_db(optimal_psnr: float | None, own_psnr: float | None) -> float:
 
 
 class _Seen:
-    """The monitor as a policy sees it, with the rate replaced."""
+    """The monitor as a policy sees it, with the rate replaced (R̂ and the link's rate alike)."""
 
     def __init__(self, monitor, rate_bps: float):
         self._monitor, self.rate_bps = monitor, rate_bps
+        self.link_rate_bps = rate_bps
 
     def __getattr__(self, name):
         return getattr(self._monitor, name)

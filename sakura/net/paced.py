@@ -230,7 +230,7 @@ class PacedLink:
                     self._book(later, self._free_at)
                 self._outstanding.remove(pending)
         tr = pending.transfer
-        return Transfer([], int(got), int(got), pending.t_request, tr.t_first_byte, now)
+        return Transfer([], int(got), int(got), pending.t_request, max(tr.t_first_byte, pending.begin), now)
 
     def fetch_timed(self, file_id: str, ranges) -> Transfer:
         return self.receive(self.send(file_id, ranges))

@@ -11,6 +11,13 @@ predictions — it backs off while the link has been surprising it, and returns 
 come true again —, and ``robust-mpc-over``: the same, counting only the predictions that were too high (a link that
 turned out faster than predicted put no deadline at risk, so it is no reason to ask for less).
 
+R̂ folds a request's round trip into the rate when the link was idle at the request (the proportional model the
+per-unit window rule and the baselines budget with). The plan-ahead policy models the link as the simulated clock
+does — a request's bytes start a round trip after it is sent, or when the link is free, whichever is later, then
+flow at the link's rate — so the monitor also keeps the two apart: :attr:`RuntimeMonitor.link_rate_bps` (bytes over
+first byte → last byte, the same discount) and :attr:`RuntimeMonitor.round_trip_s` (request → first byte, from
+requests that found the link idle).
+
 A received shard is not usable until it is rebuilt (``A·B + μ``), so a level's cost to a deadline is
 its transfer *and* its rebuild. :class:`RebuildRate` learns seconds per unit of rebuild work
 (``Level.work``, multiply-accumulates) from this edit's own rebuilds, as the rate is learnt from its
@@ -79,39 +86,64 @@ class RuntimeMonitor:
             raise ValueError(f"unknown rate estimator {estimator!r}; choose from {', '.join(ESTIMATORS)}")
         self.initial_bps = initial_bps if initial_bps > MIN_INITIAL_BPS else MIN_INITIAL_BPS  # also NaN
         self.samples: deque[TransferSample] = deque(maxlen=window)
+        self.link_samples: deque[TransferSample] = deque(maxlen=window)  # first byte → last byte
+        self.link_errors: deque[float] = deque(maxlen=5)  # (robust-mpc) of the link rate's predictions
+        self.round_trips: deque[float] = deque(maxlen=5)  # request → first byte, the link idle at the request
         self.errors: deque[float] = deque(maxlen=5)  # relative errors of the last predictions (robust-mpc)
         self.min_active_s = min_active_s
         self.estimator = estimator
         self._link_free_at = float("-inf")  # when the previous transfer's last byte arrived
         self.rebuild = RebuildRate()
 
-    def observe(self, nbytes: int, t_request: float, t_last_byte: float) -> float:
+    def observe(self, nbytes: int, t_request: float, t_last_byte: float, t_first_byte: float | None = None) -> float:
         """A completed transfer, by its timestamps. With several requests in flight a request waits
         for the one before it; only the time from then (or from its own request, if later) to its last
-        byte is its active time, so pipelining does not read as a slow link. Both clocks call this."""
+        byte is its active time, so pipelining does not read as a slow link. Both clocks call this.
+        ``t_first_byte`` (when the link started on its bytes) also teaches the link's own rate and round trip."""
         active = t_last_byte - max(t_request, self._link_free_at)
         self.record_transfer(nbytes, active)
+        if t_first_byte is not None and nbytes > 0:
+            busy = t_last_byte - max(t_first_byte, self._link_free_at)
+            self._learn(self.link_samples, self.link_errors, TransferSample(nbytes, max(busy, self.min_active_s)))
+            if t_request >= self._link_free_at:  # (a request sent while the link was busy hid its round trip)
+                self.round_trips.append(max(0.0, min(t_first_byte, t_last_byte) - t_request))
         self._link_free_at = max(self._link_free_at, t_last_byte)
         return max(active, self.min_active_s)
 
     def record_transfer(self, nbytes: int, active_s: float) -> None:
         if nbytes > 0:
-            sample = TransferSample(nbytes, max(active_s, self.min_active_s))
-            if self.samples:  # a prediction made from measurements (not the nominal initial rate) was checked
-                actual = 8 * sample.nbytes / sample.active_s
-                miss = self.rate_bps - actual
-                if self.estimator == "robust-mpc-over":
-                    miss = max(miss, 0.0)
-                self.errors.append(min(abs(miss) / actual, MAX_PREDICTION_ERROR))
-            self.samples.append(sample)
+            self._learn(self.samples, self.errors, TransferSample(nbytes, max(active_s, self.min_active_s)))
+
+    def _learn(self, kept: deque[TransferSample], errors: deque[float], sample: TransferSample) -> None:
+        if kept:  # a prediction made from measurements (not the nominal initial rate) was checked
+            actual = 8 * sample.nbytes / sample.active_s
+            miss = self._estimate(kept, errors) - actual
+            if self.estimator == "robust-mpc-over":
+                miss = max(miss, 0.0)
+            errors.append(min(abs(miss) / actual, MAX_PREDICTION_ERROR))
+        kept.append(sample)
 
     @property
     def rate_bps(self) -> float:
         """R̂ in bits per second: harmonic mean of recent per-transfer rates (initial estimate if none)."""
-        if not self.samples:
+        return self._estimate(self.samples, self.errors)
+
+    @property
+    def link_rate_bps(self) -> float:
+        """The link's rate once a request's bytes flow (its round trip apart), estimated as R̂ is."""
+        return self._estimate(self.link_samples, self.link_errors)
+
+    @property
+    def round_trip_s(self) -> float:
+        """A request's wait for its first byte on an idle link: the median of the last few (0 before any)."""
+        trips = sorted(self.round_trips)
+        return trips[len(trips) // 2] if trips else 0.0
+
+    def _estimate(self, kept: deque[TransferSample], errors: deque[float]) -> float:
+        if not kept:
             return self.initial_bps
-        samples = list(self.samples)  # a copy: the collector thread appends while the requester reads
+        samples = list(kept)  # a copy: the collector thread appends while the requester reads
         harmonic = len(samples) / sum(s.active_s / (8 * s.nbytes) for s in samples)
-        if self.estimator != "harmonic" and self.errors:
-            return harmonic / (1 + max(self.errors))
+        if self.estimator != "harmonic" and errors:
+            return harmonic / (1 + max(errors))
         return harmonic

@@ -3,8 +3,9 @@ what the device predicts — the rate R̂ held constant, the shards' calibrated 
 and the first unit of it is what the device asks for. The next request plans again with what it has learnt.
 
 The plan model is the clairvoyant planner's (:mod:`sakura.eval.plan_model`) cut to what a device can solve
-in milliseconds: one FIFO link at a constant rate from when the bytes already asked for are through, each
-unit asked for no sooner than its gate, rebuilds one at a time, no fallbacks. A unit is *on time* when it is
+in milliseconds: one FIFO link at a constant rate (the link's, ``RuntimeMonitor.link_rate_bps``) from when the
+bytes already asked for are through, each unit asked for at its gate and its bytes starting a round trip later
+(or when the link is free, if later), rebuilds one at a time, no fallbacks. A unit is *on time* when it is
 rebuilt by the moment execution is predicted to reach its shard (no stall). Among the plans that keep every
 unit on time (or no later than its smallest level would be), the plan of least weighted error
 (``FetchUnit.weight`` · level error: the output's predicted masked MSE) is found greedily: the frontier
@@ -30,7 +31,8 @@ class Horizon:
     units: tuple[FetchUnit, ...]  # that unit and every later one not asked for yet, in consumption order
     need_s: tuple[float, ...]  # per unit: when execution is predicted to reach its shard
     gate_s: tuple[float, ...]  # per unit: when it may be asked for
-    link_free_s: float  # when the bytes asked for so far are predicted through at R̂
+    link_free_s: float  # when the bytes asked for so far are predicted through
+    round_trip_s: float = 0.0  # a request's wait for its first byte on an idle link
 
 
 def lower_hull(levels: tuple[Level, ...]) -> list[Level]:
@@ -59,7 +61,7 @@ def ready_times(h: Horizon, levels: list[Level], rate_Bps: float, rebuild_s: Cal
     ready, states = [], []
     for k in range(first, len(levels)):
         states.append((link, rebuilder))
-        link = max(link, h.gate_s[k]) + levels[k].nbytes / rate_Bps
+        link = max(link, h.gate_s[k] + h.round_trip_s) + levels[k].nbytes / rate_Bps
         rebuilder = max(link, rebuilder) + rebuild_s(levels[k])
         ready.append(rebuilder)
     return ready, states
@@ -96,12 +98,13 @@ def plan_levels(h: Horizon, rate_bps: float, rebuild_s: Callable[[Level], float]
             ready[k:], states[k:] = tail, tail_states
             push(k)
             continue
-        # the next frontier level is late; one off the frontier up to its bytes may fit (a lower rank: less rebuild)
-        step = hulls[k][at[k] + 1]
+        # the next frontier level is late; one off the frontier may fit: a lower rank needs less rebuild for its bytes,
+        # the exact rung (the FP16 bytes) none (a unit's own window rules out most at once)
+        start = max(states[k][0], h.gate_s[k] + h.round_trip_s)
         for lv in sorted(h.units[k].levels, key=lambda x: x.error):
             if lv.error >= levels[k].error:
                 break
-            if lv.nbytes > step.nbytes:
+            if start + lv.nbytes / rate_Bps + rebuild_s(lv) > limit[k] + 1e-9:
                 continue
             trial = levels[:k] + [lv] + levels[k + 1:]
             tail, tail_states = ready_times(h, trial, rate_Bps, rebuild_s, first=k, state=states[k])

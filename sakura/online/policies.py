@@ -160,7 +160,7 @@ class SakuraPolicy(WindowPolicy):
         if horizon is None or self.plan_margin is None:
             return d
         rebuild = (lambda lv: monitor.rebuild.seconds(lv.work)) if self.price_rebuild else (lambda lv: 0.0)
-        levels, ready = plan_levels(horizon, self.plan_margin * monitor.rate_bps, rebuild)
+        levels, ready = plan_levels(horizon, self.plan_margin * monitor.link_rate_bps, rebuild)
         return replace(d, level=levels[0], budget_bytes=levels[0].nbytes, fits=ready[0] <= horizon.need_s[0])
 
     def begin(self, units, compute_s, initial_bps):

@@ -218,25 +218,26 @@ class StreamScheduler:
             return started if started is not None and started <= now else max(now, predict_need(
                 g, now, self.predicted, self.starts, hold_until=hold))
 
-        # when the bytes asked for so far are through: every request replayed on the FIFO link at today's R̂ (a rate
-        # learnt since corrects the queue a poor first estimate predicted); a fallback's shards left the link, and a
-        # shard's transfers end when execution reaches it (cut there, or through before)
-        link_free, bps = 0.0, max(self.monitor.rate_bps, 1.0)
+        # when the bytes asked for so far are through: every request replayed on the FIFO link at today's estimates
+        # (a rate learnt since corrects the queue a poor first estimate predicted); a fallback's shards left the link,
+        # and a shard's transfers end when execution reaches it (cut there, or through before)
+        link_free, bps, trip = 0.0, max(self.monitor.link_rate_bps, 1.0), self.monitor.round_trip_s
         for j, t, n in self.asked_log:
             if j in self.replaced:
                 continue
-            end, started = max(link_free, t) + n * 8 / bps, self.starts[j]
+            end, started = max(link_free, t + trip) + n * 8 / bps, self.starts[j]
             link_free = max(link_free, min(end, started) if started is not None and started <= now else end)
         units = (unit, *rest)
         return Horizon(now, units, tuple(need[u.needed_by] for u in units), tuple(gate_s(u) for u in units),
-                       max(now, link_free))
+                       max(now, link_free), trip)
 
     # -- what the device learns --------------------------------------------------------------------
-    def transferred(self, nbytes: int, t_request: float, t_last_byte: float) -> float:
+    def transferred(self, nbytes: int, t_request: float, t_last_byte: float,
+                    t_first_byte: float | None = None) -> float:
         """A transfer's bytes are through (whole, cut or dropped): the monitor's rate learns from it.
         Returns the seconds it was active on the link."""
         with self._lock:
-            return self.monitor.observe(nbytes, t_request, t_last_byte)
+            return self.monitor.observe(nbytes, t_request, t_last_byte, t_first_byte)
 
     def rebuild_timed(self, work: float, seconds: float) -> None:
         """A rebuild of ``work`` (its level's ``work``) took ``seconds``: the monitor's rebuild rate learns from

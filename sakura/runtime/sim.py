@@ -338,7 +338,7 @@ class _SimulatedEdit:
     def _observe_until(self, t: float) -> None:
         while self.unseen and self.unseen[0].t_arr <= t:
             b = self.unseen.pop(0)
-            self.sched.transferred(max(b.nbytes, b.through_at_cut), b.t_req, b.t_arr)
+            self.sched.transferred(max(b.nbytes, b.through_at_cut), b.t_req, b.t_arr, b.begin)
         seen = [x for x in self.unseen_rebuilds if x[0] <= t]  # the device knows a rebuild's time once done
         for _, work, seconds in sorted(seen):
             self.sched.rebuild_timed(work, seconds)
@@ -355,7 +355,7 @@ class _SimulatedEdit:
             if b in self.unseen:
                 self.unseen.remove(b)
                 if b.nbytes:  # what came through tells the monitor the link's rate, as on the real clock
-                    self.sched.transferred(b.nbytes, b.t_req, b.t_arr)
+                    self.sched.transferred(b.nbytes, b.t_req, b.t_arr, b.begin)
         self._rebook(self.done, t)
 
     def _rebook(self, first: int, free: float) -> None:

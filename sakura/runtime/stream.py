@@ -320,7 +320,7 @@ class StreamedEdit:
                     continue
                 tr = self.link.receive(item.pending, state.cut[j], [k for _, k in a.prefixes], state.drop[j])
                 if state.drop[j].is_set():  # a fallback replaced the unit
-                    self.sched.transferred(tr.nbytes, tr.t_request, tr.t_last_byte)
+                    self.sched.transferred(tr.nbytes, tr.t_request, tr.t_last_byte, tr.t_first_byte)
                     slots.release()
                     timeline.dropped(a.record, tr.nbytes, state.now())
                     continue
@@ -330,7 +330,7 @@ class StreamedEdit:
                     timeline.cut(a.record, level.label, tr.nbytes, state.now(), level.rung)
                 # a cut transfer's bytes past its prefix came through too: the link's rate counts them
                 active = self.sched.transferred(tr.nbytes if whole else max(tr.nbytes, tr.wire_bytes), tr.t_request,
-                                                tr.t_last_byte)
+                                                tr.t_last_byte, tr.t_first_byte)
                 slots.release()
                 state.hold(tr.nbytes)
                 timeline.arrived(a.record, state.now(), active, ranges)
@@ -349,7 +349,7 @@ class StreamedEdit:
         a, held = item.action, item.action.held
         if item.pending is not None:
             tr = self.link.receive(item.pending, drop=state.cut[a.unit.needed_by])
-            active = self.sched.transferred(tr.nbytes, tr.t_request, tr.t_last_byte)
+            active = self.sched.transferred(tr.nbytes, tr.t_request, tr.t_last_byte, tr.t_first_byte)
             slots.release()
             if len(tr.parts) == len(a.ranges):
                 state.hold(tr.nbytes)
