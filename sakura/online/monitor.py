@@ -15,8 +15,8 @@ R̂ folds a request's round trip into the rate when the link was idle at the req
 per-unit window rule and the baselines budget with). The plan-ahead policy models the link as the simulated clock
 does — a request's bytes start a round trip after it is sent, or when the link is free, whichever is later, then
 flow at the link's rate — so the monitor also keeps the two apart: :attr:`RuntimeMonitor.link_rate_bps` (bytes over
-first byte → last byte, the same discount) and :attr:`RuntimeMonitor.round_trip_s` (request → first byte, from
-requests that found the link idle).
+first byte → last byte, discounted by its own prediction errors) and :attr:`RuntimeMonitor.round_trip_s` (request →
+first byte, from requests that found the link idle).
 
 A received shard is not usable until it is rebuilt (``A·B + μ``), so a level's cost to a deadline is
 its transfer *and* its rebuild. :class:`RebuildRate` learns seconds per unit of rebuild work

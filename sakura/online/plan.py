@@ -1,5 +1,5 @@
 """Model-predictive level choice (issue #32): at each request, a plan for every unit not yet asked for, made on
-what the device predicts — the rate R̂ held constant, the shards' calibrated compute, this edit's rebuild rate —
+what the device predicts — the link's rate held constant, the shards' calibrated compute, this edit's rebuild rate —
 and the first unit of it is what the device asks for. The next request plans again with what it has learnt.
 
 The plan model is the clairvoyant planner's (:mod:`sakura.eval.plan_model`) cut to what a device can solve
