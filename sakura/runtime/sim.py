@@ -65,10 +65,11 @@ class LinkModel:
 
 def measured_link(timeline: Timeline, nominal: LinkModel, tail_s: float = 60.0) -> LinkModel:
     """The link a real-clock run actually got, to replay that run on the simulated clock: each transfer's
-    bytes spread evenly over its active time (from its request plus the round trip, or the previous
-    transfer's last byte, to its own last byte), ``nominal`` wherever no transfer was on the link. What
-    then differs between the clocks is the pipeline and its decisions, not how promptly this machine's
-    threads were scheduled (a loaded CPU wakes the receiver late and reads as a slower link)."""
+    bytes spread evenly over its active time (from its first byte as the run recorded it — else its request plus
+    the round trip —, or the previous transfer's last byte, to its own last byte), ``nominal`` wherever no
+    transfer was on the link. What then differs between the clocks is the pipeline and its decisions, not how
+    promptly this machine's threads were scheduled (a loaded CPU wakes the receiver late and reads as a slower
+    link)."""
     edges, rates, free = [0.0], [], 0.0
 
     def nominal_until(t: float) -> None:
@@ -80,7 +81,7 @@ def measured_link(timeline: Timeline, nominal: LinkModel, tail_s: float = 60.0) 
 
     on_link = [u for u in timeline.units if u.arrival_t is not None and u.nbytes > 0 and not u.prefetched]
     for u in sorted(on_link, key=lambda u: u.request_t):
-        begin = nominal.begin(u.request_t, free)
+        begin = nominal.begin(u.request_t, free) if u.first_byte_t is None else max(u.first_byte_t, free)
         nominal_until(begin)
         if u.arrival_t > edges[-1] + 1e-9:
             rates.append(min(MAX_MBPS, 8 * u.nbytes / (u.arrival_t - edges[-1]) / 1e6))

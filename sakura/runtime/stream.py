@@ -333,8 +333,10 @@ class StreamedEdit:
                                                 tr.t_last_byte, tr.t_first_byte)
                 slots.release()
                 state.hold(tr.nbytes)
-                # (its last byte's time, not when this thread woke to it: the replay of the link reads rates off it)
-                timeline.arrived(a.record, state.now() - max(0.0, time.monotonic() - tr.t_last_byte), active, ranges)
+                # (its bytes' times, not when this thread woke to them: the replay of the link reads rates off them)
+                now, mono = state.now(), time.monotonic()
+                timeline.arrived(a.record, now - max(0.0, mono - tr.t_last_byte), active, ranges,
+                                 now - max(0.0, mono - tr.t_first_byte))
                 out.put(Received(a.unit, level, ranges, tr.parts, a.record, whole))
         except BaseException as e:  # noqa: BLE001 - handed to the executor, which raises it
             state.fail(StreamError(f"receiving the cache failed: {e}"))

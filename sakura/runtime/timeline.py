@@ -30,6 +30,7 @@ class UnitRecord:
     fits: bool = True
     request_t: float = 0.0
     arrival_t: float | None = None  # None: still in flight
+    first_byte_t: float | None = None  # (real clock) when the link started on its bytes
     rebuild_done_t: float | None = None
     deadline_t: float = 0.0  # predicted need time when requested
     needed_t: float = 0.0  # when execution actually reached it
@@ -98,8 +99,8 @@ class Timeline:
                    t=rec.request_t, deadline=rec.deadline_t, budget_bytes=rec.budget_bytes, window_s=rec.window_s,
                    rate_mbps=rec.rate_mbps, fits=rec.fits, prefetched=rec.prefetched, rung=rec.rung)
 
-    def arrived(self, rec: UnitRecord, t: float, active_s: float, ranges) -> None:
-        rec.arrival_t = t
+    def arrived(self, rec: UnitRecord, t: float, active_s: float, ranges, first_byte_t: float | None = None) -> None:
+        rec.arrival_t, rec.first_byte_t = t, first_byte_t
         self._emit("arrival", unit=rec.unit, shard=rec.needed_by, level=rec.level, bytes=rec.nbytes, t=t,
                    deadline=rec.deadline_t, active_s=active_s, ranges=[list(r) for r in ranges])
 
