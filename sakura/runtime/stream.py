@@ -333,10 +333,7 @@ class StreamedEdit:
                                                 tr.t_last_byte, tr.t_first_byte)
                 slots.release()
                 state.hold(tr.nbytes)
-                # (its bytes' times, not when this thread woke to them: the replay of the link reads rates off them)
-                now, mono = state.now(), time.monotonic()
-                timeline.arrived(a.record, now - max(0.0, mono - tr.t_last_byte), active, ranges,
-                                 now - max(0.0, mono - tr.t_first_byte))
+                _arrived(state, timeline, a.record, tr, active, ranges)
                 out.put(Received(a.unit, level, ranges, tr.parts, a.record, whole))
         except BaseException as e:  # noqa: BLE001 - handed to the executor, which raises it
             state.fail(StreamError(f"receiving the cache failed: {e}"))
@@ -356,7 +353,7 @@ class StreamedEdit:
             slots.release()
             if len(tr.parts) == len(a.ranges):
                 state.hold(tr.nbytes)
-                timeline.arrived(a.record, state.now(), active, a.ranges)
+                _arrived(state, timeline, a.record, tr, active, a.ranges)
                 out.put(Received(a.unit, a.level, a.ranges, tr.parts, a.record, True))
                 return
             timeline.dropped(a.record, tr.nbytes, state.now(), held.level.label)
@@ -402,3 +399,11 @@ class StreamedEdit:
             timeline.rebuilt(got.record, state.now())
             if self.sched.rebuilt(j, got.level, took):
                 state.ready[j].set()
+
+
+def _arrived(state: StreamState, timeline: Timeline, rec, tr, active_s: float, ranges) -> None:
+    """``tr`` came through: the timeline gets its first and last bytes' times on the edit's clock, not when the
+    collector woke to it (the replay of a real run's link reads rates off them)."""
+    now, mono = state.now(), time.monotonic()
+    timeline.arrived(rec, now - max(0.0, mono - tr.t_last_byte), active_s, ranges,
+                     now - max(0.0, mono - tr.t_first_byte))
