@@ -32,30 +32,33 @@ def _horizon(units, need, gate=None, now=0.0, link_free=0.0) -> Horizon:
 def test_the_unit_the_output_sees_more_takes_the_bytes_the_other_would_spend():
     # 1 kB/ms and one deadline for both: 18 kB in all, so one unit can take 13 kB and the other 5 kB
     units = [FetchUnit(0, 0, "a", LADDER, weight=1.0), FetchUnit(1, 1, "b", LADDER, weight=10.0)]
-    levels, ready = plan_levels(_horizon(units, [0.018, 0.018]), 8e6, NO_REBUILD)
+    plan = plan_levels(_horizon(units, [0.018, 0.018]), 8e6, NO_REBUILD)
+    levels, ready = plan.levels, plan.ready
     assert [lv.nbytes for lv in levels] == [5_000, 13_000]
     assert ready[-1] <= 0.018
     units = [FetchUnit(0, 0, "a", LADDER, weight=10.0), FetchUnit(1, 1, "b", LADDER, weight=1.0)]
-    assert [lv.nbytes for lv in plan_levels(_horizon(units, [0.018, 0.018]), 8e6, NO_REBUILD)[0]] == [13_000, 5_000]
+    plan = plan_levels(_horizon(units, [0.018, 0.018]), 8e6, NO_REBUILD)
+    assert [lv.nbytes for lv in plan.levels] == [13_000, 5_000]
 
 
 def test_bytes_already_asked_for_and_a_closed_gate_count_against_the_deadline():
     unit = FetchUnit(0, 0, "a", LADDER)
-    free = plan_levels(_horizon([unit], [0.014]), 8e6, NO_REBUILD)[0][0]
-    behind = plan_levels(_horizon([unit], [0.014], link_free=0.008), 8e6, NO_REBUILD)[0][0]
-    gated = plan_levels(_horizon([unit], [0.014], gate=[0.008]), 8e6, NO_REBUILD)[0][0]
+    free = plan_levels(_horizon([unit], [0.014]), 8e6, NO_REBUILD).levels[0]
+    behind = plan_levels(_horizon([unit], [0.014], link_free=0.008), 8e6, NO_REBUILD).levels[0]
+    gated = plan_levels(_horizon([unit], [0.014], gate=[0.008]), 8e6, NO_REBUILD).levels[0]
     assert (free.nbytes, behind.nbytes, gated.nbytes) == (13_000, 5_000, 5_000)
 
 
 def test_a_slow_rebuild_counts_against_the_deadline():
     unit = FetchUnit(0, 0, "a", LADDER)
     rebuild = lambda lv: lv.nbytes * 1e-6  # noqa: E731  (as long again as the transfer)
-    assert plan_levels(_horizon([unit], [0.014]), 8e6, rebuild)[0][0].nbytes == 5_000
+    assert plan_levels(_horizon([unit], [0.014]), 8e6, rebuild).levels[0].nbytes == 5_000
 
 
 def test_a_unit_late_even_at_its_smallest_level_stays_there_and_delays_nothing_more():
     units = [FetchUnit(0, 0, "a", LADDER), FetchUnit(1, 1, "b", LADDER)]
-    levels, ready = plan_levels(_horizon(units, [0.0005, 0.050]), 8e6, NO_REBUILD)
+    plan = plan_levels(_horizon(units, [0.0005, 0.050]), 8e6, NO_REBUILD)
+    levels, ready = plan.levels, plan.ready
     assert levels[0].nbytes == 1_000 and ready[0] == 0.001
     assert levels[1].nbytes == 29_000
 
@@ -65,15 +68,42 @@ def test_a_level_with_more_bytes_but_less_rebuild_is_taken_when_the_frontier_is_
     exact = Level("exact", 30_000, 0.0, ("exact",), work=0.0)
     ladder = (*_ladder([(1_000, 1.0), (5_000, 0.4)]), Level("res", 13_000, 0.2, ("res",), work=1.0), exact)
     rebuild = lambda lv: 0.020 * lv.work  # noqa: E731
-    level = plan_levels(_horizon([FetchUnit(0, 0, "a", ladder)], [0.031]), 8e6, rebuild)[0][0]
+    level = plan_levels(_horizon([FetchUnit(0, 0, "a", ladder)], [0.031]), 8e6, rebuild).levels[0]
     assert level is exact  # 30 ms of transfer, none of rebuild; "res" would be ready at 33 ms
 
 
 def test_the_plan_pays_a_round_trip_for_a_request_the_link_is_idle_for():
     unit = FetchUnit(0, 0, "a", LADDER)
     h = Horizon(0.0, (unit,), (0.014,), (0.0,), 0.0, round_trip_s=0.002)
-    assert plan_levels(h, 8e6, NO_REBUILD)[0][0].nbytes == 5_000  # 13 kB would be ready at 15 ms
-    assert plan_levels(_horizon([unit], [0.014]), 8e6, NO_REBUILD)[0][0].nbytes == 13_000
+    assert plan_levels(h, 8e6, NO_REBUILD).levels[0].nbytes == 5_000  # 13 kB would be ready at 15 ms
+    assert plan_levels(_horizon([unit], [0.014]), 8e6, NO_REBUILD).levels[0].nbytes == 13_000
+
+
+def test_the_first_unit_may_be_a_moment_late_for_a_much_better_level():
+    # 1 kB/ms, due at 12 ms: 5 kB is on time, 13 kB a millisecond late and 3 dB better
+    unit = FetchUnit(0, 0, "a", LADDER)
+
+    def plan(budget_s, error_before=0.0):
+        return plan_levels(Horizon(0.0, (unit,), (0.012,), (0.0,), 0.0, error_before=error_before,
+                                   stall_budget_s=budget_s), 8e6, NO_REBUILD)
+
+    assert plan(0.0).levels[0].nbytes == 5_000
+    assert plan(0.002).levels[0].nbytes == 13_000 and plan(0.002).stall_s == pytest.approx(0.001)
+    assert plan(0.0005).levels[0].nbytes == 5_000
+    # the units asked for before carry most of the edit's error: 3 dB of this unit's is 0.5 dB of the edit's
+    assert plan(0.002, error_before=1.6).levels[0].nbytes == 5_000 and plan(0.002, 1.6).stall_s == 0.0
+
+
+def test_a_stall_that_would_make_a_later_unit_late_is_not_taken():
+    units = (FetchUnit(0, 0, "a", LADDER), FetchUnit(1, 1, "b", LADDER))
+
+    def plan(need_b):
+        return plan_levels(Horizon(0.0, units, (0.012, need_b), (0.0, 0.0), 0.0, stall_budget_s=0.002), 8e6,
+                           NO_REBUILD)
+
+    roomy, tight = plan(0.030), plan(0.020)
+    assert [lv.nbytes for lv in roomy.levels] == [13_000, 13_000] and roomy.ready[1] <= 0.030 + roomy.stall_s
+    assert [lv.nbytes for lv in tight.levels] == [5_000, 13_000] and tight.stall_s == 0.0
 
 
 ladders = st.lists(st.tuples(st.integers(100, 20_000), st.floats(0.0, 1.0)), min_size=1, max_size=4).map(
@@ -91,7 +121,8 @@ def horizons(draw):
 
 @given(horizons(), st.floats(1e5, 1e7))
 def test_a_plan_is_on_time_and_as_good_as_any_on_the_frontier(h, rate_bps):
-    levels, ready = plan_levels(h, rate_bps, NO_REBUILD)
+    plan = plan_levels(h, rate_bps, NO_REBUILD)
+    levels, ready = plan.levels, plan.ready
     rate_Bps = rate_bps / 8
     smallest = [lower_hull(u.levels)[0] for u in h.units]
     limit = [max(n, r) for n, r in zip(h.need_s, ready_times(h, smallest, rate_Bps, NO_REBUILD)[0])]

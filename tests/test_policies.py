@@ -98,6 +98,26 @@ def simulated(policy: SakuraPolicy, s_per_work: float, shards: int = 8, slower_f
     return tl, seen
 
 
+def test_before_any_transfer_the_plan_pays_the_round_trip_the_device_measured_before():
+    """The first requests of an edit are planned with the round trip earlier edits measured (the calibration's),
+    not none: a plan that leaves it out is tight by a round trip per request and drops a level once it learns it."""
+    assert RuntimeMonitor(1e6, initial_round_trip_s=0.003).round_trip_s == pytest.approx(0.003)
+    m = RuntimeMonitor(1e6, initial_round_trip_s=0.003)
+    m.observe(10_000, 0.0, 0.011, 0.001)  # then its own
+    assert m.round_trip_s == pytest.approx(0.001)
+    compute = ComputeProfile([(0, 2 * i, 2 * i + 2) for i in range(4)], [0.05] * 4, 0.02, 1.0)
+    trips: list[float] = []
+
+    class Watching(SakuraPolicy):
+        def choose_before_start(self, unit, now, deadline, monitor, horizon=None):
+            trips.append(horizon.round_trip_s)
+            return super().choose_before_start(unit, now, deadline, monitor, horizon)
+
+    simulate(_Synthetic(4), Watching(), compute, LinkModel(Trace.constant(8.0), 0.0, request_overhead_s=0.004),
+             None, keep=False, rebuild_model=lambda unit, level: 0.0)
+    assert trips and trips[0] == pytest.approx(0.004)
+
+
 def test_pricing_the_rebuild_keeps_a_slow_rebuild_from_stalling_execution():
     slow = 1e-10  # top rebuilds in 0.2 s against 0.05 s of compute per shard
     free, _ = simulated(SakuraPolicy(price_rebuild=False), slow)

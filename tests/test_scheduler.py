@@ -2,6 +2,8 @@
 feed it): it never asks for a unit twice or for a shard a fallback already covered, lets no shard
 execute before its cache is there, and falls back only to what the device actually holds."""
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -269,3 +271,34 @@ def test_a_cut_waits_a_moment_for_a_rest_predicted_through_by_then(remaining, wa
     sched = StreamScheduler(_TwoPerShard(len(compute.shards), progressive=True), SakuraPolicy(), compute,
                             RuntimeMonitor(initial_bps=2e6), anytime=True, cut_wait_share=0.25)
     assert sched.cut_at(3, 0.4, remaining) == pytest.approx(0.4 + (0.25 * 0.05 if waits else 0.0))
+
+
+def test_a_cut_waits_for_a_rest_a_moment_away_while_the_edits_stall_budget_lasts():
+    """A stall budget of 8 ms (2.5 % of 0.32 s predicted compute): 1 kB at 2 Mbps is 4 ms away, so execution waits
+    1.5 × that for it once; the second such cut finds 2 ms left and cuts at once. Without a budget, no wait."""
+    compute = _compute()
+
+    def scheduler(share):
+        return StreamScheduler(_TwoPerShard(len(compute.shards), progressive=True), SakuraPolicy(stall_share=share),
+                               compute, RuntimeMonitor(initial_bps=2e6), anytime=True)
+
+    sched = scheduler(0.025)
+    assert sched.cut_at(3, 0.4, 1_000) == pytest.approx(0.406)
+    assert sched.cut_at(4, 0.5, 1_000) == pytest.approx(0.5)
+    assert scheduler(0.0).cut_at(3, 0.4, 1_000) == pytest.approx(0.4)
+
+
+def test_each_unit_planned_late_spends_the_edits_stall_budget():
+    compute = _compute()
+    seen: list[float] = []
+
+    class Late(SakuraPolicy):  # plans every unit 3 ms late
+        def choose(self, unit, now, deadline, monitor, horizon=None):
+            seen.append(horizon.stall_budget_s)
+            return replace(super().choose(unit, now, deadline, monitor, horizon), stall_s=0.003)
+
+    sched = StreamScheduler(_TwoPerShard(len(compute.shards)), Late(stall_share=0.025), compute,
+                            RuntimeMonitor(initial_bps=2e6))
+    for unit in sched.encoding.units[:3]:
+        sched.request(unit, 0.0)
+    assert seen == pytest.approx([0.008, 0.005, 0.002])

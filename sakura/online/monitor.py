@@ -81,7 +81,7 @@ class RebuildRate:
 
 class RuntimeMonitor:
     def __init__(self, initial_bps: float, window: int = 4, min_active_s: float = 1e-4,
-                 estimator: str = DEFAULT_ESTIMATOR):
+                 estimator: str = DEFAULT_ESTIMATOR, initial_round_trip_s: float = 0.0):
         if estimator not in ESTIMATORS:
             raise ValueError(f"unknown rate estimator {estimator!r}; choose from {', '.join(ESTIMATORS)}")
         self.initial_bps = initial_bps if initial_bps > MIN_INITIAL_BPS else MIN_INITIAL_BPS  # also NaN
@@ -89,6 +89,7 @@ class RuntimeMonitor:
         self.link_samples: deque[TransferSample] = deque(maxlen=window)  # first byte → last byte
         self.link_errors: deque[float] = deque(maxlen=5)  # (robust-mpc) of the link rate's predictions
         self.round_trips: deque[float] = deque(maxlen=5)  # request → first byte, the link idle at the request
+        self.initial_round_trip_s = max(0.0, initial_round_trip_s)  # (the device's calibration: before any here)
         self.errors: deque[float] = deque(maxlen=5)  # relative errors of the last predictions (robust-mpc)
         self.min_active_s = min_active_s
         self.estimator = estimator
@@ -135,9 +136,10 @@ class RuntimeMonitor:
 
     @property
     def round_trip_s(self) -> float:
-        """A request's wait for its first byte on an idle link: the median of the last few (0 before any)."""
+        """A request's wait for its first byte on an idle link: the median of the last few (before any, the one
+        the device's calibration measured on earlier edits)."""
         trips = sorted(self.round_trips)
-        return trips[len(trips) // 2] if trips else 0.0
+        return trips[len(trips) // 2] if trips else self.initial_round_trip_s
 
     def _estimate(self, kept: deque[TransferSample], errors: deque[float]) -> float:
         if not kept:

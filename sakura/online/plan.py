@@ -12,15 +12,24 @@ unit on time (or no later than its smallest level would be), the plan of least w
 segment that cuts the most weighted error per byte first, kept when every unit is still on time. With
 nested deadlines over one FIFO link this is the equal-slope allocation the per-unit rule cannot make: a unit
 the output sees more takes bytes a unit it hardly sees would have spent.
+
+A plan that keeps every unit on time is tight: a round trip or a rebuild a little slower than predicted makes the
+first unit's planned level late, and the best one on time may be far poorer (the residual rungs between an
+allocated level and the exact one rebuild for 15-27 ms, the exact rung for 2). So the first unit may also be late
+by a small stall (``Horizon.stall_budget_s``, what is left of the edit's) when that cuts the edit's predicted error by
+``MIN_STALL_GAIN_DB`` or more: a few milliseconds of latency for decibels the optimum takes (issue #32).
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass
 from typing import Callable
 
 from sakura.formats import FetchUnit, Level
+
+MIN_STALL_GAIN_DB = 1.0
 
 
 @dataclass(frozen=True)
@@ -33,6 +42,15 @@ class Horizon:
     gate_s: tuple[float, ...]  # per unit: when it may be asked for
     link_free_s: float  # when the bytes asked for so far are predicted through
     round_trip_s: float = 0.0  # a request's wait for its first byte on an idle link
+    error_before: float = 0.0  # the weighted error of the units already asked for, at the levels asked
+    stall_budget_s: float = 0.0  # how much later than on time the edit may still be, for better levels
+
+
+@dataclass(frozen=True)
+class Plan:
+    levels: list[Level]  # per unit of the horizon
+    ready: list[float]  # per unit: when it is predicted rebuilt
+    stall_s: float = 0.0  # how much later than on time the first unit is planned, bought for quality
 
 
 def lower_hull(levels: tuple[Level, ...]) -> list[Level]:
@@ -67,9 +85,9 @@ def ready_times(h: Horizon, levels: list[Level], rate_Bps: float, rebuild_s: Cal
     return ready, states
 
 
-def plan_levels(h: Horizon, rate_bps: float, rebuild_s: Callable[[Level], float]) -> tuple[list[Level], list[float]]:
-    """The least-weighted-error levels of ``h.units`` that keep each unit on time at ``rate_bps`` (see the module);
-    and each one's predicted ready time."""
+def plan_levels(h: Horizon, rate_bps: float, rebuild_s: Callable[[Level], float]) -> Plan:
+    """The least-weighted-error levels of ``h.units`` that keep each unit on time at ``rate_bps`` (see the module),
+    the first one late by up to ``h.stall_budget_s`` where that is worth it; and each one's predicted ready time."""
     rate_Bps = max(rate_bps, 1.0) / 8
     hulls = [lower_hull(u.levels) for u in h.units]
     at = [0] * len(hulls)
@@ -111,4 +129,32 @@ def plan_levels(h: Horizon, rate_bps: float, rebuild_s: Callable[[Level], float]
             if all(r <= lim + 1e-9 for r, lim in zip(tail, limit[k:])):
                 levels, ready[k:], states[k:] = trial, tail, tail_states
                 break
-    return levels, ready
+    if h.stall_budget_s > 0:
+        late = _worth_a_stall(h, levels, limit, states[0], rate_Bps, rebuild_s, h.stall_budget_s)
+        if late is not None:
+            return late
+    return Plan(levels, ready)
+
+
+def _worth_a_stall(h: Horizon, levels: list[Level], limit: list[float], state: tuple[float, float], rate_Bps: float,
+                   rebuild_s: Callable[[Level], float], budget_s: float) -> Plan | None:
+    """The plan with the first unit at the level of least error that is late by at most ``budget_s`` and cuts the
+    edit's predicted error by ``MIN_STALL_GAIN_DB`` or more, every later unit on time behind the stall it makes
+    (execution reaches each later shard that much later); None when there is none."""
+    unit, planned = h.units[0], levels[0]
+    total = h.error_before + sum(u.weight * lv.error for u, lv in zip(h.units, levels))
+    if total <= 0:
+        return None
+    start = max(state[0], h.gate_s[0] + h.round_trip_s)
+    for lv in sorted(unit.levels, key=lambda x: x.error):
+        rest = total - unit.weight * (planned.error - lv.error)
+        if lv.error >= planned.error or 10 * math.log10(total / max(rest, total * 1e-12)) < MIN_STALL_GAIN_DB:
+            return None  # (less error first: no later one cuts more)
+        stall = max(0.0, start + lv.nbytes / rate_Bps + rebuild_s(lv) - limit[0])
+        if stall > budget_s:
+            continue
+        trial = [lv, *levels[1:]]
+        ready, _ = ready_times(h, trial, rate_Bps, rebuild_s, state=state)
+        if all(r <= lim + stall + 1e-9 for r, lim in zip(ready, limit)):
+            return Plan(trial, ready, stall)
+    return None

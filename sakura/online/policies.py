@@ -28,6 +28,10 @@ DEFAULT_FLAT_RATIO = 3.0
 # docs/results/issue32/policy8/ and policy9/.
 DEFAULT_PLAN_MARGIN = 1.0
 DEFAULT_HOLD_SCALE = 1.5
+# The edit may be this share of its predicted compute later than on time, where a moment buys a much better level:
+# a unit planned a little late (:func:`sakura.online.plan.plan_levels`), a cut that waits for a transfer's last bytes
+# (:meth:`sakura.runtime.scheduler.StreamScheduler.cut_at`).
+DEFAULT_STALL_SHARE = 0.05
 # The per-unit window rule SAKURA used before (each unit its own window γ·(need − now), the hold one gate lead):
 # `sakura bench --window-rule` runs it beside SAKURA.
 RULE_SETTINGS = {"plan_margin": None, "hold_scale": 1.0}
@@ -40,6 +44,7 @@ class Decision:
     window_s: float
     budget_bytes: float  # what the policy allowed itself; inf for non-adaptive policies
     fits: bool  # the chosen level is within the budget
+    stall_s: float = 0.0  # how much later than on time the level is planned, bought for quality (the edit's stall)
 
 
 class Policy(ABC):
@@ -48,6 +53,7 @@ class Policy(ABC):
     name: str = ""
     plans_ahead = False  # wants a :class:`Horizon` with each choice (costs the scheduler a prediction per request)
     hold_scale = 1.0  # execution waits for shard 0 this many times the lead a later unit gets from its gate
+    stall_share = 0.0  # the edit may be this share of its predicted compute later for better levels (the scheduler's)
 
     def begin(self, units: list[FetchUnit], compute_s: float, initial_bps: float) -> None:
         """Called once per edit before the first request; ``compute_s`` = predicted masked compute."""
@@ -139,16 +145,18 @@ class SakuraPolicy(WindowPolicy):
     ``plan_margin``: instead of each unit's own window, plan every unit not asked for yet on the FIFO link at
     ``plan_margin`` · R̂ (:mod:`sakura.online.plan`, the scheduler's :class:`Horizon`) and ask for the plan's first;
     the flat-top rule still applies before the start (None: the per-unit window rule). ``hold_scale``: execution
-    waits for shard 0 this many times the gate lead (the scheduler's start-up hold)."""
+    waits for shard 0 this many times the gate lead (the scheduler's start-up hold). ``stall_share``: the edit may be
+    this share of its predicted compute later, where a moment buys a much better level (the scheduler's stall
+    budget; 0: never late by choice)."""
 
     name = "sakura"
 
     def __init__(self, gamma: float = DEFAULT_GAMMA, price_rebuild: bool = True,
                  flat_ratio: float | None = DEFAULT_FLAT_RATIO, plan_margin: float | None = DEFAULT_PLAN_MARGIN,
-                 hold_scale: float = DEFAULT_HOLD_SCALE):
+                 hold_scale: float = DEFAULT_HOLD_SCALE, stall_share: float = DEFAULT_STALL_SHARE):
         super().__init__(gamma, price_rebuild)
         self.flat_ratio = flat_ratio
-        self.plan_margin, self.hold_scale = plan_margin, hold_scale
+        self.plan_margin, self.hold_scale, self.stall_share = plan_margin, hold_scale, stall_share
         self.price: ErrorPrice | None = None
 
     @property
@@ -160,8 +168,10 @@ class SakuraPolicy(WindowPolicy):
         if horizon is None or self.plan_margin is None:
             return d
         rebuild = (lambda lv: monitor.rebuild.seconds(lv.work)) if self.price_rebuild else (lambda lv: 0.0)
-        levels, ready = plan_levels(horizon, self.plan_margin * monitor.link_rate_bps, rebuild)
-        return replace(d, level=levels[0], budget_bytes=levels[0].nbytes, fits=ready[0] <= horizon.need_s[0])
+        plan = plan_levels(horizon, self.plan_margin * monitor.link_rate_bps, rebuild)
+        level = plan.levels[0]
+        return replace(d, level=level, budget_bytes=level.nbytes, fits=plan.ready[0] <= horizon.need_s[0],
+                       stall_s=plan.stall_s)
 
     def begin(self, units, compute_s, initial_bps):
         super().begin(units, compute_s, initial_bps)

@@ -92,7 +92,8 @@ class StreamRunner(Runner):
         edit = StreamedEdit(session.model, session.encoding, session.policy, link, session.file_id, session.compute,
                             session.initial_bps, timeout_s=session.timeout_s, executor=session.executor,
                             estimator=session.estimator, fallback=session.fallback_context(),
-                            prefetched=session.prefetched)
+                            prefetched=session.prefetched,
+                            initial_round_trip_s=session.runtime.calibration.request_overhead_s or 0.0)
         with contextlib.ExitStack() as shaped:
             if kernel is not None:
                 replay = shaped.enter_context(kernel.replaying(session.trace, session.start))

@@ -13,6 +13,7 @@ Cuts (anytime shards) are decided by :func:`sakura.net.paced.cut_point`, on both
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass, field
 
@@ -85,6 +86,9 @@ WAIT = "wait"
 # wait a few ms for a level's last bytes). Off: on the traces' first halves every share tried (0.1, 0.25, 0.25 within
 # one shard's compute per edit) bought ≤ 0.4 dB capped for 0.4–4 % latency at p50 (issue #32, policy6).
 CUT_WAIT_SHARE = 0.0
+# A cut that waits from the edit's stall budget waits this many times the rest's predicted time (a rate a little
+# slower than predicted still brings the last bytes).
+CUT_WAIT_MARGIN = 1.5
 
 
 class StreamScheduler:
@@ -106,6 +110,9 @@ class StreamScheduler:
         self.wait_error: dict[int, list[float]] = {}  # per shard: its asked-for units' smallest usable prefix errors
         self.replaced: set[int] = set()  # shards a fallback gave a cache: their units are not asked for
         self.asked: set[int] = set()  # fetch units answered with a request or the held bytes
+        self.asked_error = 0.0  # their weighted error at the levels asked for (or held)
+        # how much later than on time the edit may still be for better levels (planned late, a cut that waits)
+        self.stall_left_s = policy.stall_share * predicted.masked_s
         self.local_from_step: int | None = None
         # (anytime) execution cuts shard 0 no earlier than this: the deadline its units were chosen for
         self.startup_until = 0.0
@@ -183,7 +190,9 @@ class StreamScheduler:
             choose = self.policy.choose_before_start if before_start else self.policy.choose
             horizon = self.horizon(unit, now, deadline) if self.policy.plans_ahead else None
             d = choose(unit, now, self.choice_deadline(unit, deadline, now), self.monitor, horizon)
+            self.stall_left_s -= d.stall_s
             held = self.held.get(unit.index)
+            self.asked_error += unit.weight * min(d.level.error, held.level.error if held is not None else math.inf)
             if held is not None and d.level.error >= held.level.error:  # nothing better: no request
                 return UseHeld(unit, held, UnitRecord(unit.index, unit.needed_by, unit.label, held.level.label, 0,
                                                       d.budget_bytes, d.window_s, d.rate_bps / 1e6, True, now,
@@ -229,7 +238,7 @@ class StreamScheduler:
             link_free = max(link_free, min(end, started) if started is not None and started <= now else end)
         units = (unit, *rest)
         return Horizon(now, units, tuple(need[u.needed_by] for u in units), tuple(gate_s(u) for u in units),
-                       max(now, link_free), trip)
+                       max(now, link_free), trip, self.asked_error, self.stall_left_s)
 
     # -- what the device learns --------------------------------------------------------------------
     def transferred(self, nbytes: int, t_request: float, t_last_byte: float,
@@ -269,11 +278,19 @@ class StreamScheduler:
     def cut_at(self, shard: int, now: float, remaining_bytes: float) -> float:
         """(anytime) Execution reached ``shard`` at ``now`` (or shard 0's hold ended) with ``remaining_bytes`` of
         its transfers not through: when to cut them to the prefixes that came. At once, or, when the rest is
-        predicted through at R̂ within ``cut_wait_share`` of the shard's compute, at the end of that wait (a
-        late prediction costs no more than it)."""
+        predicted through at the link's rate within ``cut_wait_share`` of the shard's compute or what is left of
+        the edit's stall budget, at the end of that wait (a late prediction costs no more than it; a cut to the
+        prefix below an exact rung loses tens of dB for a few ms, issue #32)."""
         with self._lock:
-            wait = self.cut_wait_share * self.predicted.shard_s[shard]
-            if self.cuts and 0 < remaining_bytes and remaining_bytes * 8 / max(self.monitor.rate_bps, 1.0) <= wait:
+            if not self.cuts or remaining_bytes <= 0:
+                return now
+            through_s = remaining_bytes * 8 / max(self.monitor.link_rate_bps, 1.0)
+            share = self.cut_wait_share * self.predicted.shard_s[shard]
+            if through_s <= share:
+                return now + share
+            wait = min(self.stall_left_s, CUT_WAIT_MARGIN * through_s)
+            if through_s <= wait:
+                self.stall_left_s -= wait
                 return now + wait
             return now
 

@@ -150,7 +150,8 @@ class _SimulatedEdit:
         self.fallback, self.recompute, self.rebuild_overlap = fallback, recompute, rebuild_overlap
         self.encoding, self.compute, self.link, self.fetch = encoding, compute, link, fetch
         self.keep, self.rebuild_model, self.timer, self.anytime = keep, rebuild_model, timer, anytime
-        monitor = RuntimeMonitor(initial_bps=link.rate_bps_at(0.0), estimator=estimator)
+        monitor = RuntimeMonitor(initial_bps=link.rate_bps_at(0.0), estimator=estimator,
+                                 initial_round_trip_s=link.request_overhead_s)
         self.sched = StreamScheduler(encoding, policy, predicted, monitor, ahead, anytime, fallback,
                                      prefetched.units if prefetched is not None else None)
         n = len(compute.shards)
