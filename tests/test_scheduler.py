@@ -268,8 +268,8 @@ def test_a_cut_waits_a_moment_for_a_rest_predicted_through_by_then(remaining, wa
     """A quarter of the shard's compute (12.5 ms) at 2 Mbps carries 3.1 kB: execution waits that long for 1 kB
     still coming before it cuts, not for 4 kB; with nothing coming there is nothing to cut."""
     compute = _compute()
-    sched = StreamScheduler(_TwoPerShard(len(compute.shards), progressive=True), SakuraPolicy(), compute,
-                            RuntimeMonitor(initial_bps=2e6), anytime=True, cut_wait_share=0.25)
+    sched = StreamScheduler(_TwoPerShard(len(compute.shards), progressive=True), SakuraPolicy(stall_share=0.0),
+                            compute, RuntimeMonitor(initial_bps=2e6), anytime=True, cut_wait_share=0.25)
     assert sched.cut_at(3, 0.4, remaining) == pytest.approx(0.4 + (0.25 * 0.05 if waits else 0.0))
 
 
