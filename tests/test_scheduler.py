@@ -286,19 +286,32 @@ def test_a_cut_waits_for_a_rest_a_moment_away_while_the_edits_stall_budget_lasts
     assert sched.cut_at(3, 0.4, 1_000) == pytest.approx(0.406)
     assert sched.cut_at(4, 0.5, 1_000) == pytest.approx(0.5)
     assert scheduler(0.0).cut_at(3, 0.4, 1_000) == pytest.approx(0.4)
+    planned = scheduler(0.0)  # a unit of shard 3 was planned 6 ms late: its cut waits for that, whatever is left
+    planned.planned_late[3] = 0.006
+    assert planned.cut_at(3, 0.4, 1_000) == pytest.approx(0.406) and planned.cut_at(4, 0.5, 1_000) == 0.5
 
 
-def test_each_unit_planned_late_spends_the_edits_stall_budget():
+def test_each_unit_planned_late_spends_the_edits_stall_budget_and_delays_the_shards_after_it():
+    """Every unit after shard 0's (chosen for the start-up hold) planned 3 ms late: the budget (8 ms) shrinks by
+    3 ms a unit until it is gone, and execution is predicted to reach shard 2 6 ms later (shard 1's two units)."""
     compute = _compute()
-    seen: list[float] = []
 
-    class Late(SakuraPolicy):  # plans every unit 3 ms late
-        def choose(self, unit, now, deadline, monitor, horizon=None):
-            seen.append(horizon.stall_budget_s)
-            return replace(super().choose(unit, now, deadline, monitor, horizon), stall_s=0.003)
+    def requested(share):
+        seen: list[tuple[float, float]] = []
 
-    sched = StreamScheduler(_TwoPerShard(len(compute.shards)), Late(stall_share=0.025), compute,
-                            RuntimeMonitor(initial_bps=2e6))
-    for unit in sched.encoding.units[:3]:
-        sched.request(unit, 0.0)
-    assert seen == pytest.approx([0.008, 0.005, 0.002])
+        class Late(SakuraPolicy):
+            def choose(self, unit, now, deadline, monitor, horizon=None):
+                seen.append((horizon.stall_budget_s, horizon.need_s[0]))
+                d = super().choose(unit, now, deadline, monitor, horizon)
+                return replace(d, stall_s=min(0.003, horizon.stall_budget_s))
+
+        sched = StreamScheduler(_TwoPerShard(len(compute.shards)), Late(stall_share=share), compute,
+                                RuntimeMonitor(initial_bps=2e6))
+        for unit in sched.encoding.units[:5]:
+            sched.request(unit, 0.0)
+        return seen
+
+    late, on_time = requested(0.025), requested(0.0)
+    assert [b for b, _ in late] == pytest.approx([0.0, 0.0, 0.008, 0.005, 0.002])
+    assert late[4][1] - on_time[4][1] == pytest.approx(0.006)  # shard 2's first unit
+    assert [n for _, n in late[:3]] == pytest.approx([n for _, n in on_time[:3]])

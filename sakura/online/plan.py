@@ -15,7 +15,7 @@ the output sees more takes bytes a unit it hardly sees would have spent.
 
 A plan that keeps every unit on time is tight: a round trip or a rebuild a little slower than predicted makes the
 first unit's planned level late, and the best one on time may be far poorer (the residual rungs between an
-allocated level and the exact one rebuild for 15-27 ms, the exact rung for 2). So the first unit may also be late
+allocated level and the exact one rebuild for many times the exact rung's time). So the first unit may also be late
 by a small stall (``Horizon.stall_budget_s``, what is left of the edit's) when that cuts the edit's predicted error by
 ``MIN_STALL_GAIN_DB`` or more: a few milliseconds of latency for decibels the optimum takes (issue #32).
 """

@@ -32,9 +32,9 @@ DEFAULT_HOLD_SCALE = 1.5
 # a unit planned a little late (:func:`sakura.online.plan.plan_levels`), a cut that waits for a transfer's last bytes
 # (:meth:`sakura.runtime.scheduler.StreamScheduler.cut_at`).
 DEFAULT_STALL_SHARE = 0.05
-# The per-unit window rule SAKURA used before (each unit its own window γ·(need − now), the hold one gate lead):
-# `sakura bench --window-rule` runs it beside SAKURA.
-RULE_SETTINGS = {"plan_margin": None, "hold_scale": 1.0}
+# The per-unit window rule SAKURA used before (each unit its own window γ·(need − now), the hold one gate lead, no
+# stall budget): `sakura bench --window-rule` runs it beside SAKURA.
+RULE_SETTINGS = {"plan_margin": None, "hold_scale": 1.0, "stall_share": 0.0}
 
 
 @dataclass
@@ -170,8 +170,8 @@ class SakuraPolicy(WindowPolicy):
         rebuild = (lambda lv: monitor.rebuild.seconds(lv.work)) if self.price_rebuild else (lambda lv: 0.0)
         plan = plan_levels(horizon, self.plan_margin * monitor.link_rate_bps, rebuild)
         level = plan.levels[0]
-        return replace(d, level=level, budget_bytes=level.nbytes, fits=plan.ready[0] <= horizon.need_s[0],
-                       stall_s=plan.stall_s)
+        return replace(d, level=level, budget_bytes=level.nbytes,
+                       fits=plan.ready[0] <= horizon.need_s[0] + plan.stall_s + 1e-9, stall_s=plan.stall_s)
 
     def begin(self, units, compute_s, initial_bps):
         super().begin(units, compute_s, initial_bps)
@@ -186,7 +186,9 @@ class SakuraPolicy(WindowPolicy):
         cheaper = [lv for lv in lower_hull(unit.levels)
                    if lv.nbytes < d.level.nbytes and lv.nbytes <= self.allowance(lv, d.window_s, monitor)]
         level = min([d.level, *cheaper], key=lambda lv: (unit.weight * lv.error + per_byte * lv.nbytes, lv.nbytes))
-        return replace(d, level=level, budget_bytes=self.allowance(level, d.window_s, monitor))
+        # (a cheaper level is within the unit's window: on time, so no stall is spent on it)
+        return replace(d, level=level, budget_bytes=self.allowance(level, d.window_s, monitor),
+                       stall_s=d.stall_s if level is d.level else 0.0)
 
 
 class Fp16Policy(Policy):

@@ -113,6 +113,7 @@ class StreamScheduler:
         self.asked_error = 0.0  # their weighted error at the levels asked for (or held)
         # how much later than on time the edit may still be for better levels (planned late, a cut that waits)
         self.stall_left_s = policy.stall_share * predicted.masked_s
+        self.planned_late: dict[int, float] = {}  # per shard: how late its units were planned, from that budget
         self.local_from_step: int | None = None
         # (anytime) execution cuts shard 0 no earlier than this: the deadline its units were chosen for
         self.startup_until = 0.0
@@ -181,7 +182,7 @@ class StreamScheduler:
             unit = self.encoding.priced(unit)
             # (a later shard's unit asked for before the start is needed after shard 0 starts, not after the
             # prelude: chosen for the prelude's end it takes the poorer level the optimum never picks, issue #32)
-            deadline = predict_need(unit.needed_by, now, self.predicted, self.starts, hold_until=self.startup_at)
+            deadline = self.need(unit.needed_by, now, self.startup_at)
             # (the simulated clock books a unit after it settled the shards before its own: a start in the
             # future of ``now`` had not happened when the device asked)
             before_start = self.starts[0] is None or self.starts[0] > now
@@ -190,7 +191,9 @@ class StreamScheduler:
             choose = self.policy.choose_before_start if before_start else self.policy.choose
             horizon = self.horizon(unit, now, deadline) if self.policy.plans_ahead else None
             d = choose(unit, now, self.choice_deadline(unit, deadline, now), self.monitor, horizon)
-            self.stall_left_s -= d.stall_s
+            if d.stall_s > 0:
+                self.stall_left_s -= d.stall_s
+                self.planned_late[unit.needed_by] = self.planned_late.get(unit.needed_by, 0.0) + d.stall_s
             held = self.held.get(unit.index)
             self.asked_error += unit.weight * min(d.level.error, held.level.error if held is not None else math.inf)
             if held is not None and d.level.error >= held.level.error:  # nothing better: no request
@@ -215,8 +218,7 @@ class StreamScheduler:
         hold = self.startup_at if self.startup_ready else self.startup_until
         rest = [self.encoding.priced(u) for u in self.encoding.units
                 if u.index > unit.index and u.index not in self.asked and u.needed_by not in self.replaced]
-        need = {j: predict_need(j, now, self.predicted, self.starts, hold_until=hold)
-                for j in {u.needed_by for u in rest}}
+        need = {j: self.need(j, now, hold) for j in {u.needed_by for u in rest}}
         need[unit.needed_by] = deadline
 
         def gate_s(u: FetchUnit) -> float:
@@ -224,8 +226,7 @@ class StreamScheduler:
             if g is None:
                 return now
             started = self.starts[g]
-            return started if started is not None and started <= now else max(now, predict_need(
-                g, now, self.predicted, self.starts, hold_until=hold))
+            return started if started is not None and started <= now else max(now, self.need(g, now, hold))
 
         # when the bytes asked for so far are through: every request replayed on the FIFO link at today's estimates
         # (a rate learnt since corrects the queue a poor first estimate predicted); a fallback's shards left the link,
@@ -237,8 +238,16 @@ class StreamScheduler:
             end, started = max(link_free, t + trip) + n * 8 / bps, self.starts[j]
             link_free = max(link_free, min(end, started) if started is not None and started <= now else end)
         units = (unit, *rest)
+        # (shard 0's units are chosen for the start-up hold, which execution cuts them at: none is planned late)
         return Horizon(now, units, tuple(need[u.needed_by] for u in units), tuple(gate_s(u) for u in units),
-                       max(now, link_free), trip, self.asked_error, self.stall_left_s)
+                       max(now, link_free), trip, self.asked_error, self.stall_left_s if unit.needed_by else 0.0)
+
+    def need(self, shard: int, now: float, hold_until: float) -> float:
+        """When execution is predicted to reach ``shard`` (:func:`predict_need`), later by the stalls planned for
+        the units of it and of the shards before it that have not started."""
+        late = sum(s for j, s in self.planned_late.items()
+                   if j <= shard and (self.starts[j] is None or self.starts[j] > now))
+        return predict_need(shard, now, self.predicted, self.starts, hold_until=hold_until) + late
 
     # -- what the device learns --------------------------------------------------------------------
     def transferred(self, nbytes: int, t_request: float, t_last_byte: float,
@@ -278,9 +287,9 @@ class StreamScheduler:
     def cut_at(self, shard: int, now: float, remaining_bytes: float) -> float:
         """(anytime) Execution reached ``shard`` at ``now`` (or shard 0's hold ended) with ``remaining_bytes`` of
         its transfers not through: when to cut them to the prefixes that came. At once, or, when the rest is
-        predicted through at the link's rate within ``cut_wait_share`` of the shard's compute or what is left of
-        the edit's stall budget, at the end of that wait (a late prediction costs no more than it; a cut to the
-        prefix below an exact rung loses tens of dB for a few ms, issue #32)."""
+        predicted through at the link's rate within ``cut_wait_share`` of the shard's compute, or within the stall
+        planned for its units and what is left of the edit's stall budget, at the end of that wait (a late
+        prediction costs no more than it; a cut to the prefix below an exact rung loses tens of dB, issue #32)."""
         with self._lock:
             if not self.cuts or remaining_bytes <= 0:
                 return now
@@ -288,9 +297,10 @@ class StreamScheduler:
             share = self.cut_wait_share * self.predicted.shard_s[shard]
             if through_s <= share:
                 return now + share
-            wait = min(self.stall_left_s, CUT_WAIT_MARGIN * through_s)
+            planned = self.planned_late.get(shard, 0.0)
+            wait = min(planned + self.stall_left_s, max(planned, CUT_WAIT_MARGIN * through_s))
             if through_s <= wait:
-                self.stall_left_s -= wait
+                self.stall_left_s -= max(0.0, wait - planned)
                 return now + wait
             return now
 
