@@ -89,6 +89,7 @@ def asked_bytes(u) -> int:
 @pytest.mark.parametrize("system", STREAMING)
 def test_simulated_clock_matches_real_clock(served, system):
     real_lat, sim_lat, real_bytes, sim_bytes, agree, compared, report = [], [], [], [], 0, 0, []
+    plans_ahead = get_policy(system).plans_ahead
     for trace_name, scale, start in cases():
         real, sim = run_both(served, system, trace_name, scale, start)
         real_lat.append(real.latency_s)
@@ -104,12 +105,16 @@ def test_simulated_clock_matches_real_clock(served, system):
                 agree += choice(a) == choice(b) or asked_bytes(large) > small.budget_bytes
             elif choice(a) != choice(b):
                 report.append(
-                    f"{trace_name}@{start:.1f}: unit {a.unit} sim {a.level} (budget {a.budget_bytes:.0f} B, "
-                    f"{a.rate_mbps:.1f} Mbps) vs real {b.level} ({b.budget_bytes:.0f} B, {b.rate_mbps:.1f} Mbps)"
+                    f"{trace_name}@{start:.1f}: unit {a.unit} sim {a.level} {asked_bytes(a)} B (budget "
+                    f"{a.budget_bytes:.0f} B, {a.rate_mbps:.1f} Mbps, late {a.planned_late_s * 1e3:.1f} ms) vs real "
+                    f"{b.level} {asked_bytes(b)} B ({b.budget_bytes:.0f} B, {b.rate_mbps:.1f} Mbps, late "
+                    f"{b.planned_late_s * 1e3:.1f} ms)"
                 )
-                # a policy is monotone in its budget: the clock that allowed itself less never asked for more
+                # a policy that decides unit by unit is monotone in its budget: the clock that allowed itself less
+                # never asked for more (SAKURA's plan weighs each unit's window against the later units': a unit
+                # with more room may rightly take less when the units behind it have less)
                 small, large = (a, b) if a.budget_bytes < b.budget_bytes else (b, a)
-                assert asked_bytes(small) <= asked_bytes(large), report[-1]
+                assert plans_ahead or asked_bytes(small) <= asked_bytes(large), report[-1]
     p50_sim, p50_real = float(np.median(sim_lat)), float(np.median(real_lat))
     print(system, f"p50 sim {p50_sim:.3f} real {p50_real:.3f}", f"bytes sim {sum(sim_bytes)} real {sum(real_bytes)}",
           f"same level {agree}/{compared} where budgets agree", *report[:8], sep="\n  ")

@@ -9,6 +9,7 @@ from sakura.net.folder import FolderSource
 from sakura.net.traces import Trace
 from sakura.online.fallback import (
     CHECK_EVERY_S,
+    FIRST_BYTE_S,
     FallbackContext,
     InFlight,
     choose_fallback,
@@ -274,11 +275,16 @@ def test_a_dip_in_the_first_step_is_recomputed_and_the_rest_streams(folder, cloc
     step 1: step 0 is recomputed on the device (one full step; no reuse exists yet, and going local would
     cost every step). Waiting is allowed no slack here (bound 0), so the choice is by predicted end only."""
     tpl, runtime, req = folder
-    fb = runtime.session(tpl, "sakura", Network(DEAD, "dead", 0.0, 1.0)).fallback_context()
+    # The device reads the link as dead FIRST_BYTE_S after asking (it waits on shard 0 from then): recomputing step 0
+    # then going local from step 1 must still end within the hard bound, so the edit is at least ~2 s of compute
+    # (local generation measured 1.0 s on one machine of these: the recompute's worst case was 8 ms past the bound)
+    predicted = runtime.session(tpl, "sakura", Network(DEAD, "dead", 0.0, 1.0)).compute
+    compute = predicted.scaled(max(1.0, 20 * FIRST_BYTE_S / predicted.local_full_s))
+    fb = runtime.session(tpl, "sakura", Network(DEAD, "dead", 0.0, 1.0), compute=compute).fallback_context()
     # 0.1 ms of link first: 625 bytes, less than any level of shard 0 (1 ms carried a shared-basis level whole)
     back_s = 1.1 * fb.full_step_s
     dip = Trace(np.array([0.0, 0.0001, back_s, 600.0]), np.array([50.0, 0.0, 50.0]), "dip")
-    session = runtime.session(tpl, "sakura", Network(dip, "dip", 0.0, 1.0), timeout_s=30)
+    session = runtime.session(tpl, "sakura", Network(dip, "dip", 0.0, 1.0), timeout_s=30, compute=compute)
     session.fallback_bound_share = 0.0
     for _ in range(3):
         outcome = session.simulate(req) if clock == "sim" else session.run(req)

@@ -51,6 +51,9 @@ class Plan:
     levels: list[Level]  # per unit of the horizon
     ready: list[float]  # per unit: when it is predicted rebuilt
     stall_s: float = 0.0  # how much later than on time the first unit is planned, bought for quality
+    # the first unit's time from its first byte (the link's queue and round trip past) to its need + the stall: its
+    # bytes and rebuild must fit in it (the units after it may take some of it)
+    window_s: float = math.inf
 
 
 def lower_hull(levels: tuple[Level, ...]) -> list[Level]:
@@ -129,15 +132,16 @@ def plan_levels(h: Horizon, rate_bps: float, rebuild_s: Callable[[Level], float]
             if all(r <= lim + 1e-9 for r, lim in zip(tail, limit[k:])):
                 levels, ready[k:], states[k:] = trial, tail, tail_states
                 break
+    start = max(states[0][0], h.gate_s[0] + h.round_trip_s)
     if h.stall_budget_s > 0:
-        late = _worth_a_stall(h, levels, limit, states[0], rate_Bps, rebuild_s, h.stall_budget_s)
+        late = _worth_a_stall(h, levels, limit, start, states[0], rate_Bps, rebuild_s, h.stall_budget_s)
         if late is not None:
             return late
-    return Plan(levels, ready)
+    return Plan(levels, ready, window_s=max(0.0, h.need_s[0] - start))
 
 
-def _worth_a_stall(h: Horizon, levels: list[Level], limit: list[float], state: tuple[float, float], rate_Bps: float,
-                   rebuild_s: Callable[[Level], float], budget_s: float) -> Plan | None:
+def _worth_a_stall(h: Horizon, levels: list[Level], limit: list[float], start: float, state: tuple[float, float],
+                   rate_Bps: float, rebuild_s: Callable[[Level], float], budget_s: float) -> Plan | None:
     """The plan with the first unit at the level of least error that is late by at most ``budget_s`` and cuts the
     edit's predicted error by ``MIN_STALL_GAIN_DB`` or more, every later unit on time behind the stall it makes
     (execution reaches each later shard that much later); None when there is none."""
@@ -145,7 +149,6 @@ def _worth_a_stall(h: Horizon, levels: list[Level], limit: list[float], state: t
     total = h.error_before + sum(u.weight * lv.error for u, lv in zip(h.units, levels))
     if total <= 0:
         return None
-    start = max(state[0], h.gate_s[0] + h.round_trip_s)
     for lv in sorted(unit.levels, key=lambda x: x.error):
         rest = total - unit.weight * (planned.error - lv.error)
         if lv.error >= planned.error or 10 * math.log10(total / max(rest, total * 1e-12)) < MIN_STALL_GAIN_DB:
@@ -156,5 +159,5 @@ def _worth_a_stall(h: Horizon, levels: list[Level], limit: list[float], state: t
         trial = [lv, *levels[1:]]
         ready, _ = ready_times(h, trial, rate_Bps, rebuild_s, state=state)
         if all(r <= lim + stall + 1e-9 for r, lim in zip(ready, limit)):
-            return Plan(trial, ready, stall)
+            return Plan(trial, ready, stall, max(0.0, h.need_s[0] + stall - start))
     return None

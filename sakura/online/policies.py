@@ -32,7 +32,7 @@ DEFAULT_HOLD_SCALE = 1.5
 # a unit planned a little late (:func:`sakura.online.plan.plan_levels`), a cut that waits for a transfer's last bytes
 # (:meth:`sakura.runtime.scheduler.StreamScheduler.cut_at`). Off by default: with 0.05 (the session 31 headline) the
 # two clocks of tests/test_clocks.py chose across their budgets non-monotonically under load (1 of 2 runs).
-DEFAULT_STALL_SHARE = 0.0
+DEFAULT_STALL_SHARE = 0.05
 # The per-unit window rule SAKURA used before (each unit its own window γ·(need − now), the hold one gate lead, no
 # stall budget): `sakura bench --window-rule` runs it beside SAKURA.
 RULE_SETTINGS = {"plan_margin": None, "hold_scale": 1.0, "stall_share": 0.0}
@@ -127,8 +127,11 @@ class WindowPolicy(Policy):
 
     def allowance(self, level: Level, window: float, monitor: RuntimeMonitor) -> float:
         """The bytes that arrive within ``window`` and leave ``level``'s rebuild room."""
-        rebuild_s = monitor.rebuild.seconds(level.work) if self.price_rebuild else 0.0
-        return monitor.rate_bps / 8 * (window - rebuild_s)
+        return monitor.rate_bps / 8 * (window - self.rebuild_s(monitor)(level))
+
+    def rebuild_s(self, monitor: RuntimeMonitor) -> Callable[[Level], float]:
+        """A level's predicted rebuild as this policy prices it (0 when it takes rebuild as free)."""
+        return (lambda lv: monitor.rebuild.seconds(lv.work)) if self.price_rebuild else (lambda lv: 0.0)
 
 
 class SakuraPolicy(WindowPolicy):
@@ -168,11 +171,16 @@ class SakuraPolicy(WindowPolicy):
         d = super().choose(unit, now, deadline, monitor)
         if horizon is None or self.plan_margin is None:
             return d
-        rebuild = (lambda lv: monitor.rebuild.seconds(lv.work)) if self.price_rebuild else (lambda lv: 0.0)
-        plan = plan_levels(horizon, self.plan_margin * monitor.link_rate_bps, rebuild)
+        rebuild = self.rebuild_s(monitor)
+        rate_bps = self.budget_rate_bps(monitor, horizon)
+        plan = plan_levels(horizon, rate_bps, rebuild)
         level = plan.levels[0]
-        return replace(d, level=level, budget_bytes=level.nbytes,
-                       fits=plan.ready[0] <= horizon.need_s[0] + plan.stall_s + 1e-9, stall_s=plan.stall_s)
+        return Decision(level, monitor.rate_bps, plan.window_s, rate_bps / 8 * (plan.window_s - rebuild(level)),
+                        plan.ready[0] <= horizon.need_s[0] + plan.stall_s + 1e-9, plan.stall_s)
+
+    def budget_rate_bps(self, monitor: RuntimeMonitor, horizon: Horizon | None) -> float:
+        """The rate a decision's window is priced at: the plan's (``plan_margin`` · the link's), else R̂."""
+        return monitor.rate_bps if horizon is None or self.plan_margin is None else self.plan_margin * monitor.link_rate_bps
 
     def begin(self, units, compute_s, initial_bps):
         super().begin(units, compute_s, initial_bps)
@@ -184,12 +192,17 @@ class SakuraPolicy(WindowPolicy):
         if self.price is None or not d.fits:
             return d
         per_byte = self.price.at(monitor.rate_bps / 8 * self.gamma * self.compute_s) / self.flat_ratio
-        cheaper = [lv for lv in lower_hull(unit.levels)
-                   if lv.nbytes < d.level.nbytes and lv.nbytes <= self.allowance(lv, d.window_s, monitor)]
+        # (the room a level has on time in the decision's window: the gate window at R̂ for the window rule, the
+        # plan's window at the link's rate for the plan)
+        rebuild = self.rebuild_s(monitor)
+        rate_Bps = self.budget_rate_bps(monitor, horizon) / 8
+        room = lambda lv: rate_Bps * (d.window_s - d.stall_s - rebuild(lv))  # noqa: E731
+        cheaper = [lv for lv in lower_hull(unit.levels) if lv.nbytes < d.level.nbytes and lv.nbytes <= room(lv)]
         level = min([d.level, *cheaper], key=lambda lv: (unit.weight * lv.error + per_byte * lv.nbytes, lv.nbytes))
-        # (a cheaper level is within the unit's window: on time, so no stall is spent on it)
-        return replace(d, level=level, budget_bytes=self.allowance(level, d.window_s, monitor),
-                       stall_s=d.stall_s if level is d.level else 0.0)
+        if level is d.level:
+            return d
+        # (a cheaper level is on time in the window: no stall is spent on it)
+        return replace(d, level=level, window_s=d.window_s - d.stall_s, budget_bytes=room(level), stall_s=0.0)
 
 
 class Fp16Policy(Policy):

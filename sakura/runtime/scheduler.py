@@ -208,7 +208,7 @@ class StreamScheduler:
             self.wait_error.setdefault(unit.needed_by, []).append(prefixes[0][0].error)
             rec = UnitRecord(unit.index, unit.needed_by, unit.label, d.level.label, sum(n for _, n in ranges),
                              d.budget_bytes, d.window_s, d.rate_bps / 1e6, d.fits, now, deadline_t=deadline,
-                             ranges=len(ranges), rung=d.level.rung)
+                             ranges=len(ranges), rung=d.level.rung, planned_late_s=d.stall_s)
             return Fetch(unit, d.level, ranges, prefixes, rec, held)
 
     def horizon(self, unit: FetchUnit, now: float, deadline: float) -> Horizon:

@@ -42,6 +42,8 @@ class UnitRecord:
     # The ladder rung ``level`` is, above the pack's allocated levels ("res4": the top level plus 4 residual
     # planes, "exact": the FP16 values); "" for an allocated level or any other format's.
     rung: str = ""
+    # How late the plan chose this unit to be, spending the edit's stall budget for a much better level (0: on time).
+    planned_late_s: float = 0.0
 
 
 @dataclass
@@ -97,7 +99,8 @@ class Timeline:
         self.units.append(rec)
         self._emit("request", unit=rec.unit, shard=rec.needed_by, label=rec.label, level=rec.level, bytes=rec.nbytes,
                    t=rec.request_t, deadline=rec.deadline_t, budget_bytes=rec.budget_bytes, window_s=rec.window_s,
-                   rate_mbps=rec.rate_mbps, fits=rec.fits, prefetched=rec.prefetched, rung=rec.rung)
+                   rate_mbps=rec.rate_mbps, fits=rec.fits, prefetched=rec.prefetched, rung=rec.rung,
+                   planned_late_s=rec.planned_late_s)
 
     def arrived(self, rec: UnitRecord, t: float, active_s: float, ranges, first_byte_t: float | None = None) -> None:
         rec.arrival_t, rec.first_byte_t = t, first_byte_t
@@ -160,7 +163,8 @@ class Timeline:
                                          _num(ev.get("budget_bytes")), _num(ev.get("window_s")),
                                          _num(ev.get("rate_mbps")), bool(ev.get("fits", True)), _num(t),
                                          deadline_t=_num(ev.get("deadline")), prefetched=bool(ev.get("prefetched")),
-                                         rung=str(ev.get("rung") or "")))
+                                         rung=str(ev.get("rung") or ""),
+                                         planned_late_s=_num(ev.get("planned_late_s"))))
         elif kind == "cut":
             rec = self.unit(int(ev.get("unit", -1)))
             if rec is not None:
