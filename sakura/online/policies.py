@@ -180,7 +180,9 @@ class SakuraPolicy(WindowPolicy):
 
     def budget_rate_bps(self, monitor: RuntimeMonitor, horizon: Horizon | None) -> float:
         """The rate a decision's window is priced at: the plan's (``plan_margin`` · the link's), else R̂."""
-        return monitor.rate_bps if horizon is None or self.plan_margin is None else self.plan_margin * monitor.link_rate_bps
+        if horizon is None or self.plan_margin is None:
+            return monitor.rate_bps
+        return self.plan_margin * monitor.link_rate_bps
 
     def begin(self, units, compute_s, initial_bps):
         super().begin(units, compute_s, initial_bps)
