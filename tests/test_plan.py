@@ -106,6 +106,21 @@ def test_a_stall_that_would_make_a_later_unit_late_is_not_taken():
     assert [lv.nbytes for lv in tight.levels] == [5_000, 13_000] and tight.stall_s == 0.0
 
 
+def test_a_first_unit_planned_lower_makes_room_for_a_later_units_slow_rung():
+    # 1 kB/ms; b1 is a residual rung: 8 ms of rebuild. The greedy raises a to a1 first (the most error per byte), then
+    # b to b1 is late behind it (5 + 9 + 8 = 22 ms > 20), so it raises a again: 1.3 in all. With a at a0, b1 is on
+    # time (1 + 9 + 8 = 18 ms): 1.2.
+    a = _ladder([(1_000, 1.0), (5_000, 0.4), (9_000, 0.3)])
+    b = (Level("b0", 1_000, 1.0, ("b0",)), Level("b1", 9_000, 0.2, ("b1",)))
+    units = (FetchUnit(0, 0, "a", a), FetchUnit(1, 1, "b", b))
+    rebuild = lambda lv: 0.008 if lv.label == "b1" else 0.0  # noqa: E731
+    h = _horizon(units, [0.010, 0.020])
+    assert [lv.label for lv in plan_levels(h, 8e6, rebuild).levels] == ["l9000", "b0"]
+    assert [lv.label for lv in plan_levels(h, 8e6, rebuild, first_alternatives=1).levels] == ["l9000", "b0"]
+    plan = plan_levels(h, 8e6, rebuild, first_alternatives=2)
+    assert [lv.label for lv in plan.levels] == ["l1000", "b1"] and all(r <= n for r, n in zip(plan.ready, h.need_s))
+
+
 ladders = st.lists(st.tuples(st.integers(100, 20_000), st.floats(0.0, 1.0)), min_size=1, max_size=4).map(
     lambda pts: _ladder(sorted({n: e for n, e in pts}.items())))
 

@@ -88,11 +88,45 @@ def ready_times(h: Horizon, levels: list[Level], rate_Bps: float, rebuild_s: Cal
     return ready, states
 
 
-def plan_levels(h: Horizon, rate_bps: float, rebuild_s: Callable[[Level], float]) -> Plan:
+def plan_levels(h: Horizon, rate_bps: float, rebuild_s: Callable[[Level], float], first_alternatives: int = 0) -> Plan:
     """The least-weighted-error levels of ``h.units`` that keep each unit on time at ``rate_bps`` (see the module),
-    the first one late by up to ``h.stall_budget_s`` where that is worth it; and each one's predicted ready time."""
+    the first one late by up to ``h.stall_budget_s`` where that is worth it; and each one's predicted ready time.
+
+    ``first_alternatives``: also plan with the first unit up to that many frontier levels below the greedy's and keep
+    the plan of least error. The greedy never lowers a unit it has raised, so a first unit raised early can leave a
+    later one's next level late for good (a residual rung's long rebuild), where a level less for the first would have
+    made room for it."""
     rate_Bps = max(rate_bps, 1.0) / 8
     hulls = [lower_hull(u.levels) for u in h.units]
+    best = _greedy(h, hulls, rate_Bps, rebuild_s)
+    for below in range(1, first_alternatives + 1):
+        if best.first_at - below < 0:
+            break
+        alt = _greedy(h, hulls, rate_Bps, rebuild_s, cap_first=best.first_at - below)
+        if alt.error < best.error * (1 - 1e-9):
+            best = alt
+    levels, ready, states, limit = best.levels, best.ready, best.states, best.limit
+    start = max(states[0][0], h.gate_s[0] + h.round_trip_s)
+    if h.stall_budget_s > 0:
+        late = _worth_a_stall(h, levels, limit, start, states[0], rate_Bps, rebuild_s, h.stall_budget_s)
+        if late is not None:
+            return late
+    return Plan(levels, ready, window_s=max(0.0, h.need_s[0] - start))
+
+
+@dataclass
+class _Greedy:
+    levels: list[Level]
+    ready: list[float]
+    states: list[tuple]
+    limit: list[float]
+    first_at: int  # the first unit's index on its frontier (the last frontier level at most its error)
+    error: float  # the plan's weighted error
+
+
+def _greedy(h: Horizon, hulls: list[list[Level]], rate_Bps: float, rebuild_s: Callable[[Level], float],
+            cap_first: int | None = None) -> _Greedy:
+    """The greedy plan of the module (the first unit at most its frontier level ``cap_first``)."""
     at = [0] * len(hulls)
     levels = [hull[0] for hull in hulls]
     ready, states = ready_times(h, levels, rate_Bps, rebuild_s)
@@ -103,7 +137,7 @@ def plan_levels(h: Horizon, rate_bps: float, rebuild_s: Callable[[Level], float]
 
     def push(k: int) -> None:
         i = at[k]
-        if i + 1 < len(hulls[k]):
+        if i + 1 < len(hulls[k]) and (k > 0 or cap_first is None or i < cap_first):
             a, b = hulls[k][i], hulls[k][i + 1]
             gain = h.units[k].weight * (a.error - b.error) / max(1, b.nbytes - a.nbytes)
             heapq.heappush(heap, (-gain, k))
@@ -122,22 +156,19 @@ def plan_levels(h: Horizon, rate_bps: float, rebuild_s: Callable[[Level], float]
         # the next frontier level is late; one off the frontier may fit: a lower rank needs less rebuild for its bytes,
         # the exact rung (the FP16 bytes) none (a unit's own window rules out most at once)
         start = max(states[k][0], h.gate_s[k] + h.round_trip_s)
+        floor = hulls[0][cap_first].error if k == 0 and cap_first is not None else -math.inf
         for lv in sorted(h.units[k].levels, key=lambda x: x.error):
             if lv.error >= levels[k].error:
                 break
-            if start + lv.nbytes / rate_Bps + rebuild_s(lv) > limit[k] + 1e-9:
+            if lv.error < floor or start + lv.nbytes / rate_Bps + rebuild_s(lv) > limit[k] + 1e-9:
                 continue
             trial = levels[:k] + [lv] + levels[k + 1:]
             tail, tail_states = ready_times(h, trial, rate_Bps, rebuild_s, first=k, state=states[k])
             if all(r <= lim + 1e-9 for r, lim in zip(tail, limit[k:])):
                 levels, ready[k:], states[k:] = trial, tail, tail_states
                 break
-    start = max(states[0][0], h.gate_s[0] + h.round_trip_s)
-    if h.stall_budget_s > 0:
-        late = _worth_a_stall(h, levels, limit, start, states[0], rate_Bps, rebuild_s, h.stall_budget_s)
-        if late is not None:
-            return late
-    return Plan(levels, ready, window_s=max(0.0, h.need_s[0] - start))
+    first_at = max(i for i, lv in enumerate(hulls[0]) if lv.error >= levels[0].error)
+    return _Greedy(levels, ready, states, limit, first_at, sum(u.weight * lv.error for u, lv in zip(h.units, levels)))
 
 
 def _worth_a_stall(h: Horizon, levels: list[Level], limit: list[float], start: float, state: tuple[float, float],

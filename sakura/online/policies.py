@@ -30,9 +30,11 @@ DEFAULT_PLAN_MARGIN = 1.0
 DEFAULT_HOLD_SCALE = 1.5
 # The edit may be this share of its predicted compute later than on time, where a moment buys a much better level:
 # a unit planned a little late (:func:`sakura.online.plan.plan_levels`), a cut that waits for a transfer's last bytes
-# (:meth:`sakura.runtime.scheduler.StreamScheduler.cut_at`). Off by default: with 0.05 (the session 31 headline) the
-# two clocks of tests/test_clocks.py chose across their budgets non-monotonically under load (1 of 2 runs).
+# (:meth:`sakura.runtime.scheduler.StreamScheduler.cut_at`). docs/results/issue32/policy11/.
 DEFAULT_STALL_SHARE = 0.05
+# Before the start a plan also tries the unit asked for this many frontier levels lower (the greedy plan gave shard 0
+# a rung more than the optimum and shard 1 an allocated level, issue #32; not yet measured on: 0)
+DEFAULT_START_ALTERNATIVES = 0
 # The per-unit window rule SAKURA used before (each unit its own window γ·(need − now), the hold one gate lead, no
 # stall budget): `sakura bench --window-rule` runs it beside SAKURA.
 RULE_SETTINGS = {"plan_margin": None, "hold_scale": 1.0, "stall_share": 0.0}
@@ -151,16 +153,19 @@ class SakuraPolicy(WindowPolicy):
     the flat-top rule still applies before the start (None: the per-unit window rule). ``hold_scale``: execution
     waits for shard 0 this many times the gate lead (the scheduler's start-up hold). ``stall_share``: the edit may be
     this share of its predicted compute later, where a moment buys a much better level (the scheduler's stall
-    budget; 0: never late by choice)."""
+    budget; 0: never late by choice). ``start_alternatives``: before the start, also plan with the unit asked for
+    up to that many frontier levels lower and keep the plan of least error (:func:`plan_levels`)."""
 
     name = "sakura"
 
     def __init__(self, gamma: float = DEFAULT_GAMMA, price_rebuild: bool = True,
                  flat_ratio: float | None = DEFAULT_FLAT_RATIO, plan_margin: float | None = DEFAULT_PLAN_MARGIN,
-                 hold_scale: float = DEFAULT_HOLD_SCALE, stall_share: float = DEFAULT_STALL_SHARE):
+                 hold_scale: float = DEFAULT_HOLD_SCALE, stall_share: float = DEFAULT_STALL_SHARE,
+                 start_alternatives: int = DEFAULT_START_ALTERNATIVES):
         super().__init__(gamma, price_rebuild)
         self.flat_ratio = flat_ratio
         self.plan_margin, self.hold_scale, self.stall_share = plan_margin, hold_scale, stall_share
+        self.start_alternatives, self._first_alternatives = start_alternatives, 0
         self.price: ErrorPrice | None = None
 
     @property
@@ -173,7 +178,7 @@ class SakuraPolicy(WindowPolicy):
             return d
         rebuild = self.rebuild_s(monitor)
         rate_bps = self.budget_rate_bps(monitor, horizon)
-        plan = plan_levels(horizon, rate_bps, rebuild)
+        plan = plan_levels(horizon, rate_bps, rebuild, self._first_alternatives)
         level = plan.levels[0]
         return Decision(level, monitor.rate_bps, plan.window_s, rate_bps / 8 * (plan.window_s - rebuild(level)),
                         plan.ready[0] <= horizon.need_s[0] + plan.stall_s + 1e-9, plan.stall_s)
@@ -190,7 +195,11 @@ class SakuraPolicy(WindowPolicy):
         self.price = ErrorPrice(units) if self.flat_ratio else None
 
     def choose_before_start(self, unit, now, deadline, monitor, horizon=None):
-        d = self.choose(unit, now, deadline, monitor, horizon)
+        self._first_alternatives = self.start_alternatives  # (for this choice only)
+        try:
+            d = self.choose(unit, now, deadline, monitor, horizon)
+        finally:
+            self._first_alternatives = 0
         if self.price is None or not d.fits:
             return d
         per_byte = self.price.at(monitor.rate_bps / 8 * self.gamma * self.compute_s) / self.flat_ratio

@@ -3,7 +3,9 @@
 # workload, every system against its clairvoyant optimum). Two processes, one torch thread each, one trace pair each;
 # the calibration is measured first on the quiet machine (`--calibration` below) and replayed by both.
 # Usage: docs/results/issue32/headline/sweep.sh OUT_DIR [STARTS] [REGRET_BUDGET_S]
-# (a calibration.json already in OUT_DIR is replayed as it is: the before/after runs of a change share one)
+# (a calibration.json already in OUT_DIR is replayed as it is: the before/after runs of a change share one; it keeps
+# one section per machine fingerprint, and `replay_calibration.py OUT_DIR/calibration.json` copies the AMD EPYC one,
+# measured in session 19, for this machine: without it another machine measures its own)
 set -euo pipefail
 out=${1:?OUT_DIR}; starts=${2:-20}; budget=${3:-5}
 cd "$(dirname "$0")/../../../.."
