@@ -33,7 +33,7 @@ DEFAULT_HOLD_SCALE = 1.5
 # (:meth:`sakura.runtime.scheduler.StreamScheduler.cut_at`). docs/results/issue32/policy11/.
 DEFAULT_STALL_SHARE = 0.05
 # Before the start a plan also tries the unit asked for this many frontier levels lower (the greedy plan gave shard 0
-# a rung more than the optimum and shard 1 an allocated level, issue #32; not yet measured on: 0)
+# a rung more than the optimum and shard 1 an allocated level, issue #32; one first-half A/B, no verdict: 0)
 DEFAULT_START_ALTERNATIVES = 0
 # The per-unit window rule SAKURA used before (each unit its own window γ·(need − now), the hold one gate lead, no
 # stall budget): `sakura bench --window-rule` runs it beside SAKURA.
