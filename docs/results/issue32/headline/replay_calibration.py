@@ -7,13 +7,12 @@ trace scales as the runs before it. Rebuilds are still timed on this machine (`-
 
 import argparse
 import copy
-import hashlib
 import json
 from pathlib import Path
 
 import torch
 
-from sakura.runtime.calibration import machine_fingerprint
+from sakura.runtime.calibration import CalibrationStore
 
 
 def main() -> None:
@@ -24,8 +23,8 @@ def main() -> None:
     torch.set_num_threads(1)  # (the fingerprint records the bench's one thread)
     data = json.loads(a.calibration.read_text())
     src_key, src = next((k, m) for k, m in data["machines"].items() if m["machine"]["cpu"] == a.cpu)
-    here = machine_fingerprint()
-    key = hashlib.sha1(json.dumps(here, sort_keys=True).encode()).hexdigest()[:12]
+    store = CalibrationStore()  # (no file: only this machine's fingerprint and the key the store files it under)
+    here, key = store.machine, store._machine_key
     if key == src_key:
         print(f"{a.calibration}: this machine is the one it was measured on ({a.cpu})")
         return
