@@ -88,6 +88,23 @@ def test_a_thinned_front_reports_a_true_bound_and_gap():
             assert 0.0 <= got.gap <= 1.0
 
 
+def test_the_time_budget_counts_cpu_time_so_a_busy_machine_thins_no_sooner(monkeypatch):
+    # a wall clock that runs 100 s per reading (other work on the machine) spends no CPU time of the solver's:
+    # the front keeps all 80 states, where a spent budget would keep 8 and miss the optimum (seeds 5 and 6)
+    import sakura.eval.optimal as optimal
+
+    for seed in (5, 6):
+        p = random_problem(seed, steps=3, per_step=2, units_per_shard=2)
+        limit = least_latency(p).value * 1.3
+        alone = least_error(p, limit, max_front=80, budget_s=1.0)
+        wall = iter(range(0, 10**9, 100))
+        monkeypatch.setattr(optimal.time, "perf_counter", lambda: float(next(wall)))
+        busy = least_error(p, limit, max_front=80, budget_s=1.0)
+        monkeypatch.undo()
+        assert alone.exact and busy.exact and busy.value == alone.value
+        assert least_error(p, limit, max_front=8).value > alone.value  # (what a spent budget would have kept)
+
+
 def test_going_local_counts_its_time_and_error():
     p = random_problem(3)
     sched = evaluate(p, [ShardAction(LOCAL)])

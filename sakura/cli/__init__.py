@@ -368,8 +368,8 @@ def bench(
         False, "--regret", help="Measure every streamed edit against its system's clairvoyant optimum (latency / "
         "optimal at equal quality, quality gap at equal latency; SAKURA rerun with the true future rates): "
         "summary.json gets their p50 / p90. --figure regret implies it."),
-    regret_budget: float = typer.Option(20.0, "--regret-budget", help="The planner's seconds per solve; past "
-                                        "them it reports its optimality gap."),
+    regret_budget: float = typer.Option(20.0, "--regret-budget", help="The planner's CPU seconds per solve "
+                                        "(load-independent); past them it reports its optimality gap."),
     window_rule: bool = typer.Option(False, "--window-rule", help="Also run `sakura+rule` (simulated clock): SAKURA's "
                                      "earlier per-unit window rule (each unit its own window, a shorter start-up "
                                      "hold) instead of its plan, beside SAKURA."),
