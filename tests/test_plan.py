@@ -2,6 +2,7 @@
 the weighted error an exhaustive search finds on small horizons, bytes where the output sees them."""
 
 import itertools
+from dataclasses import replace
 
 import pytest
 from hypothesis import given
@@ -94,6 +95,17 @@ def test_the_first_unit_may_be_a_moment_late_for_a_much_better_level():
     assert plan(0.002, error_before=1.6).levels[0].nbytes == 5_000 and plan(0.002, 1.6).stall_s == 0.0
 
 
+def test_no_stall_is_bought_for_a_gain_no_display_shows():
+    # as above, but the output sees the unit's error a million times less: its predicted masked MSE (4e-7 on time,
+    # 2e-7 late) is under what rounding to 8 bits adds (1.3e-6), so the 3 dB are not worth a millisecond
+    def plan(weight):
+        unit = FetchUnit(0, 0, "a", LADDER, weight=weight)
+        return plan_levels(Horizon(0.0, (unit,), (0.012,), (0.0,), 0.0, stall_budget_s=0.002), 8e6, NO_REBUILD)
+
+    assert plan(1e-6).levels[0].nbytes == 5_000 and plan(1e-6).stall_s == 0.0
+    assert plan(1e-5).levels[0].nbytes == 13_000 and plan(1e-5).stall_s > 0  # (4e-6 → 2e-6: seen)
+
+
 def test_a_stall_that_would_make_a_later_unit_late_is_not_taken():
     units = (FetchUnit(0, 0, "a", LADDER), FetchUnit(1, 1, "b", LADDER))
 
@@ -104,6 +116,18 @@ def test_a_stall_that_would_make_a_later_unit_late_is_not_taken():
     roomy, tight = plan(0.030), plan(0.020)
     assert [lv.nbytes for lv in roomy.levels] == [13_000, 13_000] and roomy.ready[1] <= 0.030 + roomy.stall_s
     assert [lv.nbytes for lv in tight.levels] == [5_000, 13_000] and tight.stall_s == 0.0
+
+
+def test_a_stall_may_leave_a_later_unit_a_level_less_where_the_first_is_worth_more():
+    # as above, tight (b due at 20 ms), but the output sees a ten times more: a at 13 kB one millisecond late and b at
+    # 5 kB (2.0 + 0.4) beats a at 5 kB and b at 13 kB on time (4.0 + 0.2); b at 13 kB behind a at 13 kB is late
+    units = (FetchUnit(0, 0, "a", LADDER, weight=10.0), FetchUnit(1, 1, "b", LADDER))
+    h = Horizon(0.0, units, (0.012, 0.020), (0.0, 0.0), 0.0, stall_budget_s=0.002)
+    plan = plan_levels(h, 8e6, NO_REBUILD)
+    assert [lv.nbytes for lv in plan.levels] == [13_000, 5_000] and plan.stall_s == pytest.approx(0.001)
+    assert plan.ready[1] <= 0.020 + plan.stall_s + 1e-9
+    on_time = plan_levels(replace(h, stall_budget_s=0.0), 8e6, NO_REBUILD)
+    assert [lv.nbytes for lv in on_time.levels] == [5_000, 13_000]
 
 
 def test_a_first_unit_planned_lower_makes_room_for_a_later_units_slow_rung():

@@ -17,19 +17,23 @@ A plan that keeps every unit on time is tight: a round trip or a rebuild a littl
 first unit's planned level late, and the best one on time may be far poorer (the residual rungs between an
 allocated level and the exact one rebuild for many times the exact rung's time). So the first unit may also be late
 by a small stall (``Horizon.stall_budget_s``, what is left of the edit's) when that cuts the edit's predicted error by
-``MIN_STALL_GAIN_DB`` or more: a few milliseconds of latency for decibels the optimum takes (issue #32).
+``MIN_STALL_GAIN_DB`` or more, the units after it planned again behind it: a few milliseconds of latency for decibels
+the optimum takes (issue #32) — decibels a display shows: an error under ``DISPLAY_MSE`` counts as that.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from sakura.formats import FetchUnit, Level
 
 MIN_STALL_GAIN_DB = 1.0
+# The output's masked MSE (pixels in [0, 1]) of rounding it to 8 bits: a predicted error below it is not seen on a
+# display (a masked PSNR over 58.9 dB), so a stall buys no gain under it
+DISPLAY_MSE = 1 / (255**2 * 12)
 
 
 @dataclass(frozen=True)
@@ -105,13 +109,12 @@ def plan_levels(h: Horizon, rate_bps: float, rebuild_s: Callable[[Level], float]
         alt = _greedy(h, hulls, rate_Bps, rebuild_s, cap_first=best.first_at - below)
         if alt.error < best.error * (1 - 1e-9):
             best = alt
-    levels, ready, states, limit = best.levels, best.ready, best.states, best.limit
-    start = max(states[0][0], h.gate_s[0] + h.round_trip_s)
+    start = max(best.states[0][0], h.gate_s[0] + h.round_trip_s)
     if h.stall_budget_s > 0:
-        late = _worth_a_stall(h, levels, limit, start, states[0], rate_Bps, rebuild_s, h.stall_budget_s)
+        late = _worth_a_stall(h, hulls, best, start, rate_Bps, rebuild_s, h.stall_budget_s)
         if late is not None:
             return late
-    return Plan(levels, ready, window_s=max(0.0, h.need_s[0] - start))
+    return Plan(best.levels, best.ready, window_s=max(0.0, h.need_s[0] - start))
 
 
 @dataclass
@@ -171,24 +174,34 @@ def _greedy(h: Horizon, hulls: list[list[Level]], rate_Bps: float, rebuild_s: Ca
     return _Greedy(levels, ready, states, limit, first_at, sum(u.weight * lv.error for u, lv in zip(h.units, levels)))
 
 
-def _worth_a_stall(h: Horizon, levels: list[Level], limit: list[float], start: float, state: tuple[float, float],
-                   rate_Bps: float, rebuild_s: Callable[[Level], float], budget_s: float) -> Plan | None:
-    """The plan with the first unit at the level of least error that is late by at most ``budget_s`` and cuts the
-    edit's predicted error by ``MIN_STALL_GAIN_DB`` or more, every later unit on time behind the stall it makes
-    (execution reaches each later shard that much later); None when there is none."""
-    unit, planned = h.units[0], levels[0]
-    total = h.error_before + sum(u.weight * lv.error for u, lv in zip(h.units, levels))
-    if total <= 0:
-        return None
+def _worth_a_stall(h: Horizon, hulls: list[list[Level]], on_time: _Greedy, start: float, rate_Bps: float,
+                   rebuild_s: Callable[[Level], float], budget_s: float) -> Plan | None:
+    """The plan of least error with the first unit at a better level late by at most ``budget_s``, where it cuts the
+    edit's predicted error by ``MIN_STALL_GAIN_DB`` or more; None when there is none. Execution reaches each later
+    shard that much later, and no later unit may be later than that: the later units keep their levels, or are planned
+    again behind the stall (a first unit's better level can be worth a later one's poorer, issue #32: the unit
+    asked for next at the start was left a level the optimum never picks when the first one took a rung more)."""
+    unit, planned, limit = h.units[0], on_time.levels[0], on_time.limit
+    total = h.error_before + on_time.error
+    seen = max(total, DISPLAY_MSE)
+    gain_db = lambda error: 10 * math.log10(seen / max(h.error_before + error, DISPLAY_MSE))  # noqa: E731
+    best: Plan | None = None
+    best_error = math.inf
     for lv in sorted(unit.levels, key=lambda x: x.error):
-        rest = total - unit.weight * (planned.error - lv.error)
-        if lv.error >= planned.error or 10 * math.log10(total / max(rest, total * 1e-12)) < MIN_STALL_GAIN_DB:
-            return None  # (less error first: no later one cuts more)
+        own = on_time.error - unit.weight * (planned.error - lv.error)  # (the later units as planned)
+        if lv.error >= planned.error or gain_db(own) < MIN_STALL_GAIN_DB:
+            break  # (less error first: no later one cuts more, and a later unit planned again only loses)
         stall = max(0.0, start + lv.nbytes / rate_Bps + rebuild_s(lv) - limit[0])
         if stall > budget_s:
             continue
-        trial = [lv, *levels[1:]]
-        ready, _ = ready_times(h, trial, rate_Bps, rebuild_s, state=state)
-        if all(r <= lim + stall + 1e-9 for r, lim in zip(ready, limit)):
-            return Plan(trial, ready, stall, max(0.0, h.need_s[0] + stall - start))
-    return None
+        kept = [lv, *on_time.levels[1:]]
+        ready, _ = ready_times(h, kept, rate_Bps, rebuild_s, state=on_time.states[0])
+        options = [(own, kept, ready)] if all(r <= lim + stall + 1e-9 for r, lim in zip(ready, limit)) else []
+        again = _greedy(replace(h, need_s=tuple(n + stall for n in h.need_s)), [[lv], *hulls[1:]], rate_Bps,
+                        rebuild_s)
+        if all(lim <= old + stall + 1e-9 for lim, old in zip(again.limit[1:], limit[1:])):
+            options.append((again.error, again.levels, again.ready))
+        for error, levels, ready in options:
+            if error < best_error and gain_db(error) >= MIN_STALL_GAIN_DB:
+                best_error, best = error, Plan(levels, ready, stall, max(0.0, h.need_s[0] + stall - start))
+    return best
