@@ -172,7 +172,8 @@ def test_an_edit_whose_only_server_dies_ends_by_the_fallback_rule(fs_packs):
     kinds = {f["kind"] for f in tl.fallbacks}
     assert kinds and kinds <= {"reuse", "local", "recompute"}, tl.fallbacks
     (outage,) = tl.extras["source_outages"]
-    assert outage["back_s"] is None and "Connect" in outage["why"], outage
+    # (refused, or cut off mid-answer when a request was on the wire as the server died)
+    assert outage["back_s"] is None and ("Connect" in outage["why"] or "disconnected" in outage["why"]), outage
     assert outcome.image.shape == (256, 256, 3) and np.isfinite(outcome.image).all()
     bound = session.fallback_context().hard_s
     print(f"server died mid-edit, no replica: fallbacks {tl.fallbacks}; latency {tl.latency_s:.2f} s "
