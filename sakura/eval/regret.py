@@ -43,6 +43,7 @@ from sakura.formats import KV, Level, StreamEncoding, file_id
 from sakura.model import LocalSwitch
 from sakura.net.refs import resolving
 from sakura.offline.level_errors import MEASURED, load_level_errors, measure_level_errors, write_level_errors
+from sakura.online.plan import DISPLAY_MSE
 from sakura.online.policies import Policy
 from sakura.runtime.timeline import Timeline
 
@@ -55,7 +56,7 @@ LOCAL_ERROR = 1e-4
 PERFECT = "sakura+perfect"
 # The masked PSNR of rounding an image to 8 bits (uniform error, RMS 1/√12 of a level): ≈ 58.9 dB. An output
 # above it is closer to the reference than the display can show.
-DISPLAY_PSNR_DB = 20 * math.log10(255 * math.sqrt(12))
+DISPLAY_PSNR_DB = -10 * math.log10(DISPLAY_MSE)
 REBUILD_SAMPLE_UNITS = 4  # units timed per format for the rebuild fit
 REBUILD_SAMPLE_LEVELS = 6  # levels timed per such unit (every level where a format has at most LABEL_LEVELS)
 LABEL_LEVELS = 8
