@@ -124,7 +124,8 @@ class CalibrationStore:
             self._load()
 
     @property
-    def _machine_key(self) -> str:
+    def machine_key(self) -> str:
+        """The key this machine's section is filed under in the calibration file."""
         return hashlib.sha1(json.dumps(self.machine, sort_keys=True).encode()).hexdigest()[:12]
 
     def _read(self) -> dict:
@@ -142,7 +143,7 @@ class CalibrationStore:
         return d["machines"]
 
     def _load(self) -> None:
-        d = self._read().get(self._machine_key)
+        d = self._read().get(self.machine_key)
         if not isinstance(d, dict) or d.get("machine") != self.machine:
             log.info("calibration file %s has nothing for this machine and setting: measuring", self.path)
             return
@@ -283,7 +284,7 @@ class CalibrationStore:
         if self.path is None:
             return
         machines = self._read()  # other machines' (or thread settings') sections stay as they are
-        machines[self._machine_key] = {
+        machines[self.machine_key] = {
             "machine": self.machine, "profiles": self._profiles,
             "link": {"round_trips_s": self._round_trips, "measured_at": self._link_measured_at}}
         data = {"version": VERSION, "machines": machines}

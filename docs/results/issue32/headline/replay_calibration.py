@@ -24,7 +24,7 @@ def main() -> None:
     data = json.loads(a.calibration.read_text())
     src_key, src = next((k, m) for k, m in data["machines"].items() if m["machine"]["cpu"] == a.cpu)
     store = CalibrationStore()  # (no file: only this machine's fingerprint and the key the store files it under)
-    here, key = store.machine, store._machine_key
+    here, key = store.machine, store.machine_key
     if key == src_key:
         print(f"{a.calibration}: this machine is the one it was measured on ({a.cpu})")
         return
