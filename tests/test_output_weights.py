@@ -1,5 +1,6 @@
 """Output weights (issue #32): per shard, the edit's masked MSE per unit of the pack's error, measured at build on
-the template's profiling requests and stored in the pack's header, so errors of different shards compare."""
+the template's profiling requests and stored in the pack's header, so errors of different shards compare; and every
+level's own measured masked MSE, which then prices it on the device."""
 
 import shutil
 
@@ -44,6 +45,59 @@ def test_the_build_stores_a_weight_per_shard_and_the_local_error(fs_packs):
     assert all(u.weight == 1.0 for u in _encoding(packs / f"{FORMATS['sakura-v1'].file_id(tpl.id)}.pack").units)
 
 
+def test_the_build_prices_every_level_by_its_measured_output_mse(fs_packs):
+    """The table has a value per level of every shard; the device's level error is it over the shard's weight;
+    the pack's own errors stay readable (what measuring again needs), and the two differ."""
+    packs, tpl = fs_packs
+    path = packs / f"{FORMATS['sakura'].file_id(tpl.id)}.pack"
+    enc, raw = _encoding(path), FORMATS["sakura"].encoding_cls(FORMATS["sakura"].open(path), level_output_mse=False)
+    table = enc.level_output_mse()
+    assert [len(t) for t in table] == [len(u.levels) for u in enc.units]
+    for unit, own, row in zip(enc.units, raw.units, table):
+        assert [lv.label for lv in unit.levels] == [lv.label for lv in own.levels]
+        assert [unit.weight * lv.error for lv in unit.levels] == pytest.approx(row, rel=1e-9, abs=1e-30)
+        assert all(m == 0 for m, lv in zip(row, own.levels) if lv.error == 0)  # (the exact level is not run)
+    assert raw.level_output_mse() == table and any(
+        lv.error != pytest.approx(own_lv.error) for u, own in zip(enc.units, raw.units)
+        for lv, own_lv in zip(u.levels, own.levels))
+
+
+class _FirstUnit:
+    """An encoding seen through its first fetch unit only (a measurement of every level, kept short)."""
+
+    def __init__(self, encoding):
+        self._encoding = encoding
+
+    @property
+    def units(self):
+        return self._encoding.units[:1]
+
+    def __getattr__(self, name):
+        return getattr(self._encoding, name)
+
+
+def test_a_levels_output_mse_is_a_masked_run_with_that_level_alone_on_the_first_request(fs_packs, tmp_path):
+    packs, tpl = fs_packs
+    path = packs / f"{FORMATS['sakura'].file_id(tpl.id)}.pack"
+    model = model_for(tpl, None)
+    cache = model.capture(capture_request(tpl, model))
+    exact = {key: cache.get(*key) for key in cache.k}
+    requests = [edit_request(tpl, r, resolution=model.codec.resolution, ref_size=model.codec.ref_size)
+                for r in tpl.profile_requests[:2]]
+    enc = FORMATS["sakura"].encoding_cls(FORMATS["sakura"].open(path), level_output_mse=False)
+    measured = measure_output_weights(model, requests, exact, _FirstUnit(enc), file_reader(path))
+    unit, (row,) = enc.units[0], measured.level_mse
+    assert len(row) == len(unit.levels) and len(measured.weights) == 1
+    lossy = [k for k, lv in enumerate(unit.levels) if lv.error > 0]
+    k = lossy[len(lossy) // 2]
+    level = unit.levels[k]
+    kv = {**exact, **enc.fresh().decode(unit, level, file_reader(path)(enc.ranges(unit, level)))}
+    ref = model.masked_edit(requests[0], lambda s, layer: exact[(s, layer)]).image
+    own = masked_mse(model.masked_edit(requests[0], lambda s, layer: kv[(s, layer)]).image, ref, requests[0].mask)
+    assert row[k] == pytest.approx(own, rel=1e-9) and row[k] > 0
+    assert all(m == 0 for m, lv in zip(row, unit.levels) if lv.error == 0)
+
+
 def test_a_weight_is_the_outputs_masked_mse_per_unit_of_error(fs_packs):
     """With one anchor per shard the weight is that anchor's measured ratio exactly; checked on the first shard
     by an edit of our own (the shard at the anchor level, every other shard exact)."""
@@ -55,7 +109,7 @@ def test_a_weight_is_the_outputs_masked_mse_per_unit_of_error(fs_packs):
     requests = [edit_request(tpl, r, resolution=model.codec.resolution, ref_size=model.codec.ref_size)
                 for r in tpl.profile_requests[:2]]
     enc = _encoding(path)
-    measured = measure_output_weights(model, requests, exact, enc, file_reader(path), targets=(0.01,))
+    measured = measure_output_weights(model, requests, exact, enc, file_reader(path), targets=(0.01,), per_level=False)
     unit = enc.units[0]
     (level,) = anchor_levels(unit.levels, (0.01,))
     kv = {**exact, **enc.fresh().decode(unit, level, file_reader(path)(enc.ranges(unit, level)))}
@@ -84,6 +138,27 @@ def test_storing_weights_keeps_every_chunk_and_a_bad_weight_is_a_format_error(fs
         store_output_weights(path, bad)
         with pytest.raises(PackFormatError, match="output_weight"):
             _encoding(path)
+
+
+def test_a_bad_level_table_is_a_format_error_and_weights_measured_again_drop_an_old_one(fs_packs, tmp_path):
+    packs, tpl = fs_packs
+    path = tmp_path / "t.pack"
+    shutil.copy(packs / f"{FORMATS['sakura'].file_id(tpl.id)}.pack", path)
+    raw = FORMATS["sakura"].encoding_cls(FORMATS["sakura"].open(path), level_output_mse=False)
+    weights, sizes = tuple(u.weight for u in raw.units), [len(u.levels) for u in raw.units]
+    good = tuple(tuple(float(k) for k in range(n)) for n in sizes)
+    short = (good[0][:-1],) + good[1:]
+    negative = ((-1.0,) + good[0][1:],) + good[1:]
+    for bad in (short, negative, good[:-1]):
+        store_output_weights(path, OutputWeights(weights, 0.1, bad))
+        with pytest.raises(PackFormatError, match="level_output_mse"):
+            _encoding(path)
+    store_output_weights(path, OutputWeights(weights, 0.1, good))
+    assert _encoding(path).level_output_mse() == [list(row) for row in good]
+    store_output_weights(path, OutputWeights(weights, 0.1))  # measured again without levels: no stale table
+    enc = _encoding(path)
+    assert enc.level_output_mse() is None
+    assert [lv.error for u in enc.units for lv in u.levels] == [lv.error for u in raw.units for lv in u.levels]
 
 
 def test_the_planner_weighs_each_shard_and_shares_the_local_error_only_with_weights():

@@ -193,8 +193,9 @@ def build(
                                                "rank (rebuild work grows with it): the target device's "
                                                "`rank_at_budget` from `sakura bench-device` (default: no cap)."),
     output_weights_only: bool = typer.Option(False, "--output-weights-only", help="Only measure (again) each "
-                                             "SAKURA pack's per-shard output weights into its header (packs "
-                                             "built before them lack them); the packs must be in a folder."),
+                                             "SAKURA pack's per-shard output weights and every level's output MSE "
+                                             "into its header (packs built before them lack them); the packs must "
+                                             "be in a folder."),
 ):
     """Offline: capture, profile importance, write the progressive pack and the baselines' files."""
     from sakura.catalog import load_catalog  # inside the command, as every library import here
@@ -206,7 +207,7 @@ def build(
     if output_weights_only:
         if is_store_url(out):
             raise typer.BadParameter("--output-weights-only rewrites pack headers in a folder, not in a store")
-        from rich.progress import track
+        from rich.progress import Progress
 
         from sakura.formats import FORMATS  # inside the command, as every library import here
         from sakura.offline.builder import remeasure_output_weights  # heavy (torch): inside the command
@@ -214,9 +215,13 @@ def build(
         missing = [t.id for t in chosen if not (Path(out) / f"{FORMATS['sakura'].file_id(t.id)}.pack").is_file()]
         if missing:
             raise typer.BadParameter(f"no SAKURA pack in {out} for {', '.join(missing)}: build first")
-        for tpl in track(chosen, description="output weights"):
-            measured = remeasure_output_weights(tpl, Path(out), model_path)
+        for tpl in chosen:
+            with Progress(transient=True) as bar:  # (per shard: every level of it is one masked run)
+                task = bar.add_task(f"{tpl.id}: output weights", total=None)
+                measured = remeasure_output_weights(
+                    tpl, Path(out), model_path, lambda msg, tid=tpl.id: bar.update(task, description=f"{tid}: {msg}"))
             typer.echo(f"{tpl.id}: output weight per shard {min(measured.weights):.3g} … {max(measured.weights):.3g}, "
+                       f"{sum(map(len, measured.level_mse))} levels' output MSE, "
                        f"local masked MSE {measured.local_mse:.3g}")
         return
     if ray is None and not is_store_url(out):  # the embedded default, exactly as before

@@ -364,9 +364,12 @@ class PackEncoding(ShardEncoding):
     progressive = True  # every level's chunks are ordered so that chain points decode (``prefixes``)
     reconstructor = None  # anything with .rebuild(info, shard, *key, blobs) -> {(step, layer): (K, V)}
 
-    def __init__(self, info):
+    def __init__(self, info, level_output_mse: bool = True):
         self.info = info
         self._weights = self.output_weights()  # (checked once: every unit reads it)
+        # Each level priced by its own measured output MSE where the header has them (off: the pack's own errors,
+        # what measuring them again needs)
+        self._level_mse = self.level_output_mse() if level_output_mse else None
         super().__init__(info)
         self._chains: dict = {}
 
@@ -390,6 +393,19 @@ class PackEncoding(ShardEncoding):
                                   "non-negative numbers (corrupt or foreign header)")
         return [float(w) for w in weights]
 
+    def level_output_mse(self) -> list[list[float]] | None:
+        """Per shard, per level (the frontier's order): the output's masked MSE with that shard at the level
+        (:mod:`sakura.offline.output_weights`; packs built before session 34 lack it)."""
+        table = self._build().get("level_output_mse")
+        if table is None:
+            return None
+        sizes = [len(self.info.frontier(j)) for j in range(self.info.num_shards)]
+        if (not isinstance(table, list) or [len(t) if isinstance(t, list) else -1 for t in table] != sizes
+                or not all(isinstance(m, (int, float)) and math.isfinite(m) and m >= 0 for t in table for m in t)):
+            raise PackFormatError("pack header: build.level_output_mse must hold a finite non-negative number per "
+                                  "level of every shard (corrupt or foreign header)")
+        return [[float(m) for m in t] for t in table]
+
     def local_output_mse(self) -> float | None:
         """Local generation's masked MSE against the exact-cache output, in the unit of weighted errors."""
         mse = self._build().get("local_output_mse")
@@ -405,10 +421,14 @@ class PackEncoding(ShardEncoding):
         if not frontier:
             raise PackFormatError(f"pack for {self.info.template_id} has no trade-off profile for shard {shard}")
         g, units = self.info.geometry, len(self.info.units(shard))
+        errors = [c.error for c in frontier]
+        weight = self._weight(shard)
+        if self._level_mse is not None and weight > 0:  # weight · error = the level's measured output MSE
+            errors = [m / weight for m in self._level_mse[shard]]
         return tuple(Level(c.rung and f"rung {c.rung}" or
                            f"r{c.r}/a{c.b_a}/b{c.b_b}" + (f"/k{c.key[0]}" if len(c.key) == 1 else ""),
-                           c.bytes, c.error, c.key, work=c.rebuild_work(units, g.n, g.d), rung=c.rung)
-                     for c in frontier)
+                           c.bytes, e, c.key, work=c.rebuild_work(units, g.n, g.d), rung=c.rung)
+                     for c, e in zip(frontier, errors))
 
     def ranges(self, fetch_unit, level):
         """The level's chunks ordered so that smaller frontier configurations come first (see

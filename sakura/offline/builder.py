@@ -172,12 +172,13 @@ def check_top(model: DiTAdapter, template, cache: KVCache, out: Path, candidates
 
 def add_output_weights(model: DiTAdapter, template, cache: KVCache, pack_path: Path,
                        say: Callable[[str], None] = lambda msg: None) -> OutputWeights:
-    """Measure each shard's output weight on the template's profiling requests and store it in the pack's header
-    (:mod:`sakura.offline.output_weights`)."""
+    """Measure each shard's output weight and each level's output MSE on the template's profiling requests and
+    store them in the pack's header (:mod:`sakura.offline.output_weights`; measured on the pack's own errors)."""
     requests = profile_edit_requests(template, model)
     exact = {key: cache.get(*key) for key in cache.k}
     fmt = FORMATS["sakura"]
-    measured = measure_output_weights(model, requests, exact, fmt.encoding_cls(fmt.open(pack_path)),
+    measured = measure_output_weights(model, requests, exact,
+                                      fmt.encoding_cls(fmt.open(pack_path), level_output_mse=False),
                                       file_reader(pack_path),
                                       lambda done, total: say(f"output weights {done}/{total}"))
     store_output_weights(pack_path, measured)
@@ -235,8 +236,8 @@ def build_template(template, out_dir: str | Path, *, q: float = 0.5, max_rank: i
     whose top level is as good as v1's in masked PSNR (see ``TOP_CANDIDATES``). ``rebuild_rank``: a cap on
     every level's decoded rank (:func:`pack_options`). ``ladder``: add the rungs above the allocated levels
     up to the FP16 values (pack v3, :mod:`sakura.offline.ladder`; needs the v2 layout and the FP16 file).
-    ``output_weights``: measure each shard's output weight into the pack's header (:func:`add_output_weights`;
-    about as long as the rest of the build)."""
+    ``output_weights``: measure each shard's output weight and each level's output MSE into the pack's header
+    (:func:`add_output_weights`; one masked run per level, a few times as long as the rest of the build)."""
     pack_options(max_rank, layout, basis, rebuild_rank=rebuild_rank)  # bad options fail before any work
     with template_lock(out_dir, template.id):  # a folder's files are written in place: one builder at a time
         say = progress or (lambda msg: None)

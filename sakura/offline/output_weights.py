@@ -14,8 +14,14 @@ exact-cache output, and ``w_j · error`` is the level's predicted share of the e
 different shards become comparable and their sum predicts the output's MSE. Also measured: the masked MSE of
 local generation (no cache) against the same reference, what the local fallback delivers in the same unit.
 
-Stored in the SAKURA pack's header (``build.output_weight``, ``build.local_output_mse``): the device reads them
-with the header it already fetches.
+One number per shard is not the whole story: within a shard the ratio MSE / error moves by up to 10× from one
+level to the next, steadily over requests (``docs/results/issue32/policy7/linearity-*.txt``). So every level is
+measured the same way (``level_mse``: one masked run per level, on the first profiling request), and the device
+prices each level by its own measured output MSE (:class:`sakura.formats.pack.PackEncoding` rescales its error to
+``level_mse / w_j``, on the pack's scale).
+
+Stored in the SAKURA pack's header (``build.output_weight``, ``build.local_output_mse``,
+``build.level_output_mse``): the device reads them with the header it already fetches.
 """
 
 from __future__ import annotations
@@ -36,19 +42,29 @@ from sakura.formats.container import ContainerFile, write_container
 # the weights three orders of magnitude over shards: docs/results/issue32/policy7/).
 ANCHOR_ERRORS = (0.03, 0.003)
 MAX_REQUESTS = 3
+# Every level on this many of them: one predicts held-out edits' masked PSNR nearly as well as three, both far
+# better than the shard's weight alone (docs/results/issue32/policy12/)
+LEVEL_REQUESTS = 1
 WEIGHT_FLOOR = 1e-12  # a shard whose levels never change the output still gets a (negligible) price
 METRIC = ("masked MSE of the output (pixels in [0, 1]) per unit of the pack's error, geometric mean over anchor "
           "levels, mean over (up to 3 of) the template's profiling requests; one shard at the level, the rest exact")
+LEVEL_METRIC = ("per shard, per level (the frontier's order): masked MSE of the output (pixels in [0, 1]) on the "
+                "template's first profiling request; that shard at the level, the rest exact")
 
 
 @dataclass(frozen=True)
 class OutputWeights:
     weights: tuple[float, ...]  # per shard (fetch unit index)
     local_mse: float  # masked MSE of local generation against the exact-cache output
+    level_mse: tuple[tuple[float, ...], ...] = ()  # per shard, per level: the output's masked MSE (() not measured)
 
     def to_build(self) -> dict:
-        return {"output_weight": [float(f"{w:.4g}") for w in self.weights],
-                "local_output_mse": float(f"{self.local_mse:.4g}"), "output_weight_metric": METRIC}
+        out = {"output_weight": [float(f"{w:.4g}") for w in self.weights],
+               "local_output_mse": float(f"{self.local_mse:.4g}"), "output_weight_metric": METRIC}
+        if self.level_mse:
+            out |= {"level_output_mse": [[float(f"{m:.4g}") for m in per] for per in self.level_mse],
+                    "level_output_mse_metric": LEVEL_METRIC}
+        return out
 
 
 def masked_mse(a: np.ndarray, b: np.ndarray, mask: np.ndarray) -> float:
@@ -69,31 +85,35 @@ def anchor_levels(levels, targets=ANCHOR_ERRORS) -> list:
 def measure_output_weights(model, requests, exact: KV, encoding: StreamEncoding,
                            read: Callable[[list], list[bytes]],
                            progress: Callable[[int, int], None] | None = None,
-                           targets: tuple[float, ...] = ANCHOR_ERRORS) -> OutputWeights:
+                           targets: tuple[float, ...] = ANCHOR_ERRORS, per_level: bool = True) -> OutputWeights:
     """Per fetch unit of ``encoding`` (a shard): its weight, from masked runs of ``requests`` with that unit at
-    each anchor level and the rest of the cache ``exact``; plus local generation's masked MSE."""
+    each anchor level and the rest of the cache ``exact``; with ``per_level`` every level's masked MSE the same
+    way on the first ``LEVEL_REQUESTS`` of them (an exact level's is 0: it is not run); plus local generation's
+    masked MSE."""
     requests = list(requests)[:MAX_REQUESTS]
     references = [model.masked_edit(req, lambda s, layer: exact[(s, layer)]).image for req in requests]
 
-    def mse_with(kv: KV) -> float:
+    def mse_with(unit, lv, count: int) -> float:
+        if lv.error == 0:
+            return 0.0
+        enc = encoding.fresh()
+        kv = {**exact, **enc.decode(unit, lv, read(enc.ranges(unit, lv)))}
         return float(np.mean([masked_mse(model.masked_edit(req, lambda s, layer: kv[(s, layer)]).image, ref,
-                                         req.mask) for req, ref in zip(requests, references)]))
+                                         req.mask) for req, ref in list(zip(requests, references))[:count]]))
 
-    weights = []
+    weights, per_level_mse = [], []
     units = encoding.units
     for i, unit in enumerate(units):
-        ratios = []
-        for lv in anchor_levels(unit.levels, targets):
-            enc = encoding.fresh()
-            mse = mse_with({**exact, **enc.decode(unit, lv, read(enc.ranges(unit, lv)))})
-            if mse > 0:
-                ratios.append(mse / lv.error)
+        ratios = [mse / lv.error for lv in anchor_levels(unit.levels, targets)
+                  if (mse := mse_with(unit, lv, len(requests))) > 0]
         weights.append(max(WEIGHT_FLOOR, math.exp(np.mean(np.log(ratios)))) if ratios else WEIGHT_FLOOR)
+        if per_level:
+            per_level_mse.append(tuple(mse_with(unit, lv, LEVEL_REQUESTS) for lv in unit.levels))
         if progress:
             progress(i + 1, len(units))
     local = float(np.mean([masked_mse(model.full_edit(req).image, ref, req.mask)
                            for req, ref in zip(requests, references)]))
-    return OutputWeights(tuple(weights), local)
+    return OutputWeights(tuple(weights), local, tuple(per_level_mse))
 
 
 def store_output_weights(pack_path: str | Path, measured: OutputWeights) -> None:
@@ -101,7 +121,8 @@ def store_output_weights(pack_path: str | Path, measured: OutputWeights) -> None
     atomically)."""
     src = ContainerFile(pack_path, pack.FORMAT, pack.SUPPORTED_VERSIONS)
     header = {k: v for k, v in src.header.items() if k not in ("chunk_lengths", "chunk_crc32", "data_length")}
-    header["build"] = {**header.get("build", {}), **measured.to_build()}
+    kept = {k: v for k, v in header.get("build", {}).items() if k not in ("level_output_mse", "level_output_mse_metric")}
+    header["build"] = {**kept, **measured.to_build()}  # (no stale per-level table beside new weights)
     chunks = [src.read(*src.index.span(i)) for i in range(len(src.index))]
     del src
     write_container(pack_path, header, chunks)

@@ -28,7 +28,7 @@ class BuildSettings:
     model_path: str | None = None
     basis: str = DEFAULT_BASIS
     rebuild_rank: int | None = None  # pack_options' cap on decoded rank
-    output_weights: bool = True  # measure each shard's output weight into the header (about 1 min per template)
+    output_weights: bool = True  # measure output weights (per shard, per level) into the header
 
     def builder_kw(self) -> dict:
         return {"q": self.q, "max_rank": self.max_rank, "shard_size": self.shard_size, "model_path": self.model_path,
