@@ -121,7 +121,8 @@ def store_output_weights(pack_path: str | Path, measured: OutputWeights) -> None
     atomically)."""
     src = ContainerFile(pack_path, pack.FORMAT, pack.SUPPORTED_VERSIONS)
     header = {k: v for k, v in src.header.items() if k not in ("chunk_lengths", "chunk_crc32", "data_length")}
-    kept = {k: v for k, v in header.get("build", {}).items() if k not in ("level_output_mse", "level_output_mse_metric")}
+    stale = ("level_output_mse", "level_output_mse_metric")
+    kept = {k: v for k, v in header.get("build", {}).items() if k not in stale}
     header["build"] = {**kept, **measured.to_build()}  # (no stale per-level table beside new weights)
     chunks = [src.read(*src.index.span(i)) for i in range(len(src.index))]
     del src
