@@ -76,7 +76,8 @@ class _FirstUnit:
         return getattr(self._encoding, name)
 
 
-def test_a_levels_output_mse_is_a_masked_run_with_that_level_alone_on_the_first_request(fs_packs, tmp_path):
+def _measuring(fs_packs):
+    """What a measurement reads: the pack (its own errors), the model, the exact cache, two profiling requests."""
     packs, tpl = fs_packs
     path = packs / f"{FORMATS['sakura'].file_id(tpl.id)}.pack"
     model = model_for(tpl, None)
@@ -85,6 +86,11 @@ def test_a_levels_output_mse_is_a_masked_run_with_that_level_alone_on_the_first_
     requests = [edit_request(tpl, r, resolution=model.codec.resolution, ref_size=model.codec.ref_size)
                 for r in tpl.profile_requests[:2]]
     enc = FORMATS["sakura"].encoding_cls(FORMATS["sakura"].open(path), level_output_mse=False)
+    return path, enc, model, exact, requests
+
+
+def test_a_levels_output_mse_is_a_masked_run_with_that_level_alone_on_the_first_request(fs_packs):
+    path, enc, model, exact, requests = _measuring(fs_packs)
     measured = measure_output_weights(model, requests, exact, _FirstUnit(enc), file_reader(path))
     unit, (row,) = enc.units[0], measured.level_mse
     assert len(row) == len(unit.levels) and len(measured.weights) == 1
@@ -101,14 +107,7 @@ def test_a_levels_output_mse_is_a_masked_run_with_that_level_alone_on_the_first_
 def test_a_weight_is_the_outputs_masked_mse_per_unit_of_error(fs_packs):
     """With one anchor per shard the weight is that anchor's measured ratio exactly; checked on the first shard
     by an edit of our own (the shard at the anchor level, every other shard exact)."""
-    packs, tpl = fs_packs
-    path = packs / f"{FORMATS['sakura'].file_id(tpl.id)}.pack"
-    model = model_for(tpl, None)
-    cache = model.capture(capture_request(tpl, model))
-    exact = {key: cache.get(*key) for key in cache.k}
-    requests = [edit_request(tpl, r, resolution=model.codec.resolution, ref_size=model.codec.ref_size)
-                for r in tpl.profile_requests[:2]]
-    enc = _encoding(path)
+    path, enc, model, exact, requests = _measuring(fs_packs)
     measured = measure_output_weights(model, requests, exact, enc, file_reader(path), targets=(0.01,), per_level=False)
     unit = enc.units[0]
     (level,) = anchor_levels(unit.levels, (0.01,))
