@@ -117,15 +117,18 @@ def test_execution_waits_as_long_as_the_scheduler_asks_before_it_cuts(folder, cl
 def test_shard_0_gets_the_lead_of_every_later_unit_not_the_prelude(folder):
     """Before execution starts nothing overlaps a transfer: shard 0's unit is chosen for the lead a later
     unit gets from its gate (the compute of the ``ahead`` shards before it), so on a steady link its level is
-    not the edit's poorest (chosen for the prelude alone it was a third of the others' bytes)."""
+    not the edit's poorest and larger than one chosen for the prelude alone (how large is the prices' call).
+    Compute at a fixed speed: the later units' windows grow with the fixture's measured compute on a loaded
+    machine."""
     tpl, runtime, req, raw = folder
-    session = runtime.session(tpl, "sakura", Network(STEADY, "steady", 0.0, 1.0), fallbacks=False)
+    session = runtime.session(tpl, "sakura", Network(STEADY, "steady", 0.0, 1.0), fallbacks=False,
+                              compute=quiet_compute(runtime, tpl))
     tl = session.simulate(req).timeline
     first, later = tl.units[0], [u.nbytes for u in tl.units if u.needed_by > 0]
     lead = sum(session.compute.shard_s[:2])
     assert first.deadline_t - first.request_t >= lead - 1e-9
     assert not first.requested_level, "on a steady link what was chosen arrives by its deadline"
-    assert first.nbytes >= 0.6 * float(np.median(later)), (first.nbytes, later)
+    assert first.nbytes > min(later), (first.nbytes, later)
     assert tl.shards[0].stall_s > 0  # the start waits for it (and says so)
     paper = session.simulate(req, anytime=False).timeline.units[0]  # the paper's runtime: the prelude's window
     assert paper.deadline_t - paper.request_t < lead and paper.nbytes < first.nbytes
