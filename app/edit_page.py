@@ -78,8 +78,9 @@ class EditPage:
             s = self.builds.summary()
             if not s["done"] or s["failed"]:
                 parts.append(f"Preparing templates: {s['ready']}/{s['total']} ready")
-                if s["current"]:
-                    parts.append(f"building {s['current']} ({s['stage']})")
+                if s["current"]:  # (a template being priced is usable: its levels keep the pack's own errors)
+                    doing = "measuring the level prices of" if s.get("pricing") else "building"
+                    parts.append(f"{doing} {s['current']} ({s['stage']})")
                 if s["failed"]:
                     parts.append("failed: " + ", ".join(s["failed"]))
                     kind = "warn" if s["done"] else kind

@@ -122,11 +122,16 @@ def test_missing_templates_are_built_into_the_store_and_published_whole(s3):
         for name in names:
             (out_dir / f"{file_id(template.id, name)}.pack").write_bytes(template.id.encode() * 4)
 
+    def fake_measure(template, out_dir, model_path, progress):  # prices the kept build: a new SAKURA pack
+        (out_dir / f"{file_id(template.id, 'sakura')}.pack").write_bytes(b"priced" * 4)
+        assert store.read(FS, 0, 4) == b"fs-a"  # published unpriced first
+
     cat = load_catalog()
     store = open_store(s3.url("builds"), create=True)
-    queue = BuildQueue([cat.get(FS), cat.get("fs-grace-hopper")], store, build=fake_build).start()
-    assert queue.wait(30)
-    assert queue.status(FS) == "ready" and store.read(FS, 0, 4) == b"fs-a"
+    queue = BuildQueue([cat.get(FS), cat.get("fs-grace-hopper")], store, build=fake_build, measure=fake_measure)
+    assert queue.start().wait(30)
+    assert queue.status(FS) == "ready" and store.read(FS, 0, 6) == b"priced"  # then published again, priced
+    assert store.read(file_id(FS, "fp16"), 0, 4) == b"fs-a"
     assert store.published_key(FS) == queue.settings.key(cat.get(FS))
     assert queue.status("fs-grace-hopper").startswith("failed: StoreError: the build of fs-grace-hopper wrote no")
     assert set(store.templates()) == {FS}  # nothing of the failed build is visible

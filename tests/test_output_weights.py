@@ -22,6 +22,7 @@ from sakura.offline.output_weights import (
     anchor_levels,
     masked_mse,
     measure_output_weights,
+    reserve_output_weights,
     store_output_weights,
 )
 
@@ -172,3 +173,55 @@ def test_measuring_weights_without_a_pack_is_one_line(tmp_path):
     r = CliRunner().invoke(app, ["build", "--out", str(tmp_path), "--templates", "fs-astronaut",
                                  "--output-weights-only"])
     assert r.exit_code == 2 and "build first" in r.output and "Traceback" not in r.output
+
+
+def test_a_pack_published_before_its_prices_is_priced_in_place_and_the_device_reads_them(fs_packs, tmp_path,
+                                                                                       monkeypatch):
+    """Published pending (room in the header), priced later by a new file: the header keeps its length (even for
+    the longest values), every chunk its offset, so a device holding the first header still decodes the same K/V;
+    its runtime reads the header again (not more often than it should) and prices by the table."""
+    import torch
+
+    import sakura.runtime.session as session
+    from sakura.net.folder import FolderSource
+    from sakura.runtime.session import DeviceRuntime, TemplateState
+
+    packs, tpl = fs_packs
+    fid = FORMATS["sakura"].file_id(tpl.id)
+    path = tmp_path / f"{fid}.pack"
+    priced = _encoding(packs / f"{fid}.pack")
+    measured = OutputWeights(tuple(priced.output_weights()), priced.local_output_mse(),
+                             tuple(map(tuple, priced.level_output_mse())))
+    shutil.copy(packs / f"{fid}.pack", path)
+    reserve_output_weights(path)
+    pending = _encoding(path)
+    assert pending.prices_pending and not priced.prices_pending
+    assert pending.output_weights() is None and pending.level_output_mse() is None
+    header_length, data = int.from_bytes(path.read_bytes()[:8], "little"), path.read_bytes()[8:]
+    data = data[header_length:]
+
+    source, reads = FolderSource(tmp_path), []
+    read_header = source.header_bytes
+    source.header_bytes = lambda file_id: reads.append(file_id) or read_header(file_id)
+    runtime, state = DeviceRuntime(source), TemplateState(tpl, None, None, None)
+    first = runtime.encoding(state, "sakura")
+    unit = first.units[2]
+    level = unit.levels[len(unit.levels) // 2]
+    before = first.fresh().decode(unit, level, source.fetch(fid, first.ranges(unit, level)))
+
+    longest = OutputWeights((9.999e-299,) * len(measured.weights), 9.999e-299,
+                            tuple((9.999e-299,) * len(row) for row in measured.level_mse))
+    for prices in (longest, measured):
+        store_output_weights(path, prices)
+        raw = path.read_bytes()
+        assert int.from_bytes(raw[:8], "little") == header_length and raw[8 + header_length:] == data
+    assert runtime.encoding(state, "sakura").prices_pending and len(reads) == 1  # read a moment ago: not again yet
+    monkeypatch.setattr(session, "PENDING_PRICES_REREAD_S", 0.0)
+    now = runtime.encoding(state, "sakura")
+    assert not now.prices_pending and len(reads) == 2
+    assert [lv.error for u in now.units for lv in u.levels] == [lv.error for u in priced.units for lv in u.levels]
+    after = first.fresh().decode(unit, level, source.fetch(fid, first.ranges(unit, level)))  # the old header
+    assert before.keys() == after.keys() and all(torch.equal(a, b) for key in before
+                                                 for a, b in zip(before[key], after[key]))
+    runtime.encoding(state, "sakura")
+    assert len(reads) == 2  # priced: never read again

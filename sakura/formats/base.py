@@ -77,6 +77,12 @@ class StreamEncoding(ABC):
     progressive: bool = False
 
     @property
+    def prices_pending(self) -> bool:
+        """The file was published before its measured prices; the same file, priced, will replace it with every
+        chunk where it was (a device reads its header again to get them)."""
+        return False
+
+    @property
     @abstractmethod
     def units(self) -> list[FetchUnit]:
         """The fetch units, in consumption order."""

@@ -100,14 +100,23 @@ def crc32(data: bytes | memoryview | np.ndarray) -> int:
     return zlib.crc32(data) & 0xFFFFFFFF
 
 
-def write_container(path: str | Path, header: dict[str, Any], chunks: Sequence[bytes]) -> int:
-    """Write ``header`` + ``chunks`` atomically (temp file + rename). Returns the file size."""
+def header_text(header: dict[str, Any], chunks: Sequence[bytes], room: int = 0) -> bytes:
+    """The JSON header of ``header`` + ``chunks`` (with their index), space padded to at least ``room`` bytes
+    and to a multiple of 8 (the data 8-byte aligned, as safetensors does)."""
     header = dict(header)
     header["chunk_lengths"] = run_lengths([len(c) for c in chunks])
     header["chunk_crc32"] = encode_u32([crc32(c) for c in chunks])
     header["data_length"] = int(sum(len(c) for c in chunks))
     text = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    text += b" " * (-len(text) % 8)  # keep the data 8-byte aligned, as safetensors does
+    text += b" " * max(0, room - len(text))
+    return text + b" " * (-len(text) % 8)
+
+
+def write_container(path: str | Path, header: dict[str, Any], chunks: Sequence[bytes], room: int = 0) -> int:
+    """Write ``header`` + ``chunks`` atomically (temp file + rename). Returns the file size. ``room``: the
+    least header length (:func:`header_text`): a header rewritten within it leaves every chunk's offset as it
+    was, so a reader holding the old header still reads the right bytes."""
+    text = header_text(header, chunks, room)
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:
@@ -116,7 +125,7 @@ def write_container(path: str | Path, header: dict[str, Any], chunks: Sequence[b
         for c in chunks:
             f.write(c)
     os.replace(tmp, path)
-    return 8 + len(text) + header["data_length"]
+    return 8 + len(text) + sum(len(c) for c in chunks)
 
 
 def loads_json(text: str | bytes) -> Any:

@@ -378,6 +378,10 @@ class PackEncoding(ShardEncoding):
         build = self.info.header.get("build")
         return build if isinstance(build, dict) else {}
 
+    @property
+    def prices_pending(self) -> bool:
+        return self._build().get("output_weights_pending") is True  # (sakura.offline.output_weights.PENDING)
+
     def step_error(self, fetch_unit):
         errors = self._build().get("step_error")  # (packs built before session 9 lack it)
         return errors[fetch_unit.index] if errors else None

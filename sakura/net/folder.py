@@ -43,7 +43,21 @@ class FolderSource:
             raise FetchError(416, f"{file_id}: range {offset}+{length} is outside the file")
         return data
 
+    def _reopen_if_replaced(self, file_id: str) -> None:
+        """Drop the open file if a newer one was published under its name (read the header of what is there)."""
+        with self._lock:
+            fd = self._fds.get(file_id)
+            if fd is None:
+                return
+            try:
+                replaced = os.stat(self.root / f"{file_id}.pack").st_ino != os.fstat(fd).st_ino
+            except FileNotFoundError:
+                replaced = True
+            if replaced:
+                os.close(self._fds.pop(file_id))
+
     def header_bytes(self, file_id: str) -> bytes:
+        self._reopen_if_replaced(file_id)
         first8 = self._read(file_id, 0, 8)
         n = int.from_bytes(first8, "little")
         if not 0 < n <= MAX_HEADER_BYTES:

@@ -87,6 +87,7 @@ class PresignedRangeSource:
         return int(self._location(fid)["size"])
 
     def header_bytes(self, fid: str) -> bytes:
+        self._location(fid, renew=True)  # (the object published now: a header is read again to see a new one)
         return header_bytes_via_ranges(fid, lambda rs: self.fetch(fid, rs))
 
     def _get_span(self, fid: str, start: int, end: int) -> tuple[int, bytearray, float, float]:

@@ -30,7 +30,12 @@ from sakura.model import DiTAdapter, EditRequest
 from sakura.offline.compress import SHARED_TOP_SHARE, compress_cache
 from sakura.offline.ladder import add_ladder
 from sakura.offline.level_errors import MEASURED, file_reader, measure_level_errors, write_level_errors
-from sakura.offline.output_weights import OutputWeights, measure_output_weights, store_output_weights
+from sakura.offline.output_weights import (
+    OutputWeights,
+    measure_output_weights,
+    reserve_output_weights,
+    store_output_weights,
+)
 from sakura.quality import psnr
 
 DEFAULT_SHARD_SIZE = 2
@@ -230,14 +235,17 @@ def build_template(template, out_dir: str | Path, *, q: float = 0.5, max_rank: i
                    encodings: tuple[str, ...] = tuple(FORMATS), layout: str = DEFAULT_LAYOUT,
                    basis: str = DEFAULT_BASIS, progress: Callable[[str], None] | None = None,
                    top_candidates: tuple[tuple[str, float], ...] = TOP_CANDIDATES,
-                   rebuild_rank: int | None = None, ladder: bool = True, output_weights: bool = True) -> BuildReport:
+                   rebuild_rank: int | None = None, ladder: bool = True, output_weights: bool = True,
+                   price_later: bool = False) -> BuildReport:
     """Capture the template's cache, profile its importance and write each format named in ``encodings``.
     With ``basis="auto"`` (and v1 built beside it) the SAKURA pack is the first of ``top_candidates``
     whose top level is as good as v1's in masked PSNR (see ``TOP_CANDIDATES``). ``rebuild_rank``: a cap on
     every level's decoded rank (:func:`pack_options`). ``ladder``: add the rungs above the allocated levels
     up to the FP16 values (pack v3, :mod:`sakura.offline.ladder`; needs the v2 layout and the FP16 file).
     ``output_weights``: measure each shard's output weight and each level's output MSE into the pack's header
-    (:func:`add_output_weights`; one masked run per level, a few times as long as the rest of the build)."""
+    (:func:`add_output_weights`; one masked run per level, a few times as long as the rest of the build); without
+    them, ``price_later`` leaves room for them in the header (:func:`reserve_output_weights`), measured later by
+    :func:`remeasure_output_weights` without moving a chunk."""
     pack_options(max_rank, layout, basis, rebuild_rank=rebuild_rank)  # bad options fail before any work
     with template_lock(out_dir, template.id):  # a folder's files are written in place: one builder at a time
         say = progress or (lambda msg: None)
@@ -305,14 +313,17 @@ def build_template(template, out_dir: str | Path, *, q: float = 0.5, max_rank: i
             storage["sakura"] = pack.stat().st_size
             ladder_storage = info.storage()
             seconds["ladder"] = time.perf_counter() - t0
-        if output_weights and "sakura" in encodings:
+        if (output_weights or price_later) and "sakura" in encodings:
             t0 = time.perf_counter()
             pack = out / f"{FORMATS['sakura'].file_id(template.id)}.pack"
-            add_output_weights(model, template, cache, pack, say)
+            if output_weights:
+                add_output_weights(model, template, cache, pack, say)
+                seconds["output_weights"] = time.perf_counter() - t0
+            else:
+                reserve_output_weights(pack)
             storage["sakura"] = pack.stat().st_size  # (a longer header)
             if ladder_storage is not None:
                 ladder_storage = PackReader(pack).info.storage()
-            seconds["output_weights"] = time.perf_counter() - t0
         report = BuildReport(template.id, model.model_id, q, max_rank, shard_size, cache.nbytes(), storage,
                              {k: round(v, 3) for k, v in seconds.items()}, cache.num_reused, *kept, tried or None,
                              rebuild_rank, ladder_storage)

@@ -21,7 +21,10 @@ prices each level by its own measured output MSE (:class:`sakura.formats.pack.Pa
 ``level_mse / w_j``, on the pack's scale).
 
 Stored in the SAKURA pack's header (``build.output_weight``, ``build.local_output_mse``,
-``build.level_output_mse``): the device reads them with the header it already fetches.
+``build.level_output_mse``): the device reads them with the header it already fetches. A pack can be published
+before they are measured (:func:`reserve_output_weights`: ``build.output_weights_pending`` and room for them in
+the header), and priced in place later: every chunk keeps its offset, so a device holding the first header reads
+the same bytes, and reads the header again to get the prices.
 """
 
 from __future__ import annotations
@@ -33,9 +36,9 @@ from typing import Callable
 
 import numpy as np
 
-from sakura.formats import KV, pack
+from sakura.formats import FORMATS, KV, pack
 from sakura.formats.base import StreamEncoding
-from sakura.formats.container import ContainerFile, write_container
+from sakura.formats.container import ContainerFile, header_text, write_container
 
 # The levels measured per shard: the stored errors nearest these (log scale), in the range the runtime uses; and at
 # most this many of the profiling requests (the ratio moves 2-5x over three decades of error and over requests,
@@ -45,6 +48,8 @@ MAX_REQUESTS = 3
 # Every level on this many of them: one predicts held-out edits' masked PSNR nearly as well as three, both far
 # better than the shard's weight alone (docs/results/issue32/policy12/)
 LEVEL_REQUESTS = 1
+PENDING = "output_weights_pending"  # build section: published first, priced later (the device re-reads the header)
+LONGEST_VALUE = 1.111e-300  # the longest JSON a stored value (4 significant digits, >= 0) can take: room for any
 WEIGHT_FLOOR = 1e-12  # a shard whose levels never change the output still gets a (negligible) price
 METRIC = ("masked MSE of the output (pixels in [0, 1]) per unit of the pack's error, geometric mean over anchor "
           "levels, mean over (up to 3 of) the template's profiling requests; one shard at the level, the rest exact")
@@ -94,6 +99,7 @@ def measure_output_weights(model, requests, exact: KV, encoding: StreamEncoding,
     references = [model.masked_edit(req, lambda s, layer: exact[(s, layer)]).image for req in requests]
 
     per_request: dict[tuple[int, str], list[float]] = {}  # (an anchor is also in the table: each run once)
+    units = encoding.units
 
     def mse_with(unit, lv, count: int) -> float:
         if lv.error == 0:
@@ -102,12 +108,13 @@ def measure_output_weights(model, requests, exact: KV, encoding: StreamEncoding,
         if len(done) < count:
             enc = encoding.fresh()
             kv = {**exact, **enc.decode(unit, lv, read(enc.ranges(unit, lv)))}
-            done += [masked_mse(model.masked_edit(req, lambda s, layer: kv[(s, layer)]).image, ref, req.mask)
-                     for req, ref in list(zip(requests, references))[len(done):count]]
+            for req, ref in list(zip(requests, references))[len(done):count]:
+                if progress:  # (also per run: a caller that holds at a report, e.g. the demo's builds, holds soon)
+                    progress(unit.index, len(units))
+                done.append(masked_mse(model.masked_edit(req, lambda s, layer: kv[(s, layer)]).image, ref, req.mask))
         return float(np.mean(done[:count]))
 
     weights, per_level_mse = [], []
-    units = encoding.units
     for i, unit in enumerate(units):
         ratios = [mse / lv.error for lv in anchor_levels(unit.levels, targets)
                   if (mse := mse_with(unit, lv, len(requests))) > 0]
@@ -121,14 +128,37 @@ def measure_output_weights(model, requests, exact: KV, encoding: StreamEncoding,
     return OutputWeights(tuple(weights), local, tuple(per_level_mse))
 
 
-def store_output_weights(pack_path: str | Path, measured: OutputWeights) -> None:
-    """Rewrite the SAKURA pack's header with ``measured`` in its build section (chunks unchanged, replaced
-    atomically)."""
+def _header_and_chunks(pack_path: str | Path) -> tuple[dict, list[bytes], int]:
+    """The SAKURA pack's header (without its chunk index), its chunks, and its header's JSON length."""
     src = ContainerFile(pack_path, pack.FORMAT, pack.SUPPORTED_VERSIONS)
     header = {k: v for k, v in src.header.items() if k not in ("chunk_lengths", "chunk_crc32", "data_length")}
-    stale = ("level_output_mse", "level_output_mse_metric")
+    chunks = [src.read(*src.index.span(i)) for i in range(len(src.index))]
+    length = len(src.header_bytes) - 8
+    del src
+    return header, chunks, length
+
+
+def store_output_weights(pack_path: str | Path, measured: OutputWeights) -> None:
+    """Rewrite the SAKURA pack's header with ``measured`` in its build section (chunks unchanged, replaced
+    atomically; within the header's length where they fit, so every chunk keeps its offset)."""
+    header, chunks, length = _header_and_chunks(pack_path)
+    stale = ("level_output_mse", "level_output_mse_metric", PENDING)
     kept = {k: v for k, v in header.get("build", {}).items() if k not in stale}
     header["build"] = {**kept, **measured.to_build()}  # (no stale per-level table beside new weights)
-    chunks = [src.read(*src.index.span(i)) for i in range(len(src.index))]
-    del src
-    write_container(pack_path, header, chunks)
+    write_container(pack_path, header, chunks, room=length)
+
+
+def reserve_output_weights(pack_path: str | Path) -> None:
+    """Mark the SAKURA pack as priced later (``build.output_weights_pending``; any prices it had are dropped) and
+    pad its header with room for every shard's weight and every level's output MSE: :func:`store_output_weights`
+    then leaves its chunks where they are. Its levels keep the pack's own errors meanwhile."""
+    fmt = FORMATS["sakura"]
+    units = fmt.encoding_cls(fmt.open(pack_path), level_output_mse=False).units
+    longest = OutputWeights((LONGEST_VALUE,) * len(units), LONGEST_VALUE,
+                            tuple((LONGEST_VALUE,) * len(u.levels) for u in units))
+    header, chunks, _ = _header_and_chunks(pack_path)
+    prices = longest.to_build()
+    build = {k: v for k, v in header.get("build", {}).items() if k not in prices}  # (none until measured)
+    room = len(header_text({**header, "build": {**build, **prices}}, chunks))
+    header["build"] = {**build, PENDING: True}
+    write_container(pack_path, header, chunks, room=room)

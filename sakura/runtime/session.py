@@ -50,6 +50,7 @@ from sakura.runtime.timeline import EventSink, Timeline
 from sakura.systems import System, get_system
 
 REGIMES = ("paper", "none")
+PENDING_PRICES_REREAD_S = 10.0  # a header published before its prices is read again at most this often
 PLAN_TRACE_WINDOW_S = 30.0  # how much of the link ahead the plan shows
 StatusSink = Callable[[str, str], None]  # (stage, message)
 
@@ -168,6 +169,7 @@ class DeviceRuntime:
         self._stack_compute: dict[tuple[str, str], ComputeProfile] = {}  # (template id, executor) -> its compute
         self._states: dict[str, TemplateState] = {}
         self._encodings: dict[str, StreamEncoding] = {}  # parsed headers, by file id
+        self._pending: dict[str, float] = {}  # file id -> when its header (published before its prices) was read
         self._reference_kv = Remembered(reference_caches)  # exact FP16 caches, by template id
         self._outputs = Remembered(64)  # request-keyed outputs (bench sweeps)
         self._lock = threading.RLock()
@@ -231,11 +233,20 @@ class DeviceRuntime:
             return state.headers[fid]
 
     def encoding(self, state: TemplateState, format_name: str, source=None) -> StreamEncoding:
-        """A fresh per-edit view of the stored file's stream encoding (its header parsed once)."""
+        """A fresh per-edit view of the stored file's stream encoding (its header parsed once; one published
+        before its prices is read again, at most every ``PENDING_PRICES_REREAD_S``, until they are there)."""
         fid = file_id(state.template.id, format_name)
         with self._lock:
+            read_at = self._pending.get(fid)
+            if read_at is not None and time.monotonic() - read_at >= PENDING_PRICES_REREAD_S:
+                state.headers.pop(fid, None)  # (priced in place: every chunk where it was, no edit's bytes move)
+                self._encodings.pop(fid, None)
+                del self._pending[fid]
             if fid not in self._encodings:
-                self._encodings[fid] = encoding_from_header(format_name, self.header(state, format_name, source))
+                encoding = encoding_from_header(format_name, self.header(state, format_name, source))
+                self._encodings[fid] = encoding
+                if encoding.prices_pending:
+                    self._pending[fid] = time.monotonic()
             return self._encodings[fid].fresh()
 
     @staticmethod
