@@ -16,7 +16,7 @@ with room for the prices), and once every template is usable the same staged fil
 again, every chunk where it was: a device that read the first header reads the same bytes, prices its levels by
 the pack's own errors meanwhile and reads the header again until the prices are there
 (:meth:`sakura.runtime.session.DeviceRuntime.encoding`). A template found published unpriced (a demo stopped
-mid-way) is built again in full, behind the others.
+mid-way) is priced from its published files, behind the builds.
 """
 
 from __future__ import annotations
