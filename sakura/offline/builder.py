@@ -243,7 +243,7 @@ def build_template(template, out_dir: str | Path, *, q: float = 0.5, max_rank: i
     every level's decoded rank (:func:`pack_options`). ``ladder``: add the rungs above the allocated levels
     up to the FP16 values (pack v3, :mod:`sakura.offline.ladder`; needs the v2 layout and the FP16 file).
     ``output_weights``: measure each shard's output weight and each level's output MSE into the pack's header
-    (:func:`add_output_weights`; one masked run per level, a few times as long as the rest of the build); without
+    (:func:`add_output_weights`; masked runs per level and request, several times as long as the rest); without
     them, ``price_later`` leaves room for them in the header (:func:`reserve_output_weights`), measured later by
     :func:`remeasure_output_weights` without moving a chunk."""
     pack_options(max_rank, layout, basis, rebuild_rank=rebuild_rank)  # bad options fail before any work

@@ -16,7 +16,7 @@ local generation (no cache) against the same reference, what the local fallback 
 
 One number per shard is not the whole story: within a shard the ratio MSE / error moves by up to 10× from one
 level to the next, steadily over requests (``docs/results/issue32/policy7/linearity-*.txt``). So every level is
-measured the same way (``level_mse``: one masked run per level, on the first profiling request), and the device
+measured the same way (``level_mse``: that shard at the level, on the same profiling requests, mean), and the device
 prices each level by its own measured output MSE (:class:`sakura.formats.pack.PackEncoding` rescales its error to
 ``level_mse / w_j``, on the pack's scale).
 
@@ -45,16 +45,15 @@ from sakura.formats.container import ContainerFile, header_text, write_container
 # the weights three orders of magnitude over shards: docs/results/issue32/policy7/).
 ANCHOR_ERRORS = (0.03, 0.003)
 MAX_REQUESTS = 3
-# Every level on this many of them: one predicts held-out edits' masked PSNR nearly as well as three, both far
-# better than the shard's weight alone (docs/results/issue32/policy12/)
-LEVEL_REQUESTS = 1
 PENDING = "output_weights_pending"  # build section: published first, priced later (the device re-reads the header)
 LONGEST_VALUE = 1.111e-300  # the longest JSON a stored value (4 significant digits, >= 0) can take: room for any
 WEIGHT_FLOOR = 1e-12  # a shard whose levels never change the output still gets a (negligible) price
 METRIC = ("masked MSE of the output (pixels in [0, 1]) per unit of the pack's error, geometric mean over anchor "
           "levels, mean over (up to 3 of) the template's profiling requests; one shard at the level, the rest exact")
-LEVEL_METRIC = ("per shard, per level (the frontier's order): masked MSE of the output (pixels in [0, 1]) on the "
-                "template's first profiling request; that shard at the level, the rest exact")
+# Every level on all of them, like the anchors: one request got a shard's magnitude wrong where its sensitivity
+# moves with the request (docs/results/issue32/policy12/, policy13/)
+LEVEL_METRIC = ("per shard, per level (the frontier's order): masked MSE of the output (pixels in [0, 1]), mean over "
+                "(up to 3 of) the template's profiling requests; that shard at the level, the rest exact")
 
 
 @dataclass(frozen=True)
@@ -93,34 +92,35 @@ def measure_output_weights(model, requests, exact: KV, encoding: StreamEncoding,
                            targets: tuple[float, ...] = ANCHOR_ERRORS, per_level: bool = True) -> OutputWeights:
     """Per fetch unit of ``encoding`` (a shard): its weight, from masked runs of ``requests`` with that unit at
     each anchor level and the rest of the cache ``exact``; with ``per_level`` every level's masked MSE the same
-    way on the first ``LEVEL_REQUESTS`` of them (an exact level's is 0: it is not run); plus local generation's
-    masked MSE."""
+    way (an exact level's is 0: it is not run); plus local generation's masked MSE."""
     requests = list(requests)[:MAX_REQUESTS]
     references = [model.masked_edit(req, lambda s, layer: exact[(s, layer)]).image for req in requests]
 
-    per_request: dict[tuple[int, str], list[float]] = {}  # (an anchor is also in the table: each run once)
+    measured: dict[tuple[int, str], list[float]] = {}  # per request (an anchor is also in the table: each run once)
     units = encoding.units
 
-    def mse_with(unit, lv, count: int) -> float:
+    def mse_with(unit, lv) -> float:
         if lv.error == 0:
             return 0.0
-        done = per_request.setdefault((unit.index, lv.label), [])
-        if len(done) < count:
+        done = measured.get((unit.index, lv.label))
+        if done is None:
             enc = encoding.fresh()
             kv = {**exact, **enc.decode(unit, lv, read(enc.ranges(unit, lv)))}
-            for req, ref in list(zip(requests, references))[len(done):count]:
+            done = []
+            for req, ref in zip(requests, references):
                 if progress:  # (also per run: a caller that holds at a report, e.g. the demo's builds, holds soon)
                     progress(unit.index, len(units))
                 done.append(masked_mse(model.masked_edit(req, lambda s, layer: kv[(s, layer)]).image, ref, req.mask))
-        return float(np.mean(done[:count]))
+            measured[(unit.index, lv.label)] = done
+        return float(np.mean(done))
 
     weights, per_level_mse = [], []
     for i, unit in enumerate(units):
         ratios = [mse / lv.error for lv in anchor_levels(unit.levels, targets)
-                  if (mse := mse_with(unit, lv, len(requests))) > 0]
+                  if (mse := mse_with(unit, lv)) > 0]
         weights.append(max(WEIGHT_FLOOR, math.exp(np.mean(np.log(ratios)))) if ratios else WEIGHT_FLOOR)
         if per_level:
-            per_level_mse.append(tuple(mse_with(unit, lv, LEVEL_REQUESTS) for lv in unit.levels))
+            per_level_mse.append(tuple(mse_with(unit, lv) for lv in unit.levels))
         if progress:
             progress(i + 1, len(units))
     local = float(np.mean([masked_mse(model.full_edit(req).image, ref, req.mask)
