@@ -31,6 +31,7 @@ from sakura.offline.compress import SHARED_TOP_SHARE, compress_cache
 from sakura.offline.ladder import add_ladder
 from sakura.offline.level_errors import MEASURED, file_reader, measure_level_errors, write_level_errors
 from sakura.offline.output_weights import (
+    MAX_REQUESTS,
     OutputWeights,
     measure_output_weights,
     reserve_output_weights,
@@ -176,16 +177,17 @@ def check_top(model: DiTAdapter, template, cache: KVCache, out: Path, candidates
 
 
 def add_output_weights(model: DiTAdapter, template, cache: KVCache, pack_path: Path,
-                       say: Callable[[str], None] = lambda msg: None) -> OutputWeights:
+                       say: Callable[[str], None] = lambda msg: None, requests: int = MAX_REQUESTS) -> OutputWeights:
     """Measure each shard's output weight and each level's output MSE on the template's profiling requests and
-    store them in the pack's header (:mod:`sakura.offline.output_weights`; measured on the pack's own errors)."""
-    requests = profile_edit_requests(template, model)
+    store them in the pack's header (:mod:`sakura.offline.output_weights`; measured on the pack's own errors), on
+    the first ``requests`` profiling requests."""
+    profiling = profile_edit_requests(template, model)
     exact = {key: cache.get(*key) for key in cache.k}
     fmt = FORMATS["sakura"]
-    measured = measure_output_weights(model, requests, exact,
+    measured = measure_output_weights(model, profiling, exact,
                                       fmt.encoding_cls(fmt.open(pack_path), level_output_mse=False),
                                       file_reader(pack_path),
-                                      lambda done, total: say(f"output weights {done}/{total}"))
+                                      lambda done, total: say(f"output weights {done}/{total}"), max_requests=requests)
     store_output_weights(pack_path, measured)
     return measured
 
@@ -236,7 +238,7 @@ def build_template(template, out_dir: str | Path, *, q: float = 0.5, max_rank: i
                    basis: str = DEFAULT_BASIS, progress: Callable[[str], None] | None = None,
                    top_candidates: tuple[tuple[str, float], ...] = TOP_CANDIDATES,
                    rebuild_rank: int | None = None, ladder: bool = True, output_weights: bool = True,
-                   price_later: bool = False) -> BuildReport:
+                   price_later: bool = False, price_requests: int = MAX_REQUESTS) -> BuildReport:
     """Capture the template's cache, profile its importance and write each format named in ``encodings``.
     With ``basis="auto"`` (and v1 built beside it) the SAKURA pack is the first of ``top_candidates``
     whose top level is as good as v1's in masked PSNR (see ``TOP_CANDIDATES``). ``rebuild_rank``: a cap on
@@ -245,7 +247,8 @@ def build_template(template, out_dir: str | Path, *, q: float = 0.5, max_rank: i
     ``output_weights``: measure each shard's output weight and each level's output MSE into the pack's header
     (:func:`add_output_weights`; masked runs per level and request, several times as long as the rest); without
     them, ``price_later`` leaves room for them in the header (:func:`reserve_output_weights`), measured later by
-    :func:`remeasure_output_weights` without moving a chunk."""
+    :func:`remeasure_output_weights` without moving a chunk. ``price_requests``: on how many profiling requests
+    (fewer: a quicker build whose prices carry less of the requests' spread)."""
     pack_options(max_rank, layout, basis, rebuild_rank=rebuild_rank)  # bad options fail before any work
     with template_lock(out_dir, template.id):  # a folder's files are written in place: one builder at a time
         say = progress or (lambda msg: None)
@@ -317,7 +320,7 @@ def build_template(template, out_dir: str | Path, *, q: float = 0.5, max_rank: i
             t0 = time.perf_counter()
             pack = out / f"{FORMATS['sakura'].file_id(template.id)}.pack"
             if output_weights:
-                add_output_weights(model, template, cache, pack, say)
+                add_output_weights(model, template, cache, pack, say, price_requests)
                 seconds["output_weights"] = time.perf_counter() - t0
             else:
                 reserve_output_weights(pack)

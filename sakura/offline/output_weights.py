@@ -89,11 +89,13 @@ def anchor_levels(levels, targets=ANCHOR_ERRORS) -> list:
 def measure_output_weights(model, requests, exact: KV, encoding: StreamEncoding,
                            read: Callable[[list], list[bytes]],
                            progress: Callable[[int, int], None] | None = None,
-                           targets: tuple[float, ...] = ANCHOR_ERRORS, per_level: bool = True) -> OutputWeights:
+                           targets: tuple[float, ...] = ANCHOR_ERRORS, per_level: bool = True,
+                           max_requests: int = MAX_REQUESTS) -> OutputWeights:
     """Per fetch unit of ``encoding`` (a shard): its weight, from masked runs of ``requests`` with that unit at
     each anchor level and the rest of the cache ``exact``; with ``per_level`` every level's masked MSE the same
-    way (an exact level's is 0: it is not run); plus local generation's masked MSE."""
-    requests = list(requests)[:MAX_REQUESTS]
+    way (an exact level's is 0: it is not run); plus local generation's masked MSE. On the first ``max_requests``
+    of ``requests``."""
+    requests = list(requests)[:max_requests]
     references = [model.masked_edit(req, lambda s, layer: exact[(s, layer)]).image for req in requests]
 
     measured: dict[tuple[int, str], list[float]] = {}  # per request (an anchor is also in the table: each run once)
