@@ -14,8 +14,8 @@ from sakura.eval.regret import DISPLAY_PSNR_DB, regret_stats, visible_gap_db
 from sakura.net.traces import Trace, TraceError, load_trace
 
 
-def test_bench_summary_contract_and_figures(fs_packs, tmp_path):
-    packs, _ = fs_packs
+def test_bench_summary_contract_and_figures(fs_workload_packs, tmp_path):
+    packs, _ = fs_workload_packs
     # one calibration file for both runs below (the projection reads what the sweep measured), two masked runs
     # per template: the regime and the summary are computed from whatever was measured
     calibration = {"calibration_file": tmp_path / "calibration.json", "repeats": 2}
@@ -57,8 +57,8 @@ def test_bench_summary_contract_and_figures(fs_packs, tmp_path):
     assert proj["workloads"]["fs"]["systems"]["local"]["latency_p50_s"] == 13.0
 
 
-def test_bench_regret_against_each_systems_clairvoyant_optimum(fs_packs, tmp_path):
-    packs, template = fs_packs
+def test_bench_regret_against_each_systems_clairvoyant_optimum(fs_workload_packs, tmp_path):
+    packs, template = fs_workload_packs
     # the builder measured the per-level errors of the formats whose stored ones only order their levels
     assert all((packs / f"{template.id}.{fmt}.errors.json").is_file() for fmt in ("intq", "cachegen"))
     cfg = bench.BenchConfig(workloads=("fs",), systems=("sakura", "intq", "cachegen"), starts=1, packs=packs,
