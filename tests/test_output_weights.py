@@ -66,12 +66,12 @@ def test_the_build_prices_every_level_by_its_measured_output_mse(fs_packs):
 class _FirstUnit:
     """An encoding seen through its first fetch unit only (a measurement of every level, kept short)."""
 
-    def __init__(self, encoding):
-        self._encoding = encoding
+    def __init__(self, encoding, first: int = 0):
+        self._encoding, self._first = encoding, first
 
     @property
     def units(self):
-        return self._encoding.units[:1]
+        return self._encoding.units[self._first:self._first + 1]
 
     def __getattr__(self, name):
         return getattr(self._encoding, name)
@@ -109,7 +109,8 @@ def test_a_weight_is_the_outputs_masked_mse_per_unit_of_error(fs_packs):
     """With one anchor per shard the weight is that anchor's measured ratio exactly; checked on the first shard
     by an edit of our own (the shard at the anchor level, every other shard exact)."""
     path, enc, model, exact, requests = _measuring(fs_packs)
-    measured = measure_output_weights(model, requests, exact, enc, file_reader(path), targets=(0.01,), per_level=False)
+    measured = measure_output_weights(model, requests, exact, enc, file_reader(path), targets=(0.01,), per_level=False,
+                                      reuse=False)
     unit = enc.units[0]
     (level,) = anchor_levels(unit.levels, (0.01,))
     kv = {**exact, **enc.fresh().decode(unit, level, file_reader(path)(enc.ranges(unit, level)))}
@@ -119,6 +120,38 @@ def test_a_weight_is_the_outputs_masked_mse_per_unit_of_error(fs_packs):
     assert mse > 0 and measured.weights[0] == pytest.approx(mse / level.error, rel=1e-9)
     local = np.mean([masked_mse(model.full_edit(r).image, ref, r.mask) for r, ref in zip(requests, refs)])
     assert measured.local_mse == pytest.approx(local, rel=1e-9)
+
+
+def test_a_reuse_is_measured_as_the_shard_on_the_previous_steps_kv_and_prices_the_reuse(fs_packs, tmp_path):
+    """A shard of step 1: its reuse's output MSE is the masked runs with its layers on step 0's exact K/V; a pack
+    that stores it prices the reuse fallback (``step_error``, on the levels' scale) by it; step 0 has none."""
+    path, enc, model, exact, requests = _measuring(fs_packs)
+    g = enc.info.geometry
+    j = g.num_layers // g.shard_size + 1  # the second shard of step 1
+    measured = measure_output_weights(model, requests, exact, _FirstUnit(enc, j), file_reader(path), targets=(0.01,),
+                                      per_level=False)
+    step, l0, l1 = enc.info.shards[j]
+    kv = {**exact, **{(step, layer): exact[(step - 1, layer)] for layer in range(l0, l1)}}
+    own = [masked_mse(model.masked_edit(r, lambda s, layer: kv[(s, layer)]).image,
+                      model.masked_edit(r, lambda s, layer: exact[(s, layer)]).image, r.mask) for r in requests]
+    assert measured.reuse_mse == pytest.approx((np.mean(own),), rel=1e-9) and min(own) > 0
+    assert measure_output_weights(model, requests[:1], exact, _FirstUnit(enc), file_reader(path), targets=(0.01,),
+                                  per_level=False).reuse_mse == (None,)
+    copy = tmp_path / "t.pack"
+    shutil.copy(path, copy)
+    weights = [u.weight for u in _encoding(copy).units]
+    reuse = tuple(None if enc.step_error(u) is None else 1e-5 * (u.index + 1) for u in enc.units)
+    store_output_weights(copy, OutputWeights(tuple(weights), 0.1, (), reuse))
+    priced = _encoding(copy)
+    assert priced.reuse_output_mse() == pytest.approx(list(reuse))
+    for u, raw in zip(priced.units, enc.units):
+        want = None if reuse[u.index] is None else reuse[u.index] / weights[u.index]
+        assert priced.step_error(u) == (None if want is None else pytest.approx(want, rel=1e-3))
+    store_output_weights(copy, OutputWeights(tuple(weights), 0.1, (), (-1.0,) + reuse[1:]))
+    with pytest.raises(PackFormatError, match="reuse_output_mse"):
+        _encoding(copy)
+    store_output_weights(copy, OutputWeights(tuple(weights), 0.1))  # measured again without it: the K/V distance
+    assert [_encoding(copy).step_error(u) for u in enc.units] == [enc.step_error(u) for u in enc.units]
 
 
 def test_storing_weights_keeps_every_chunk_and_a_bad_weight_is_a_format_error(fs_packs, tmp_path):

@@ -370,6 +370,7 @@ class PackEncoding(ShardEncoding):
         # Each level priced by its own measured output MSE where the header has them (off: the pack's own errors,
         # what measuring them again needs)
         self._level_mse = self.level_output_mse() if level_output_mse else None
+        self._reuse_mse = self.reuse_output_mse() if level_output_mse else None
         super().__init__(info)
         self._chains: dict = {}
 
@@ -384,7 +385,24 @@ class PackEncoding(ShardEncoding):
 
     def step_error(self, fetch_unit):
         errors = self._build().get("step_error")  # (packs built before session 9 lack it)
-        return errors[fetch_unit.index] if errors else None
+        if not errors or errors[fetch_unit.index] is None:
+            return None
+        weight = self._weight(fetch_unit.index)
+        if self._reuse_mse is not None and self._reuse_mse[fetch_unit.index] is not None and weight > 0:
+            return self._reuse_mse[fetch_unit.index] / weight  # (a reuse's measured output MSE, on the levels' scale)
+        return errors[fetch_unit.index]
+
+    def reuse_output_mse(self) -> list[float | None] | None:
+        """Per shard: the output's masked MSE with that shard on the previous step's exact K/V (None: step 0;
+        :mod:`sakura.offline.output_weights`; packs built before session 36 lack it)."""
+        table = self._build().get("reuse_output_mse")
+        if table is None:
+            return None
+        if (not isinstance(table, list) or len(table) != self.info.num_shards
+                or not all(m is None or (isinstance(m, (int, float)) and math.isfinite(m) and m >= 0) for m in table)):
+            raise PackFormatError(f"pack header: build.reuse_output_mse must be {self.info.num_shards} finite "
+                                  "non-negative numbers or nulls (corrupt or foreign header)")
+        return [None if m is None else float(m) for m in table]
 
     def output_weights(self) -> list[float] | None:
         """Per shard, the output's masked MSE per unit of error (packs built before session 27 lack it)."""

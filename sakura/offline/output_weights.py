@@ -20,11 +20,17 @@ measured the same way (``level_mse``: that shard at the level, on the same profi
 prices each level by its own measured output MSE (:class:`sakura.formats.pack.PackEncoding` rescales its error to
 ``level_mse / w_j``, on the pack's scale).
 
+The reuse fallback (a shard run on its layers' K/V of one step earlier) is measured the same way (``reuse_mse``: that
+shard's layers on the previous step's exact K/V, the rest exact): the pack's ``step_error`` is a K/V distance, and
+priced through the shard's weight it came out 4-7x below what a reuse does to the output (300-1200x on mb-sd;
+``docs/results/issue32/policy14/``), so the device and the optimum took reuse for cheaper than the levels it replaces.
+
 Stored in the SAKURA pack's header (``build.output_weight``, ``build.local_output_mse``,
-``build.level_output_mse``): the device reads them with the header it already fetches. A pack can be published
-before they are measured (:func:`reserve_output_weights`: ``build.output_weights_pending`` and room for them in
-the header), and priced in place later: every chunk keeps its offset, so a device holding the first header reads
-the same bytes, and reads the header again to get the prices.
+``build.level_output_mse``, ``build.reuse_output_mse``): the device reads them with the header it already
+fetches. A pack can be published before they are measured (:func:`reserve_output_weights`:
+``build.output_weights_pending`` and room for them in the header), and priced in place later: every chunk keeps
+its offset, so a device holding the first header reads the same bytes, and reads the header again to get the
+prices.
 """
 
 from __future__ import annotations
@@ -55,12 +61,17 @@ METRIC = ("masked MSE of the output (pixels in [0, 1]) per unit of the pack's er
 LEVEL_METRIC = ("per shard, per level (the frontier's order): masked MSE of the output (pixels in [0, 1]), mean over "
                 "(up to 3 of) the template's profiling requests; that shard at the level, the rest exact")
 
+REUSE_METRIC = ("per shard (null: no previous step): masked MSE of the output (pixels in [0, 1]) with that shard's "
+                "layers on the previous step's exact K/V, the rest exact, mean over (up to 3 of) the template's "
+                "profiling requests")
+
 
 @dataclass(frozen=True)
 class OutputWeights:
     weights: tuple[float, ...]  # per shard (fetch unit index)
     local_mse: float  # masked MSE of local generation against the exact-cache output
     level_mse: tuple[tuple[float, ...], ...] = ()  # per shard, per level: the output's masked MSE (() not measured)
+    reuse_mse: tuple[float | None, ...] = ()  # per shard: the output's masked MSE of a reuse (None: no previous step)
 
     def to_build(self) -> dict:
         out = {"output_weight": [float(f"{w:.4g}") for w in self.weights],
@@ -68,6 +79,9 @@ class OutputWeights:
         if self.level_mse:
             out |= {"level_output_mse": [[float(f"{m:.4g}") for m in per] for per in self.level_mse],
                     "level_output_mse_metric": LEVEL_METRIC}
+        if self.reuse_mse:
+            out |= {"reuse_output_mse": [None if m is None else float(f"{m:.4g}") for m in self.reuse_mse],
+                    "reuse_output_mse_metric": REUSE_METRIC}
         return out
 
 
@@ -90,11 +104,11 @@ def measure_output_weights(model, requests, exact: KV, encoding: StreamEncoding,
                            read: Callable[[list], list[bytes]],
                            progress: Callable[[int, int], None] | None = None,
                            targets: tuple[float, ...] = ANCHOR_ERRORS, per_level: bool = True,
-                           max_requests: int = MAX_REQUESTS) -> OutputWeights:
+                           max_requests: int = MAX_REQUESTS, reuse: bool = True) -> OutputWeights:
     """Per fetch unit of ``encoding`` (a shard): its weight, from masked runs of ``requests`` with that unit at
     each anchor level and the rest of the cache ``exact``; with ``per_level`` every level's masked MSE the same
-    way (an exact level's is 0: it is not run); plus local generation's masked MSE. On the first ``max_requests``
-    of ``requests``."""
+    way (an exact level's is 0: it is not run); with ``reuse`` a reuse's, where the unit has a previous step; plus
+    local generation's masked MSE. On the first ``max_requests`` of ``requests``."""
     requests = list(requests)[:max_requests]
     references = [model.masked_edit(req, lambda s, layer: exact[(s, layer)]).image for req in requests]
 
@@ -125,9 +139,20 @@ def measure_output_weights(model, requests, exact: KV, encoding: StreamEncoding,
             per_level_mse.append(tuple(mse_with(unit, lv) for lv in unit.levels))
         if progress:
             progress(i + 1, len(units))
+    def reuse_mse(unit) -> float | None:
+        if encoding.step_error(unit) is None:  # (step 0: nothing to reuse)
+            return None
+        step, l0, l1 = encoding.info.shards[unit.index]
+        kv = {**exact, **{(step, layer): exact[(step - 1, layer)] for layer in range(l0, l1)}}
+        if progress:
+            progress(len(units), len(units))
+        return float(np.mean([masked_mse(model.masked_edit(req, lambda s, layer: kv[(s, layer)]).image, ref, req.mask)
+                              for req, ref in zip(requests, references)]))
+
+    reused = tuple(reuse_mse(unit) for unit in units) if reuse else ()
     local = float(np.mean([masked_mse(model.full_edit(req).image, ref, req.mask)
                            for req, ref in zip(requests, references)]))
-    return OutputWeights(tuple(weights), local, tuple(per_level_mse))
+    return OutputWeights(tuple(weights), local, tuple(per_level_mse), reused)
 
 
 def _header_and_chunks(pack_path: str | Path) -> tuple[dict, list[bytes], int]:
@@ -144,7 +169,7 @@ def store_output_weights(pack_path: str | Path, measured: OutputWeights) -> None
     """Rewrite the SAKURA pack's header with ``measured`` in its build section (chunks unchanged, replaced
     atomically; within the header's length where they fit, so every chunk keeps its offset)."""
     header, chunks, length = _header_and_chunks(pack_path)
-    stale = ("level_output_mse", "level_output_mse_metric", PENDING)
+    stale = ("level_output_mse", "level_output_mse_metric", "reuse_output_mse", "reuse_output_mse_metric", PENDING)
     kept = {k: v for k, v in header.get("build", {}).items() if k not in stale}
     header["build"] = {**kept, **measured.to_build()}  # (no stale per-level table beside new weights)
     write_container(pack_path, header, chunks, room=length)
@@ -157,7 +182,7 @@ def reserve_output_weights(pack_path: str | Path) -> None:
     fmt = FORMATS["sakura"]
     units = fmt.encoding_cls(fmt.open(pack_path), level_output_mse=False).units
     longest = OutputWeights((LONGEST_VALUE,) * len(units), LONGEST_VALUE,
-                            tuple((LONGEST_VALUE,) * len(u.levels) for u in units))
+                            tuple((LONGEST_VALUE,) * len(u.levels) for u in units), (LONGEST_VALUE,) * len(units))
     header, chunks, _ = _header_and_chunks(pack_path)
     prices = longest.to_build()
     build = {k: v for k, v in header.get("build", {}).items() if k not in prices}  # (none until measured)
