@@ -139,6 +139,7 @@ def measure_output_weights(model, requests, exact: KV, encoding: StreamEncoding,
             per_level_mse.append(tuple(mse_with(unit, lv) for lv in unit.levels))
         if progress:
             progress(i + 1, len(units))
+
     def reuse_mse(unit) -> float | None:
         if encoding.step_error(unit) is None:  # (step 0: nothing to reuse)
             return None
