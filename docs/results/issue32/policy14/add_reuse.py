@@ -8,13 +8,9 @@ import argparse
 from pathlib import Path
 
 import torch
+from reuse_price import measured_reuse  # (this folder)
 
-from sakura.catalog import load_catalog
-from sakura.editing import model_for
-from sakura.formats import FORMATS
-from sakura.offline.builder import capture_request, profile_edit_requests
-from sakura.offline.level_errors import file_reader
-from sakura.offline.output_weights import MAX_REQUESTS, OutputWeights, measure_output_weights, store_output_weights
+from sakura.offline.output_weights import OutputWeights, store_output_weights
 
 
 def main() -> None:
@@ -23,19 +19,11 @@ def main() -> None:
     ap.add_argument("templates", nargs="+")
     a = ap.parse_args()
     torch.set_num_threads(1)
-    fmt = FORMATS["sakura"]
     for tid in a.templates:
-        template = load_catalog().get(tid)
-        path = a.packs / f"{tid}.pack"
-        enc = fmt.encoding_cls(fmt.open(path), level_output_mse=False)
-        weights, local, table = enc.output_weights(), enc.local_output_mse(), enc.level_output_mse()
-        model = model_for(template)
-        cache = model.capture(capture_request(template, model)).to(torch.float16)
-        exact = {key: cache.get(*key) for key in cache.k}
-        requests = profile_edit_requests(template, model)[:MAX_REQUESTS]
-        reuse = measure_output_weights(model, requests, exact, enc, file_reader(path), targets=(),
-                                       per_level=False).reuse_mse  # (no anchors: the reuse runs only)
-        store_output_weights(path, OutputWeights(tuple(weights), local, tuple(map(tuple, table)), reuse))
+        enc, reuse = measured_reuse(a.packs, tid)
+        table = tuple(map(tuple, enc.level_output_mse()))
+        store_output_weights(a.packs / f"{tid}.pack", OutputWeights(tuple(enc.output_weights()),
+                                                                    enc.local_output_mse(), table, reuse))
         print(tid, [None if m is None else f"{m:.2g}" for m in reuse])
 
 
