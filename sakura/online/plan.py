@@ -18,7 +18,8 @@ first unit's planned level late, and the best one on time may be far poorer (the
 allocated level and the exact one rebuild for many times the exact rung's time). So the first unit may also be late
 by a small stall (``Horizon.stall_budget_s``, what is left of the edit's) when that cuts the edit's predicted error by
 ``MIN_STALL_GAIN_DB`` or more, the units after it planned again behind it: a few milliseconds of latency for decibels
-the optimum takes (issue #32) — decibels a display shows: an error under ``DISPLAY_MSE`` counts as that.
+the optimum takes (issue #32) — decibels a display shows: a predicted error under ``UNSEEN_PREDICTED_MSE`` counts as
+that.
 """
 
 from __future__ import annotations
@@ -31,9 +32,14 @@ from typing import Callable
 from sakura.formats import FetchUnit, Level
 
 MIN_STALL_GAIN_DB = 1.0
-# The output's masked MSE (pixels in [0, 1]) of rounding it to 8 bits: a predicted error below it is not seen on a
+# The output's masked MSE (pixels in [0, 1]) of rounding it to 8 bits: an output error below it is not seen on a
 # display (a masked PSNR over 58.9 dB), so a stall buys no gain under it
 DISPLAY_MSE = 1 / (255**2 * 12)
+# The output's masked MSE runs above the plan's predicted error (the units' weighted errors, summed): per workload
+# 1.2–1.5× at the median and 1.5–2.4× at p90 over SAKURA's first-half edits (docs/results/issue32/policy15/). A
+# prediction counts as unseen only this far under the display's MSE: one just under it is often a visible 55 dB.
+PREDICTION_SLACK = 2.0
+UNSEEN_PREDICTED_MSE = DISPLAY_MSE / PREDICTION_SLACK
 
 
 @dataclass(frozen=True)
@@ -183,8 +189,8 @@ def _worth_a_stall(h: Horizon, hulls: list[list[Level]], on_time: _Greedy, start
     asked for next at the start was left a level the optimum never picks when the first one took a rung more)."""
     unit, planned, limit = h.units[0], on_time.levels[0], on_time.limit
     total = h.error_before + on_time.error
-    seen = max(total, DISPLAY_MSE)
-    gain_db = lambda error: 10 * math.log10(seen / max(h.error_before + error, DISPLAY_MSE))  # noqa: E731
+    seen = max(total, UNSEEN_PREDICTED_MSE)
+    gain_db = lambda error: 10 * math.log10(seen / max(h.error_before + error, UNSEEN_PREDICTED_MSE))  # noqa: E731
     best: Plan | None = None
     best_error = math.inf
     for lv in sorted(unit.levels, key=lambda x: x.error):
