@@ -6,20 +6,14 @@ the optimum's), its share of the difference, and the edit's predicted error agai
 """
 
 import argparse
+import sys
 from pathlib import Path
 
 from sakura.eval.plots import load_records
-from sakura.formats import encoding_from_header
-from sakura.formats.container import header_size
 from sakura.online.plan import DISPLAY_MSE
 
-TRACES = ("5g-walking-603s", "5g-driving-236s", "4g-driving-250s", "4g5g-mixed-600s")
-
-
-def read_encoding(packs: Path, template_id: str):
-    with open(packs / f"{template_id}.pack", "rb") as f:
-        first8 = f.read(8)
-        return encoding_from_header("sakura", first8 + f.read(header_size(first8) - 8))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "headline"))
+from cut_vs_reuse import TRACES, read_encoding  # noqa: E402  (the headline's traces; a pack's encoding)
 
 
 def main() -> None:
