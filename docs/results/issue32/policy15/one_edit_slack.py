@@ -18,7 +18,9 @@ from sakura.net.traces import load_trace
 from sakura.online import plan
 
 
-def main() -> None:
+def headline_edit(extra=lambda ap: None):
+    """The arguments naming one headline edit (``extra`` adds more), and its template's bench on the trace scaled
+    to the paper's regime, as the bench prepares them: (args, the template's bench, the scaled trace)."""
     ap = argparse.ArgumentParser()
     ap.add_argument("workload")
     ap.add_argument("template")
@@ -27,7 +29,7 @@ def main() -> None:
     ap.add_argument("trace", type=Path)
     ap.add_argument("--packs", type=Path, required=True)
     ap.add_argument("--calibration", type=Path, required=True)
-    ap.add_argument("--slack", default="1,2", help="values of PREDICTION_SLACK, comma-separated")
+    extra(ap)
     a = ap.parse_args()
     torch.set_num_threads(1)
     bench.use_rebuild_clock("cpu")
@@ -35,10 +37,15 @@ def main() -> None:
                       calibration_file=a.calibration)
     prepared = {p.template.id: p for p in workload_benches(a.workload, cfg, {}, lambda *_: None)}
     base = load_trace(str(a.trace))
-    scaled = base.scaled(regime_scales(list(prepared.values()), base, cfg)[a.template])
+    return a, prepared[a.template], base.scaled(regime_scales(list(prepared.values()), base, cfg)[a.template])
+
+
+def main() -> None:
+    a, prepared, scaled = headline_edit(
+        lambda ap: ap.add_argument("--slack", default="1,2", help="values of PREDICTION_SLACK, comma-separated"))
     for slack in (float(s) for s in a.slack.split(",")):
         plan.UNSEEN_PREDICTED_MSE = plan.DISPLAY_MSE / slack
-        row = run_one(prepared[a.template], a.request, "sakura", scaled, a.start, regret_budget_s=5,
+        row = run_one(prepared, a.request, "sakura", scaled, a.start, regret_budget_s=5,
                       say=lambda *_: None)
         g = row["regret"]
         print(f"slack {slack:g}: latency {row['latency_s']:.4f} s ({g['latency_ratio']:.3f} × optimal), masked PSNR "

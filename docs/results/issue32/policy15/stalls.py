@@ -5,34 +5,20 @@ stall budget left, the level asked for and the stall planned for it: where an ed
         ../shared/traces/5g-walking-603s.csv --packs PACKS --calibration docs/results/issue32/headline/calibration.json
 """
 
-import argparse
+import sys
 from pathlib import Path
 
-import torch
-
 from sakura.eval import bench
-from sakura.eval.bench import BenchConfig, edit_input, regime_scales, workload_benches
-from sakura.net.traces import load_trace
+from sakura.eval.bench import edit_input
 from sakura.online import policies
 from sakura.runtime.session import Network
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from one_edit_slack import headline_edit  # noqa: E402  (the edit's arguments, its bench and scaled trace)
+
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("workload")
-    ap.add_argument("template")
-    ap.add_argument("request", type=int)
-    ap.add_argument("start", type=float, help="the record's start_s")
-    ap.add_argument("trace", type=Path)
-    ap.add_argument("--packs", type=Path, required=True)
-    ap.add_argument("--calibration", type=Path, required=True)
-    a = ap.parse_args()
-    torch.set_num_threads(1)
-    cfg = BenchConfig(workloads=(a.workload,), systems=("sakura",), trace=str(a.trace), packs=a.packs,
-                      calibration_file=a.calibration)
-    prepared = {p.template.id: p for p in workload_benches(a.workload, cfg, {}, lambda *_: None)}
-    base = load_trace(str(a.trace))
-    scaled = base.scaled(regime_scales(list(prepared.values()), base, cfg)[a.template])
+    a, prepared, scaled = headline_edit()
     choose = policies.SakuraPolicy.choose
 
     def printed(self, unit, now, deadline, monitor, horizon=None):
@@ -43,8 +29,8 @@ def main() -> None:
         return d
 
     policies.SakuraPolicy.choose = printed
-    session = prepared[a.template].session("sakura", Network(scaled, scaled.name, a.start, scale=1.0))
-    report = session.edit(edit_input(prepared[a.template], a.request), clock="sim", timer=bench.REBUILD_CLOCKS["cpu"],
+    session = prepared.session("sakura", Network(scaled, scaled.name, a.start, scale=1.0))
+    report = session.edit(edit_input(prepared, a.request), clock="sim", timer=bench.REBUILD_CLOCKS["cpu"],
                           with_reference=False)
     print(f"latency {report.timeline.latency_s:.4f} s")
 
