@@ -124,3 +124,29 @@ def test_truncated_stream_fails_cleanly(setup):
     session = runtime.session(tpl, "sakura", UNLIMITED, source=Corrupting(), timeout_s=20)
     with pytest.raises(StreamError, match="rebuilding fetch unit 0 failed"):
         session.run(req)
+
+
+def test_a_session_prices_rebuilds_at_the_device_calibrated_rate_from_its_first_plan(setup, tmp_path):
+    """A stored file's rebuilds are timed once per device (kept with the calibration, read back by a later process)
+    and an edit's first plans price rebuilds with that rate: priced free until the edit had timed one, a plan made at
+    the start put a rung of 3.4× the work on time and found it 8 ms late at its own request (#32)."""
+    packs, tpl, runtime, req, client = setup
+    net = Network(Trace.constant(40.0), "fixed:40", 0.0, 1.0, "none")
+    session = runtime.session(tpl, "sakura", net, fallbacks=False)
+    rate = session.rebuild_prior_s_per_work
+    assert rate > 0 and rate in runtime.calibration.summary()["rebuild_s_per_work"].values()
+    assert runtime.session(tpl, "intq", net).rebuild_prior_s_per_work == 0.0  # (its levels model no work)
+
+    stored = CalibrationStore(tmp_path / "calibration.json")
+    stored.record_rebuild_rate("x@torch", rate)
+    assert CalibrationStore(tmp_path / "calibration.json").rebuild_rate("x@torch") == rate
+
+    def work_asked_before_any_rebuild(prior: float) -> float:
+        s = runtime.session(tpl, "sakura", net, fallbacks=False)
+        s.rebuild_prior_s_per_work = prior
+        first = s.simulate(req).timeline.units[:2]  # (asked for at the start, before the edit timed a rebuild)
+        levels = {lv.label: lv for u in s.encoding.units for lv in u.levels if u.index in {r.unit for r in first}}
+        return sum(levels[r.level].work for r in first)
+
+    # a device whose rebuilds are slow asks for less rebuild work at the start than one that takes them as free
+    assert work_asked_before_any_rebuild(rate * 1e4) < work_asked_before_any_rebuild(0.0)

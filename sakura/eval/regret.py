@@ -45,6 +45,7 @@ from sakura.net.refs import resolving
 from sakura.offline.level_errors import MEASURED, load_level_errors, measure_level_errors, write_level_errors
 from sakura.online.plan import DISPLAY_MSE
 from sakura.online.policies import Policy
+from sakura.runtime.calibration import REBUILD_SAMPLE_LEVELS, time_decodes
 from sakura.runtime.timeline import Timeline
 
 # Going local counts this per unit, in the pack's metric: local generation computes every token's K/V
@@ -57,9 +58,7 @@ PERFECT = "sakura+perfect"
 # The masked PSNR of rounding an image to 8 bits (uniform error, RMS 1/√12 of a level): ≈ 58.9 dB. An output
 # above it is closer to the reference than the display can show.
 DISPLAY_PSNR_DB = -10 * math.log10(DISPLAY_MSE)
-REBUILD_SAMPLE_UNITS = 4  # units timed per format for the rebuild fit
-REBUILD_SAMPLE_LEVELS = 6  # levels timed per such unit (every level where a format has at most LABEL_LEVELS)
-LABEL_LEVELS = 8
+LABEL_LEVELS = 8  # a format with at most this many labels is timed at every level (the device's calibration sample)
 
 
 @dataclass(frozen=True)
@@ -105,27 +104,18 @@ class FormatInputs:
 
 
 def fit_rebuild(encoding: StreamEncoding, read: Callable, timer: Callable[[], float] = time.thread_time) -> RebuildFit:
-    """Time the decode of a sample of levels and fit ``a + b·x`` (least squares, both ≥ 0)."""
+    """Time the decode of a sample of levels (the device calibration's) and fit ``a + b·x`` (least squares,
+    both ≥ 0)."""
     units = encoding.units
-    picks = sorted(set(np.linspace(0, len(units) - 1, min(REBUILD_SAMPLE_UNITS, len(units))).round().astype(int)))
     labels = {lv.label for u in units for lv in u.levels}
     per_label = len(labels) <= LABEL_LEVELS
     basis = "label" if per_label else "work" if any(lv.work > 0 for u in units for lv in u.levels) else "bytes"
-    xs, ys, timed = [], [], {}
-    for i in picks:
-        unit = units[i]
-        levels = unit.levels
-        count = len(levels) if per_label else min(REBUILD_SAMPLE_LEVELS, len(levels))
-        for k in sorted(set(np.linspace(0, len(levels) - 1, count).round().astype(int))):
-            enc = encoding.fresh()
-            priced = enc.priced(unit)
-            lv = priced.levels[k]
-            blobs = read(enc.ranges(priced, lv))
-            t0 = timer()
-            enc.decode(priced, lv, blobs)
-            ys.append(timer() - t0)
-            xs.append(levels[k].work if basis == "work" else levels[k].nbytes)
-            timed.setdefault(levels[k].label, []).append(ys[-1])
+    decodes = time_decodes(encoding, read, timer, levels_per_unit=None if per_label else REBUILD_SAMPLE_LEVELS)
+    ys = [d.seconds for d in decodes]
+    xs = [d.level.work if basis == "work" else d.level.nbytes for d in decodes]
+    timed: dict[str, list[float]] = {}
+    for d in decodes:
+        timed.setdefault(d.level.label, []).append(d.seconds)
     if per_label:
         return RebuildFit(float(np.mean(ys)), 0.0, "label", len(ys),
                           tuple((label, float(np.mean(v))) for label, v in sorted(timed.items())))

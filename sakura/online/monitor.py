@@ -81,7 +81,8 @@ class RebuildRate:
 
 class RuntimeMonitor:
     def __init__(self, initial_bps: float, window: int = 4, min_active_s: float = 1e-4,
-                 estimator: str = DEFAULT_ESTIMATOR, initial_round_trip_s: float = 0.0):
+                 estimator: str = DEFAULT_ESTIMATOR, initial_round_trip_s: float = 0.0,
+                 rebuild_prior_s_per_work: float = 0.0):
         if estimator not in ESTIMATORS:
             raise ValueError(f"unknown rate estimator {estimator!r}; choose from {', '.join(ESTIMATORS)}")
         self.initial_bps = initial_bps if initial_bps > MIN_INITIAL_BPS else MIN_INITIAL_BPS  # also NaN
@@ -94,7 +95,7 @@ class RuntimeMonitor:
         self.min_active_s = min_active_s
         self.estimator = estimator
         self._link_free_at = float("-inf")  # when the previous transfer's last byte arrived
-        self.rebuild = RebuildRate()
+        self.rebuild = RebuildRate(rebuild_prior_s_per_work)  # (the device's calibration: before any here)
 
     def observe(self, nbytes: int, t_request: float, t_last_byte: float, t_first_byte: float | None = None) -> float:
         """A completed transfer, by its timestamps. With several requests in flight a request waits

@@ -1,5 +1,5 @@
-"""Device calibration: measured compute per (model, template) and the link's request round trip,
-kept across edits and restarts, valid for one machine and one set of model weights.
+"""Device calibration: measured compute per (model, template), the link's request round trip and the rebuild
+rate per stored file, kept across edits and restarts, valid for one machine and one set of model weights.
 
 A device measures its own shard times once per template, before it holds any cache (compute does
 not depend on K/V values: it runs on a cache of zeros), on the template's own calibration request —
@@ -10,6 +10,10 @@ The regime scale of every benchmark rests on the local-generation time, so it is
 repeats, its spread is kept, and it is reused by every later run until the machine (CPU, core count,
 torch version and threads) or the model's weights change. The request round trip (request sent →
 first byte) is what real-clock transfers measured; the simulated clock charges it per request.
+
+The rebuild rate (seconds per unit of ``Level.work``) is timed once per stored file and reconstructor, on a sample of
+its levels: the device's first plan of an edit prices rebuilds with it, before the edit has timed any of its own
+(priced free, a plan made at the start put a 3.4×-work rung on time and later found it 8 ms late, issue #32).
 """
 
 from __future__ import annotations
@@ -22,12 +26,15 @@ import platform
 import statistics
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
 
 from sakura.editing import edit_request
+from sakura.formats import FetchUnit, Level, StreamEncoding
 from sakura.model import DiTAdapter, EditRequest
 from sakura.places import cache_root
 from sakura.runtime.compute import (
@@ -50,6 +57,8 @@ KEEP_ROUND_TRIPS = 400  # most recent request round trips kept
 # reused only while the machine is busy: the first quiet run measures again (a steady load passes the spread rule:
 # local generation measured 3.6 s, spread 2 %, beside two busy loops per core, against 1.3 s quiet).
 BUSY_LOAD_PER_CORE = 1.0
+REBUILD_SAMPLE_UNITS = 4  # units timed per stored file for its rebuild rate
+REBUILD_SAMPLE_LEVELS = 6  # levels timed per such unit, spread over its ladder
 
 
 def load_per_core() -> float | None:
@@ -104,6 +113,43 @@ def calibration_request(template, model: DiTAdapter) -> EditRequest:
     return req
 
 
+@dataclass(frozen=True)
+class TimedDecode:
+    unit: FetchUnit
+    level: Level  # as stored (its work and bytes without a first use's side data)
+    seconds: float
+
+
+def time_decodes(encoding: StreamEncoding, read: Callable, timer: Callable[[], float] = time.thread_time,
+                 levels_per_unit: int | None = REBUILD_SAMPLE_LEVELS) -> list[TimedDecode]:
+    """Decode a sample of a stored file's levels (``REBUILD_SAMPLE_UNITS`` units spread over the stream, each at
+    ``levels_per_unit`` levels spread over its ladder; None: every level) as a first use would, and time each.
+    ``read(ranges)`` returns a level's bytes."""
+    units = encoding.units
+    picks = sorted(set(np.linspace(0, len(units) - 1, min(REBUILD_SAMPLE_UNITS, len(units))).round().astype(int)))
+    timed = []
+    for i in picks:
+        unit = units[i]
+        count = len(unit.levels) if levels_per_unit is None else min(levels_per_unit, len(unit.levels))
+        for k in sorted(set(np.linspace(0, len(unit.levels) - 1, count).round().astype(int))):
+            enc = encoding.fresh()
+            priced = enc.priced(unit)
+            blobs = read(enc.ranges(priced, priced.levels[k]))
+            t0 = timer()
+            enc.decode(priced, priced.levels[k], blobs)
+            timed.append(TimedDecode(unit, unit.levels[k], timer() - t0))
+    return timed
+
+
+def measure_rebuild_rate(encoding: StreamEncoding, read: Callable) -> float | None:
+    """Seconds per unit of rebuild work over a timed sample of the file's levels (proportional, as the device's
+    :class:`~sakura.online.monitor.RebuildRate` learns it); None for a file whose levels model no work."""
+    if not any(lv.work > 0 for u in encoding.units for lv in u.levels):
+        return None
+    timed = [d for d in time_decodes(encoding, read) if d.level.work > 0]
+    return sum(d.seconds for d in timed) / sum(d.level.work for d in timed)
+
+
 class CalibrationStore:
     """Compute profiles by ``model fingerprint/template_id`` and the link's round trips, in memory and
     (optionally) in a JSON file. ``repeats`` masked runs and ``full_repeats`` local runs per template."""
@@ -119,6 +165,7 @@ class CalibrationStore:
         self._measured_here: set[str] = set()  # keys this process measured (kept for its whole run)
         self._round_trips: list[float] = []
         self._link_measured_at = ""
+        self._rebuild: dict[str, dict] = {}  # "file id@reconstructor" -> {s_per_work, measured_at, load_per_core}
         self.loaded_from: str | None = None  # the file the profiles came from, when they did
         if self.path is not None and self.path.is_file():
             self._load()
@@ -151,6 +198,8 @@ class CalibrationStore:
         link = d.get("link") or {}
         self._round_trips = [float(x) for x in link.get("round_trips_s", [])][-KEEP_ROUND_TRIPS:]
         self._link_measured_at = str(link.get("measured_at", ""))
+        self._rebuild = {k: v for k, v in dict(d.get("rebuild", {})).items()
+                         if isinstance(v, dict) and isinstance(v.get("s_per_work"), (int, float))}
         self.loaded_from = str(self.path)
 
     @staticmethod
@@ -254,6 +303,18 @@ class CalibrationStore:
         """Median measured round trip; None until a real transfer measured one."""
         return statistics.median(self._round_trips) if self._round_trips else None
 
+    # -- rebuilds ----------------------------------------------------------------------------------------
+    def rebuild_rate(self, key: str) -> float | None:
+        """The stored rebuild rate (seconds per unit of work) of ``key`` ("file id@reconstructor"), if measured."""
+        d = self._rebuild.get(key)
+        return float(d["s_per_work"]) if d is not None else None
+
+    def record_rebuild_rate(self, key: str, s_per_work: float) -> None:
+        with self._lock:
+            self._rebuild[key] = {"s_per_work": float(s_per_work), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                                  "load_per_core": load_per_core()}
+            self._save()
+
     def summary(self) -> dict:
         """What a benchmark used: where from, the machine, each template's local time and its spread,
         the request overhead."""
@@ -278,6 +339,7 @@ class CalibrationStore:
             "round_trips": len(rt),
             "request_overhead_p10_p90_s": [float(np.percentile(rt, 10)), float(np.percentile(rt, 90))] if rt else None,
             "link_measured_at": self._link_measured_at,
+            "rebuild_s_per_work": {k: v["s_per_work"] for k, v in sorted(self._rebuild.items())},
         }
 
     def _save(self) -> None:
@@ -286,7 +348,8 @@ class CalibrationStore:
         machines = self._read()  # other machines' (or thread settings') sections stay as they are
         machines[self.machine_key] = {
             "machine": self.machine, "profiles": self._profiles,
-            "link": {"round_trips_s": self._round_trips, "measured_at": self._link_measured_at}}
+            "link": {"round_trips_s": self._round_trips, "measured_at": self._link_measured_at},
+            "rebuild": self._rebuild}
         data = {"version": VERSION, "machines": machines}
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)

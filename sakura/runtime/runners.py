@@ -93,7 +93,8 @@ class StreamRunner(Runner):
                             session.initial_bps, timeout_s=session.timeout_s, executor=session.executor,
                             estimator=session.estimator, fallback=session.fallback_context(),
                             prefetched=session.prefetched,
-                            initial_round_trip_s=session.runtime.calibration.request_overhead_s or 0.0)
+                            initial_round_trip_s=session.runtime.calibration.request_overhead_s or 0.0,
+                            rebuild_prior_s_per_work=session.rebuild_prior_s_per_work)
         with contextlib.ExitStack() as shaped:
             if kernel is not None:
                 replay = shaped.enter_context(kernel.replaying(session.trace, session.start))
@@ -131,6 +132,7 @@ class StreamRunner(Runner):
             prefetched=session.prefetched,
             recompute=lambda: session.model.recompute_first_step(req),
             predicted=session.compute,
+            rebuild_prior_s_per_work=session.rebuild_prior_s_per_work,
             **kw,
         )
         local_from = tl.extras.get("local_from_step")

@@ -40,7 +40,7 @@ from sakura.online.monitor import DEFAULT_ESTIMATOR
 from sakura.online.policies import Policy, get_policy
 from sakura.quality import quality
 from sakura.runtime.backends import BackendChoice, Backends, eager_only, ran_for
-from sakura.runtime.calibration import CalibrationStore
+from sakura.runtime.calibration import CalibrationStore, measure_rebuild_rate
 from sakura.runtime.compute import ComputeCheck, ComputeProfile
 from sakura.runtime.errors import EditCancelled, StreamError, TemplateUnavailable
 from sakura.runtime.prefetch import Prefetched, simulate_prefetch
@@ -249,6 +249,23 @@ class DeviceRuntime:
                     self._pending[fid] = time.monotonic()
             return self._encodings[fid].fresh()
 
+    def rebuild_prior(self, encoding: StreamEncoding, fid: str, source, on_status: StatusSink | None = None) -> float:
+        """The device's rebuild rate (seconds per unit of work) for ``encoding``'s stored file ``fid`` on its
+        reconstructor: from the calibration, else timed now on a sample of its levels (once per file and
+        reconstructor; 0 for a file whose levels model no work)."""
+        reconstructor = getattr(encoding, "reconstructor", None)  # (None: the format's own decode)
+        key = fid if reconstructor is None else f"{fid}@{reconstructor.name}"
+        with self._lock:
+            rate = self.calibration.rebuild_rate(key)
+            if rate is None:
+                if on_status:
+                    on_status("calibrating", f"timing {fid}'s rebuilds (first edit of this file only)")
+                rate = measure_rebuild_rate(encoding, lambda ranges: source.fetch_timed(fid, ranges).parts)
+                if rate is None:
+                    return 0.0
+                self.calibration.record_rebuild_rate(key, rate)
+            return rate
+
     @staticmethod
     def _read_header(source, fid: str, template_id: str) -> bytes:
         try:
@@ -326,6 +343,7 @@ class EditSession:
         self.trace = network.trace.scaled(self.scale)
         self.initial_bps = float(self.trace.rate_at(self.start)) * 1e6
         self.policy = self.encoding = self.file_id = None
+        self.rebuild_prior_s_per_work = 0.0
         if self.system.streams:
             # an ablation's own encoding may stream another stored file of the template (sakura-v1)
             self.file_id = file_id(template.id, encoding.name if encoding is not None and encoding.name in FORMATS
@@ -339,6 +357,7 @@ class EditSession:
             self.source = resolving(self.source, self.file_id, self.encoding)
             if self.encoding.shards != self.compute.shards:
                 raise StreamError(f"{self.file_id}: its shard plan does not match the FP16 file's")
+            self.rebuild_prior_s_per_work = runtime.rebuild_prior(self.encoding, self.file_id, self.source, on_status)
         self.runner = get_runner(self.system.runner)
 
     @property

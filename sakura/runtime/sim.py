@@ -118,7 +118,8 @@ def simulate(encoding: StreamEncoding, policy: Policy, compute: ComputeProfile, 
              timer: Callable[[], float] = time.perf_counter,
              estimator: str = DEFAULT_ESTIMATOR, anytime: bool = True,
              fallback: FallbackContext | None = None, prefetched: Prefetched | None = None,
-             recompute: Callable[[], KV] | None = None, rebuild_overlap: float = 1.0) -> tuple[Timeline, KV]:
+             recompute: Callable[[], KV] | None = None, rebuild_overlap: float = 1.0,
+             rebuild_prior_s_per_work: float = 0.0) -> tuple[Timeline, KV]:
     """Run one edit on the simulated clock. Returns its timeline and the rebuilt cache (for quality).
 
     Rebuild times are measured by decoding the chosen bytes for real; with ``rebuild_model`` (and no
@@ -136,22 +137,25 @@ def simulate(encoding: StreamEncoding, policy: Policy, compute: ComputeProfile, 
     ``rebuild_overlap``: the share of a rebuild's time that runs beside execution — 1, a device with a core to
     spare for the reconstructor (a phone); 0, rebuilds take the executor's core, so a rebuild done while a shard
     executes delays the next shard by its time (the 2-core host testbed, where the template server and the
-    link's threads take the second core)."""
+    link's threads take the second core). ``rebuild_prior_s_per_work``: the device's calibrated rebuild rate, what
+    it predicts rebuilds with until this edit has timed one (0: free)."""
     if not 0.0 <= rebuild_overlap <= 1.0:
         raise ValueError(f"rebuild_overlap is a share in [0, 1], not {rebuild_overlap}")
     return _SimulatedEdit(encoding.fresh(), policy, compute, link, fetch, ahead, keep, rebuild_model,
                           predicted or compute, timer, estimator, anytime, fallback, prefetched, recompute,
-                          rebuild_overlap).run()
+                          rebuild_overlap, rebuild_prior_s_per_work).run()
 
 
 class _SimulatedEdit:
     def __init__(self, encoding, policy, compute, link, fetch, ahead, keep, rebuild_model, predicted, timer,
-                 estimator, anytime, fallback=None, prefetched=None, recompute=None, rebuild_overlap=1.0):
+                 estimator, anytime, fallback=None, prefetched=None, recompute=None, rebuild_overlap=1.0,
+                 rebuild_prior_s_per_work=0.0):
         self.fallback, self.recompute, self.rebuild_overlap = fallback, recompute, rebuild_overlap
         self.encoding, self.compute, self.link, self.fetch = encoding, compute, link, fetch
         self.keep, self.rebuild_model, self.timer, self.anytime = keep, rebuild_model, timer, anytime
         monitor = RuntimeMonitor(initial_bps=link.rate_bps_at(0.0), estimator=estimator,
-                                 initial_round_trip_s=link.request_overhead_s)
+                                 initial_round_trip_s=link.request_overhead_s,
+                                 rebuild_prior_s_per_work=rebuild_prior_s_per_work)
         self.sched = StreamScheduler(encoding, policy, predicted, monitor, ahead, anytime, fallback,
                                      prefetched.units if prefetched is not None else None)
         n = len(compute.shards)

@@ -116,13 +116,14 @@ class StreamedEdit:
                  timeout_s: float = 120.0, executor=None, inflight: int = DEFAULT_INFLIGHT,
                  estimator: str = DEFAULT_ESTIMATOR, anytime: bool = True,
                  fallback: FallbackContext | None = None, prefetched: Prefetched | None = None,
-                 initial_round_trip_s: float = 0.0):
+                 initial_round_trip_s: float = 0.0, rebuild_prior_s_per_work: float = 0.0):
         self.fallback = fallback  # None: always wait for the cache (the paper's runtime)
         self.prefetched = prefetched
         self.adapter, self.encoding, self.link = adapter, encoding.fresh(), link
         self.file_id, self.compute, self.ahead, self.timeout_s = file_id, compute, ahead, timeout_s
         self.inflight = inflight
-        self.monitor = RuntimeMonitor(initial_bps, estimator=estimator, initial_round_trip_s=initial_round_trip_s)
+        self.monitor = RuntimeMonitor(initial_bps, estimator=estimator, initial_round_trip_s=initial_round_trip_s,
+                                      rebuild_prior_s_per_work=rebuild_prior_s_per_work)
         self.sched = StreamScheduler(self.encoding, policy, compute, self.monitor, ahead, anytime, fallback,
                                      prefetched.units if prefetched is not None else None)
         self.executor = executor  # None: the adapter's eager masked run; else e.g. an ExecuTorch executor
