@@ -137,6 +137,15 @@ def test_a_session_prices_rebuilds_at_the_device_calibrated_rate_from_its_first_
     assert rate > 0 and rate in runtime.calibration.summary()["rebuild_s_per_work"].values()
     assert runtime.session(tpl, "intq", net).rebuild_prior_s_per_work == 0.0  # (its levels model no work)
 
+    class Gone:  # a source that stopped answering after the headers were read
+        def fetch_timed(self, fid, ranges):
+            raise ConnectionRefusedError("the template server is gone")
+
+    # (the edit meets the same source and answers for it: the session is made, its rebuilds priced as it times them)
+    kept = runtime.calibration.summary()["rebuild_s_per_work"]
+    assert runtime.rebuild_prior(session.encoding, "gone", Gone()) == 0.0
+    assert runtime.calibration.summary()["rebuild_s_per_work"] == kept  # (nothing stored for it)
+
     stored = CalibrationStore(tmp_path / "calibration.json")
     stored.record_rebuild_rate("x@torch", rate)
     assert CalibrationStore(tmp_path / "calibration.json").rebuild_rate("x@torch") == rate

@@ -17,6 +17,7 @@ runners behind the same interface as the streaming systems (:mod:`sakura.runtime
 from __future__ import annotations
 
 import copy
+import logging
 import random
 import threading
 import time
@@ -48,6 +49,8 @@ from sakura.runtime.runners import Outcome, get_runner
 from sakura.runtime.sim import LinkModel
 from sakura.runtime.timeline import EventSink, Timeline
 from sakura.systems import System, get_system
+
+log = logging.getLogger(__name__)
 
 REGIMES = ("paper", "none")
 PENDING_PRICES_REREAD_S = 10.0  # a header published before its prices is read again at most this often
@@ -260,7 +263,13 @@ class DeviceRuntime:
             if rate is None:
                 if on_status:
                     on_status("calibrating", f"timing {fid}'s rebuilds (first edit of this file only)")
-                rate = measure_rebuild_rate(encoding, lambda ranges: source.fetch_timed(fid, ranges).parts)
+                try:
+                    rate = measure_rebuild_rate(encoding, lambda ranges: source.fetch_timed(fid, ranges).parts)
+                except (FetchError, StreamError, OSError, ValueError) as e:
+                    # (the edit meets the same source or bytes and answers for them; priced free until it times one)
+                    log.warning("%s: could not time its rebuilds (%s); rebuilds are priced as the edit times them",
+                                fid, e)
+                    return 0.0
                 if rate is None:
                     return 0.0
                 self.calibration.record_rebuild_rate(key, rate)

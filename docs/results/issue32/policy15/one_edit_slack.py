@@ -16,6 +16,7 @@ from sakura.eval import bench
 from sakura.eval.bench import BenchConfig, regime_scales, run_one, workload_benches
 from sakura.net.traces import load_trace
 from sakura.online import plan
+from sakura.runtime.session import DeviceRuntime
 
 
 def headline_edit(extra=lambda ap: None):
@@ -41,8 +42,14 @@ def headline_edit(extra=lambda ap: None):
 
 
 def main() -> None:
-    a, prepared, scaled = headline_edit(
-        lambda ap: ap.add_argument("--slack", default="1,2", help="values of PREDICTION_SLACK, comma-separated"))
+    def extra(ap):
+        ap.add_argument("--slack", default="1,2", help="values of PREDICTION_SLACK, comma-separated")
+        ap.add_argument("--no-prior", action="store_true", help="rebuilds predicted free until the edit times one "
+                        "(as before the device's calibration timed them, policy16)")
+
+    a, prepared, scaled = headline_edit(extra)
+    if a.no_prior:
+        DeviceRuntime.rebuild_prior = lambda *_, **__: 0.0
     for slack in (float(s) for s in a.slack.split(",")):
         plan.UNSEEN_PREDICTED_MSE = plan.DISPLAY_MSE / slack
         row = run_one(prepared, a.request, "sakura", scaled, a.start, regret_budget_s=5,
