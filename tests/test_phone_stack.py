@@ -60,8 +60,10 @@ def devices(fs_packs, tmp_path_factory):
     return template, eager, phone, programs, said
 
 
-def _edit(runtime, template, network, clock, compute=None, **kw):
+def _edit(runtime, template, network, clock, compute=None, rebuild_prior=None, **kw):
     session = runtime.session(template, "sakura", network, compute=compute)
+    if rebuild_prior is not None:  # (another device's timed rebuild rate: its first plans price rebuilds alike)
+        session.rebuild_prior_s_per_work = rebuild_prior
     req = template.eval_requests[0]
     report = session.edit(EditInput(catalog_request=req, key=0), clock=clock, with_reference=False, **kw)
     return session, report
@@ -84,7 +86,8 @@ def test_same_levels_and_output_on_the_simulated_clock(devices):
     template, eager, phone, _, _ = devices
     network = Network(load_trace("5g"), "5g", start=40.0, regime="paper")
     s_e, r_e = _edit(eager, template, network, "sim", timer=FixedTicks())
-    s_p, r_p = _edit(phone, template, network, "sim", compute=s_e.compute, timer=FixedTicks())  # one calibration
+    s_p, r_p = _edit(phone, template, network, "sim", compute=s_e.compute, timer=FixedTicks(),  # one calibration
+                     rebuild_prior=s_e.rebuild_prior_s_per_work)
     assert [u.level for u in r_p.timeline.units] == [u.level for u in r_e.timeline.units]
     assert r_p.timeline.fallback_counts() == r_e.timeline.fallback_counts()
     # which backends ran: recorded in the plan, the summary and the timeline, and the objects are the real ones
