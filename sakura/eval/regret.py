@@ -45,7 +45,7 @@ from sakura.net.refs import resolving
 from sakura.offline.level_errors import MEASURED, load_level_errors, measure_level_errors, write_level_errors
 from sakura.online.plan import DISPLAY_MSE
 from sakura.online.policies import Policy
-from sakura.runtime.calibration import REBUILD_SAMPLE_LEVELS, time_decodes
+from sakura.runtime.calibration import REBUILD_SAMPLE_LEVELS, fit_affine, time_decodes
 from sakura.runtime.timeline import Timeline
 
 # Going local counts this per unit, in the pack's metric: local generation computes every token's K/V
@@ -119,15 +119,7 @@ def fit_rebuild(encoding: StreamEncoding, read: Callable, timer: Callable[[], fl
     if per_label:
         return RebuildFit(float(np.mean(ys)), 0.0, "label", len(ys),
                           tuple((label, float(np.mean(v))) for label, v in sorted(timed.items())))
-    x, y = np.array(xs, float), np.array(ys, float)
-    if len(set(xs)) < 2:
-        return RebuildFit(float(y.mean()), 0.0, basis, len(ys))
-    b, a = np.polyfit(x, y, 1)
-    if b < 0:
-        a, b = float(y.mean()), 0.0
-    elif a < 0:
-        a, b = 0.0, float((x @ y) / (x @ x))
-    return RebuildFit(float(a), float(b), basis, len(ys))
+    return RebuildFit(*fit_affine(xs, ys), basis, len(ys))
 
 
 def format_inputs(prepared, system_format: str, say: Callable[[str], None] = print) -> FormatInputs:

@@ -141,6 +141,19 @@ def time_decodes(encoding: StreamEncoding, read: Callable, timer: Callable[[], f
     return timed
 
 
+def fit_affine(x, y) -> tuple[float, float]:
+    """Least-squares ``y ≈ a + b·x`` with both ≥ 0: (a, b) (the optimum's rebuild fit)."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    if len(set(x.tolist())) < 2:
+        return float(y.mean()), 0.0
+    b, a = np.polyfit(x, y, 1)
+    if b < 0:
+        return float(y.mean()), 0.0
+    if a < 0:
+        return 0.0, float((x @ y) / (x @ x))
+    return float(a), float(b)
+
+
 def measure_rebuild_rate(encoding: StreamEncoding, read: Callable) -> float | None:
     """Seconds per unit of rebuild work over a timed sample of the file's levels (proportional, as the device's
     :class:`~sakura.online.monitor.RebuildRate` learns it); None for a file whose levels model no work."""
