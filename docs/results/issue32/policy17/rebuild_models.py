@@ -9,8 +9,8 @@ over its prediction of them (tried in session 39, not kept). Prints |predicted â
         --packs PACKS --calibration COPY_OF_CALIBRATION --edits 8
 """
 
-import argparse
 import random
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +25,8 @@ from sakura.runtime.calibration import fit_affine, time_decodes
 from sakura.runtime.session import Network
 
 HEADLINE = Path(__file__).resolve().parents[1] / "headline"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from rebuild_samples import parse_args  # noqa: E402  (the same arguments)
 WINDOW = 8
 MODELS = ("proportional prior", "affine prior", "proportional, learnt", "affine prior, scaled")
 
@@ -41,13 +43,7 @@ def predictions(seen: list[tuple[float, float]], prop: float, a: float, b: float
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("trace", type=Path)
-    ap.add_argument("--packs", type=Path, required=True)
-    ap.add_argument("--calibration", type=Path, required=True)
-    ap.add_argument("--edits", type=int, default=8)
-    ap.add_argument("--seed", type=int, default=2)
-    a = ap.parse_args()
+    a = parse_args(8, 2)
     torch.set_num_threads(1)
     bench.use_rebuild_clock("cpu")
     seen: list[tuple[float, float]] = []

@@ -22,15 +22,20 @@ from sakura.online.monitor import RebuildRate
 HEADLINE = Path(__file__).resolve().parents[1] / "headline"
 
 
-def main() -> None:
+def parse_args(edits: int, seed: int, extra=lambda ap: None) -> argparse.Namespace:
+    """A headline trace, the packs and calibration to replay it with, and how many of its edits to sample."""
     ap = argparse.ArgumentParser()
     ap.add_argument("trace", type=Path)
     ap.add_argument("--packs", type=Path, required=True)
     ap.add_argument("--calibration", type=Path, required=True)
-    ap.add_argument("--edits", type=int, default=12)
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--detail", action="store_true")
-    a = ap.parse_args()
+    ap.add_argument("--edits", type=int, default=edits)
+    ap.add_argument("--seed", type=int, default=seed)
+    extra(ap)
+    return ap.parse_args()
+
+
+def main() -> None:
+    a = parse_args(12, 1, lambda ap: ap.add_argument("--detail", action="store_true"))
     torch.set_num_threads(1)
     bench.use_rebuild_clock("cpu")
     seen: list[tuple[float, float, float]] = []  # (prior, work, seconds) per rebuild with work
