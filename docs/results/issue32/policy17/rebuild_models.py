@@ -27,6 +27,7 @@ from sakura.runtime.session import Network
 HEADLINE = Path(__file__).resolve().parents[1] / "headline"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rebuild_samples import parse_args  # noqa: E402  (the same arguments)
+
 WINDOW = 8
 MODELS = ("proportional prior", "affine prior", "proportional, learnt", "affine prior, scaled")
 
