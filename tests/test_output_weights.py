@@ -105,6 +105,26 @@ def test_a_levels_output_mse_is_its_masked_runs_with_that_level_alone_mean_over_
     assert all(m == 0 for m, lv in zip(row, unit.levels) if lv.error == 0)
 
 
+def test_a_run_that_changes_one_steps_kv_starts_at_that_step_and_is_the_same_run(fs_packs):
+    """The measurement's runs start at the changed shard's step from the exact run's recorded state there: the
+    output is the whole run's bit for bit, and no K/V of an earlier step is asked for."""
+    path, enc, model, exact, requests = _measuring(fs_packs)
+    g = enc.info.geometry
+    unit = enc.units[2 * (g.num_layers // g.shard_size)]  # the first shard of step 2
+    step = enc.info.shards[unit.index][0]
+    level = next(lv for lv in unit.levels if lv.error > 0)
+    kv = {**exact, **enc.fresh().decode(unit, level, file_reader(path)(enc.ranges(unit, level)))}
+    states: dict = {}
+    model.masked_edit(requests[0], lambda s, layer: exact[(s, layer)], trajectory=states)
+    assert step == 2 and sorted(states) == list(range(model.num_steps))
+    whole = model.masked_edit(requests[0], lambda s, layer: kv[(s, layer)])
+    resumed = model.masked_edit(requests[0], lambda s, layer: kv[(s, layer)], resume=(step, states[step]))
+    assert np.array_equal(resumed.image, whole.image)
+    assert masked_mse(whole.image, model.masked_edit(requests[0], lambda s, layer: exact[(s, layer)]).image,
+                      requests[0].mask) > 0
+    assert {s for s, _, _ in resumed.extras["layer_times"]} == set(range(step, model.num_steps))
+
+
 def test_a_weight_is_the_outputs_masked_mse_per_unit_of_error(fs_packs):
     """With one anchor per shard the weight is that anchor's measured ratio exactly; checked on the first shard
     by an edit of our own (the shard at the anchor level, every other shard exact)."""

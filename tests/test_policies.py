@@ -245,3 +245,16 @@ def test_a_unit_whose_error_costs_the_output_more_keeps_its_top_before_the_start
     # the steep units' gains scaled by 10: the price at the same budget is 10× as high
     scaled = [FetchUnit(i, i, f"shard {i}", STEEP, 10.0) for i in range(1, 8)]
     assert ErrorPrice(scaled).at(2.4e6) == pytest.approx(10 * ErrorPrice(steep).at(2.4e6))
+
+
+def test_true_future_rates_run_the_policy_with_its_own_knobs():
+    """The regret decomposition's "true future rates" run must differ from SAKURA in the rates alone: every knob the
+    runtime reads off a policy (the start-up hold, the stall budget, planning ahead) is the inner policy's."""
+    from sakura.eval.regret import PerfectPrediction
+    from sakura.online.policies import Policy
+
+    inner = SakuraPolicy(hold_scale=2.25, stall_share=0.07)
+    perfect = PerfectPrediction(inner, trace=None, start_s=0.0)
+    knobs = [k for k, v in vars(Policy).items() if not k.startswith("_") and not callable(v) and k != "name"]
+    assert {"hold_scale", "stall_share", "plans_ahead"} <= set(knobs)
+    assert {k: getattr(perfect, k) for k in knobs} == {k: getattr(inner, k) for k in knobs}

@@ -147,6 +147,7 @@ def record(prepared: TemplateBench, req_index: int, system: str, start: float, r
     return {"template": prepared.template.id, "request": req_index, "system": system, "start_s": start,
             "latency_s": tl.latency_s, "stall_s": tl.stall_s, "bytes": tl.bytes_total,
             "deadline_misses": tl.deadline_misses, "shards": len(tl.shards),
+            "startup_s": tl.shards[0].exec_start_t if tl.shards else None,  # (when shard 0 started: the start-up wait)
             "peak_cache_bytes": tl.peak_cache_bytes, "levels": [u.level for u in tl.units], "cuts": tl.cuts,
             "rungs": [u.rung for u in tl.units], "units": len(tl.units), "fallbacks": tl.fallback_counts(),
             "prefetched_bytes": (tl.extras.get("prefetched") or {}).get("bytes", 0),

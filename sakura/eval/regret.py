@@ -360,6 +360,10 @@ class PerfectPrediction(Policy):
     def hold_scale(self) -> float:
         return self.inner.hold_scale
 
+    @property
+    def stall_share(self) -> float:
+        return self.inner.stall_share
+
     def choose(self, unit, now, deadline, monitor, horizon=None):
         return self.inner.choose(unit, now, deadline, self._seen(now, deadline, monitor), horizon)
 

@@ -200,6 +200,9 @@ class RunContext:
         self.layer_times: list[tuple[int, int, float]] = []  # (step, layer, t) when K/V were asked for
         self.local_from: int | None = None  # the step a masked run switched to every token at (LocalSwitch)
         self.steps: int | None = None  # run only the first steps (None: all)
+        # start at this step from this state, recorded by a run whose steps before it were the same (None: at 0)
+        self.resume: tuple[int, torch.Tensor] | None = None
+        self.trajectory: dict[int, torch.Tensor] | None = None  # (when given) records the state each step starts from
         # image-token ids of the sequence's image part, in sequence order (for the locality bias)
         self.image_rows: torch.Tensor | None = None
         self.bias_cache: dict = {}
@@ -287,6 +290,7 @@ class DiTAdapter(ABC):
         ctx.probe = {} if state.get("probe") else None
         ctx.explicit = state.get("explicit", False)
         ctx.layer_times, ctx.local_from, ctx.steps = [], None, state.get("steps")
+        ctx.resume, ctx.trajectory = state.get("resume"), state.get("trajectory")
         ctx.set_image_rows(None)
         try:
             yield ctx
@@ -365,10 +369,13 @@ class DiTAdapter(ABC):
         ref = self.reference_tokens(req)
         sig = self.sigmas()
         cond = self.conditioning_tokens(req, x0)
-        x = noise.clone()
-        for i in range(self.num_steps if self.ctx.steps is None else min(self.ctx.steps, self.num_steps)):
+        first, x = self.ctx.resume if self.ctx.resume is not None else (0, noise)
+        x = x.clone()
+        for i in range(first, self.num_steps if self.ctx.steps is None else min(self.ctx.steps, self.num_steps)):
             t, t_next = float(sig[i]), float(sig[i + 1])
             self.ctx.step = i
+            if self.ctx.trajectory is not None:
+                self.ctx.trajectory[i] = x.clone()
             # unmasked tokens always sit on the template's own trajectory (request independent)
             x = torch.where(tmask[:, None], x, (1 - t) * x0 + t * noise)
             try:
@@ -437,16 +444,21 @@ class DiTAdapter(ABC):
                 setattr(self, a, v)
 
     @torch.no_grad()
-    def masked_edit(self, req: EditRequest, provider: Provider, probe: bool = False,
-                    explicit: bool = False) -> EditResult:
+    def masked_edit(self, req: EditRequest, provider: Provider, probe: bool = False, explicit: bool = False,
+                    resume: tuple[int, torch.Tensor] | None = None,
+                    trajectory: dict[int, torch.Tensor] | None = None) -> EditResult:
         """Compute only masked tokens; reusable K/V come from ``provider(step, layer)``. A provider that
-        raises :class:`LocalSwitch` turns the rest of the run into a full one (the local fallback)."""
+        raises :class:`LocalSwitch` turns the rest of the run into a full one (the local fallback).
+        ``trajectory``: a dict to record the state each step starts from; ``resume=(step, state)``: start there
+        from a state so recorded, by a run of the same request whose provider gave the same K/V before ``step``
+        (the steps before it would only recompute it)."""
         self.validate(req)
         start = time.perf_counter()
         tmask = self.token_mask(req.mask)
         rows = torch.nonzero(tmask).flatten()
         reuse = torch.nonzero(~tmask).flatten()
-        with self._run("masked", provider=provider, reuse_index=reuse, probe=probe, explicit=explicit) as ctx:
+        with self._run("masked", provider=provider, reuse_index=reuse, probe=probe, explicit=explicit, resume=resume,
+                       trajectory=trajectory) as ctx:
             ctx.num_masked = int(rows.numel())
             img = self._sample(req, rows=rows)
             importance, local_from = ctx.probe, ctx.local_from

@@ -110,10 +110,25 @@ def measure_output_weights(model, requests, exact: KV, encoding: StreamEncoding,
     way (an exact level's is 0: it is not run); with ``reuse`` a reuse's, where the unit has a previous step; plus
     local generation's masked MSE. On the first ``max_requests`` of ``requests``."""
     requests = list(requests)[:max_requests]
-    references = [model.masked_edit(req, lambda s, layer: exact[(s, layer)]).image for req in requests]
+    # (each run below changes the K/V of one step on: it starts at that step from the exact run's state there)
+    trajectories: list[dict] = [{} for _ in requests]
+    references = [model.masked_edit(req, lambda s, layer: exact[(s, layer)], trajectory=states).image
+                  for req, states in zip(requests, trajectories)]
+
+    units = encoding.units
+
+    def mse_of(kv: dict, changed: dict, done: int) -> list[float]:
+        """Per request: the masked MSE of the run whose K/V are ``kv``, which differ from the exact run's at
+        ``changed``'s keys only (``done``: the units measured, for the progress report)."""
+        step, mse = min(s for s, _ in changed), []
+        for req, ref, states in zip(requests, references, trajectories):
+            if progress:  # (per run: a caller that holds at a report, e.g. the demo's builds, holds soon)
+                progress(done, len(units))
+            run = model.masked_edit(req, lambda s, layer: kv[(s, layer)], resume=(step, states[step]))
+            mse.append(masked_mse(run.image, ref, req.mask))
+        return mse
 
     measured: dict[tuple[int, str], list[float]] = {}  # per request (an anchor is also in the table: each run once)
-    units = encoding.units
 
     def mse_with(unit, lv) -> float:
         if lv.error == 0:
@@ -121,13 +136,8 @@ def measure_output_weights(model, requests, exact: KV, encoding: StreamEncoding,
         done = measured.get((unit.index, lv.label))
         if done is None:
             enc = encoding.fresh()
-            kv = {**exact, **enc.decode(unit, lv, read(enc.ranges(unit, lv)))}
-            done = []
-            for req, ref in zip(requests, references):
-                if progress:  # (also per run: a caller that holds at a report, e.g. the demo's builds, holds soon)
-                    progress(unit.index, len(units))
-                done.append(masked_mse(model.masked_edit(req, lambda s, layer: kv[(s, layer)]).image, ref, req.mask))
-            measured[(unit.index, lv.label)] = done
+            decoded = enc.decode(unit, lv, read(enc.ranges(unit, lv)))
+            done = measured[(unit.index, lv.label)] = mse_of({**exact, **decoded}, decoded, unit.index)
         return float(np.mean(done))
 
     weights, per_level_mse = [], []
@@ -144,11 +154,8 @@ def measure_output_weights(model, requests, exact: KV, encoding: StreamEncoding,
         if encoding.step_error(unit) is None:  # (step 0: nothing to reuse)
             return None
         step, l0, l1 = encoding.info.shards[unit.index]
-        kv = {**exact, **{(step, layer): exact[(step - 1, layer)] for layer in range(l0, l1)}}
-        if progress:
-            progress(len(units), len(units))
-        return float(np.mean([masked_mse(model.masked_edit(req, lambda s, layer: kv[(s, layer)]).image, ref, req.mask)
-                              for req, ref in zip(requests, references)]))
+        previous = {(step, layer): exact[(step - 1, layer)] for layer in range(l0, l1)}
+        return float(np.mean(mse_of({**exact, **previous}, previous, len(units))))
 
     reused = tuple(reuse_mse(unit) for unit in units) if reuse else ()
     local = float(np.mean([masked_mse(model.full_edit(req).image, ref, req.mask)
