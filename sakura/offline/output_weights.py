@@ -117,13 +117,13 @@ def measure_output_weights(model, requests, exact: KV, encoding: StreamEncoding,
 
     units = encoding.units
 
-    def mse_of(kv: dict, changed: dict, done: int) -> list[float]:
+    def mse_of(kv: dict, changed: dict, progress_at: int) -> list[float]:
         """Per request: the masked MSE of the run whose K/V are ``kv``, which differ from the exact run's at
-        ``changed``'s keys only (``done``: the units measured, for the progress report)."""
+        ``changed``'s keys only (``progress_at``: the units measured, for the progress report)."""
         step, mse = min(s for s, _ in changed), []
         for req, ref, states in zip(requests, references, trajectories):
             if progress:  # (per run: a caller that holds at a report, e.g. the demo's builds, holds soon)
-                progress(done, len(units))
+                progress(progress_at, len(units))
             run = model.masked_edit(req, lambda s, layer: kv[(s, layer)], resume=(step, states[step]))
             mse.append(masked_mse(run.image, ref, req.mask))
         return mse
