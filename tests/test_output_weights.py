@@ -228,6 +228,18 @@ def test_measuring_weights_without_a_pack_is_one_line(tmp_path):
     assert r.exit_code == 2 and "build first" in r.output and "Traceback" not in r.output
 
 
+def test_build_runs_torch_on_the_threads_it_is_given(tmp_path):
+    import torch
+
+    before = torch.get_num_threads()
+    try:  # one more than now, so the assertion cannot hold by chance
+        CliRunner().invoke(app, ["build", "--out", str(tmp_path), "--templates", "fs-astronaut",
+                                 "--output-weights-only", "--threads", str(before + 1)])
+        assert torch.get_num_threads() == before + 1
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_a_pack_published_before_its_prices_is_priced_in_place_and_the_device_reads_them(fs_packs, tmp_path,
                                                                                        monkeypatch):
     """Published pending (room in the header), priced later by a new file: the header keeps its length (even for

@@ -196,10 +196,18 @@ def build(
                                              "SAKURA pack's per-shard output weights and every level's output MSE "
                                              "into its header (packs built before them lack them); the packs must "
                                              "be in a folder."),
+    threads: Optional[int] = typer.Option(None, "--threads", min=1, help="torch threads in this process (default: "
+                                          "torch's own, one per core; two builds side by side: 1 each, or they "
+                                          "oversubscribe the cores and run several times slower)."),
 ):
     """Offline: capture, profile importance, write the progressive pack and the baselines' files."""
     from sakura.catalog import load_catalog  # inside the command, as every library import here
     from sakura.net.stores import is_store_url  # inside the command, as every library import here
+
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
 
     cat = load_catalog(catalog)
     chosen = [cat.get(t.strip()) for t in templates.split(",")] if templates else list(cat)

@@ -19,8 +19,8 @@ run() {  # trace names, one after the other (5g-synthetic: the synthetic 5G prof
   done
 }
 mkdir -p "$out"
-# packs (the default folder: $SAKURA_PACKS, else packs/ in the checkout) are built beforehand (two `sakura build`
-# processes); calibrate every template alone, on a quiet machine
+# packs (the default folder: $SAKURA_PACKS, else packs/ in the checkout) are built beforehand (two processes of
+# `sakura build --threads 1`); calibrate every template alone, on a quiet machine
 .venv/bin/sakura bench --figure 12 --systems local --starts 1 --trace "$traces/5g-walking-603s.csv" --threads 1 \
   --calibration "$out/calibration.json" --out "$out/calibrate" > "$out/calibrate.log" 2>&1
 run 5g-walking-603s 5g-driving-236s &
